@@ -1,0 +1,29 @@
+//! # rfabric: the fabric layer of rcp and rblock
+//!
+//! Both tools move data the same way: a sender writes chunks one-sidedly
+//! into a landing ring the receiver registered once, announces each with a
+//! 32-bit note, and may write only into slots it holds credits for; small
+//! control messages travel as sends. This crate owns that machinery, in
+//! layers that depend only downwards:
+//!
+//! * [`memory`]: page-aligned memory and buffer pools that the NIC, the tcp
+//!   backend and io_uring (fixed buffers) can all use.
+//! * [`transport`]: a trait shaped like an RC queue pair (register, post
+//!   receive/send, notified and plain one-sided writes, reads, asynchronous
+//!   completions) and its backends: [`transport::tcp`] now, verbs through
+//!   rdma_cm next. Nothing above this layer knows which backend it runs on.
+//! * [`credit`]: the credit-based flow-control engine, sans I/O: events in,
+//!   decisions out, no sockets, no clock, no runtime.
+//! * [`wire`]: the link's messages (hello, credit update, error, goodbye,
+//!   application messages, the chunk header), fixed-size little-endian and
+//!   checked field by field; `docs/PROTOCOL.md` has them byte by byte.
+//! * [`link`]: the glue: a connection plus a landing ring plus the credit
+//!   engine, giving `send_chunk`/`recv`/`send_message` with the transport's
+//!   safety contract kept by ownership.
+#![deny(unsafe_code)]
+
+pub mod credit;
+pub mod link;
+pub mod memory;
+pub mod transport;
+pub mod wire;

@@ -1,0 +1,888 @@
+//! A link: one connection, one landing ring per side, the credit engine and
+//! the wire messages, put together into the API rcp and rblock use.
+//!
+//! * [`Link::send_chunk`] waits for a slot credit, then writes the chunk
+//!   header and the payload (straight from a pool buffer) into the peer's
+//!   slot with one notified write. The buffer is owned by the link until the
+//!   write completes, which is how the transport's "don't touch posted
+//!   memory" contract is kept without `unsafe` in callers.
+//! * [`Link::recv`] yields landed chunks (read in place; dropping the
+//!   [`Chunk`] returns its slot credit) and application messages, in the
+//!   order the peer sent them.
+//! * [`Link::send_message`] sends a small application message.
+//! * [`Link::finish`] says goodbye and waits for the peer's.
+//!
+//! A driver task polls the connection's completions, applies piggybacked
+//! credits, validates every chunk header and message, reposts receives and
+//! sends standalone credit updates when the engine asks for one. Any breach
+//! of the protocol fails the link: the peer gets an error message when one
+//! can still be sent, the connection closes, and every waiter sees why.
+#![allow(unsafe_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use thiserror::Error;
+use tokio::sync::Notify;
+
+use crate::credit::{ControlUse, CreditError, Inbound, Outbound};
+use crate::memory::{Memory, MemoryError, PoolBuf};
+use crate::transport::{
+    Access, Completion, Connection, Op, Region, RemoteAddr, Segment, TransportError, WriteGate, completions,
+};
+use crate::wire::{
+    self, Body, CHUNK_HEADER_LEN, ChunkHeader, CreditUpdate, ErrorCode, FRAME_HEADER_LEN, Frame,
+    Hello, RingDescriptor, Role, WireError,
+};
+
+/// How one side of a link is set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkConfig {
+    pub role: Role,
+    /// Slots in this side's landing ring (0: this side receives no chunks).
+    pub slot_count: u32,
+    /// Bytes per slot, chunk header included.
+    pub slot_size: u32,
+    /// Control receives kept posted: the peer's control credits.
+    pub control_depth: u32,
+    /// Size of each control receive (and send) buffer.
+    pub control_size: u32,
+    pub features: u32,
+}
+
+impl LinkConfig {
+    /// A ring of `slot_count` slots carrying up to `chunk` payload bytes each.
+    pub fn new(role: Role, slot_count: u32, chunk: u32) -> LinkConfig {
+        LinkConfig {
+            role,
+            slot_count,
+            slot_size: chunk + CHUNK_HEADER_LEN as u32,
+            control_depth: 16,
+            control_size: 4096,
+            features: 0,
+        }
+    }
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum LinkError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error("malformed message from peer: {0}")]
+    Wire(#[from] WireError),
+    #[error("peer broke the credit rules: {0}")]
+    Credit(#[from] CreditError),
+    #[error("peer broke the protocol: {0}")]
+    Protocol(String),
+    #[error("peer reported an error ({code:?}): {text}")]
+    Peer { code: ErrorCode, text: String },
+    #[error("invalid link configuration: {0}")]
+    Config(String),
+    #[error("the link is finished")]
+    Finished,
+}
+
+impl From<MemoryError> for LinkError {
+    fn from(e: MemoryError) -> Self {
+        LinkError::Config(e.to_string())
+    }
+}
+
+impl LinkError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            LinkError::Wire(WireError::Version { .. }) => ErrorCode::Version,
+            LinkError::Config(_) | LinkError::Finished => ErrorCode::Internal,
+            _ => ErrorCode::Protocol,
+        }
+    }
+}
+
+/// What the peer sent, in order.
+#[derive(Debug)]
+pub enum Incoming {
+    Chunk(Chunk),
+    Message(Vec<u8>),
+}
+
+/// Caller-supplied fields of a chunk header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChunkMeta {
+    pub stream: u64,
+    pub offset: u64,
+    pub flags: u32,
+    pub digest: [u8; 32],
+}
+
+/// A chunk that landed in this side's ring. Its slot is credited back to
+/// the peer when this is dropped, so keep it only as long as its bytes are
+/// needed.
+pub struct Chunk {
+    inner: Arc<Inner>,
+    seq: u64,
+    index: u32,
+    header: ChunkHeader,
+}
+
+impl fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Chunk")
+            .field("seq", &self.seq)
+            .field("header", &self.header)
+            .finish()
+    }
+}
+
+impl Chunk {
+    pub fn header(&self) -> &ChunkHeader {
+        &self.header
+    }
+
+    /// The slot sequence number (the chunk's place in the peer's stream of
+    /// chunks on this link).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    pub fn payload(&self) -> &[u8] {
+        let start = self.index as usize * self.inner.config.slot_size as usize + CHUNK_HEADER_LEN;
+        // SAFETY: the slot is in state Landed until this chunk is dropped; the
+        // ring's write gate refuses every peer write into it meanwhile (on
+        // verbs the NIC cannot be stopped, but a peer that writes there breaks
+        // the credit rules and fails the link on its next note). The range
+        // was checked against the slot when the header was decoded.
+        unsafe {
+            self.inner
+                .ring
+                .memory()
+                .slice(start, self.header.payload_len as usize)
+        }
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        let due = {
+            let mut inbound = self.inner.inbound.lock().expect("inbound lock");
+            inbound.on_consumed(self.seq);
+            inbound.wants_standalone()
+        };
+        if due {
+            self.inner.credit_due.notify_one();
+        }
+    }
+}
+
+/// The ring's gate: the credit engine decides whether a peer write lands.
+struct RingGate(Arc<Mutex<Inbound>>);
+
+impl WriteGate for RingGate {
+    fn admit(&self, offset: u64, len: u64, note: Option<u32>) -> Result<(), String> {
+        let Some(note) = note else {
+            return Err("plain writes into the landing ring are not allowed".into());
+        };
+        let mut inbound = self.0.lock().expect("inbound lock");
+        inbound
+            .on_landed(note, offset, len)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// What an outstanding send-side request holds on to.
+enum InFlight {
+    Chunk { _buf: PoolBuf, header: u32 },
+    Control { buf: u32 },
+}
+
+struct State {
+    outbound: Outbound,
+    free_send_bufs: Vec<u32>,
+    header_busy: Vec<bool>,
+    in_flight: HashMap<u64, InFlight>,
+    next_wr: u64,
+    incoming: VecDeque<Incoming>,
+    error: Option<LinkError>,
+    peer_done: bool,
+    goodbye_sent: bool,
+}
+
+struct Inner {
+    conn: Arc<dyn Connection>,
+    config: LinkConfig,
+    peer: Hello,
+    ring: Region,
+    recv_bufs: Region,
+    send_bufs: Region,
+    headers: Region,
+    inbound: Arc<Mutex<Inbound>>,
+    state: Mutex<State>,
+    /// Wakes senders and receivers when state changed.
+    changed: Notify,
+    /// Wakes the driver when a credit update may be due.
+    credit_due: Notify,
+}
+
+/// One established link. Cheap to clone; all clones share it.
+#[derive(Clone)]
+pub struct Link {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Link")
+            .field("backend", &self.inner.conn.backend())
+            .field("config", &self.inner.config)
+            .field("peer", &self.inner.peer)
+            .finish()
+    }
+}
+
+fn validate(config: &LinkConfig) -> Result<(), LinkError> {
+    let bad = |what: &str| Err(LinkError::Config(what.to_string()));
+    if !(wire::MIN_CONTROL_DEPTH..=wire::MAX_CONTROL_DEPTH).contains(&config.control_depth) {
+        return bad("control depth out of range");
+    }
+    if !(wire::MIN_CONTROL_SIZE..=wire::MAX_CONTROL_SIZE).contains(&config.control_size) {
+        return bad("control size out of range");
+    }
+    if config.slot_count > wire::MAX_SLOTS {
+        return bad("too many slots");
+    }
+    if config.slot_count > 0
+        && !(CHUNK_HEADER_LEN as u32 + 1..=wire::MAX_SLOT_SIZE).contains(&config.slot_size)
+    {
+        return bad("slot size out of range");
+    }
+    Ok(())
+}
+
+/// Memory of `count` pieces of `size`, never empty (a zero-slot ring still
+/// gets a page so that registration has something to register).
+fn pieces(count: u32, size: u32) -> Result<Arc<Memory>, LinkError> {
+    let len = (count as usize)
+        .checked_mul(size as usize)
+        .ok_or_else(|| LinkError::Config("ring too large".into()))?;
+    Ok(Memory::new(len.max(1))?)
+}
+
+impl Link {
+    /// Sets up this side of a link on a fresh connection and exchanges
+    /// hellos. Both sides call it; it returns once the peer's hello has been
+    /// received and checked.
+    pub async fn establish(conn: Arc<dyn Connection>, config: LinkConfig) -> Result<Link, LinkError> {
+        validate(&config)?;
+        let limits = conn.limits();
+        let recv_count = config.slot_count + config.control_depth;
+        if recv_count > limits.max_recv_wr {
+            return Err(LinkError::Config(format!(
+                "{recv_count} receives needed, the connection allows {}",
+                limits.max_recv_wr
+            )));
+        }
+        let inbound = Arc::new(Mutex::new(Inbound::new(
+            config.slot_count,
+            config.slot_size,
+            config.control_depth,
+        )));
+        let ring = conn.register(
+            &pieces(config.slot_count, config.slot_size)?,
+            Access::REMOTE_WRITE,
+            Some(Arc::new(RingGate(Arc::clone(&inbound)))),
+        )?;
+        let recv_bufs = conn.register(
+            &pieces(recv_count, config.control_size)?,
+            Access::LOCAL,
+            None,
+        )?;
+        let send_bufs = conn.register(
+            &pieces(config.control_depth, config.control_size)?,
+            Access::LOCAL,
+            None,
+        )?;
+        for i in 0..recv_count {
+            post_recv(&*conn, &recv_bufs, config.control_size, i)?;
+        }
+        let hello = Hello {
+            version: wire::VERSION,
+            role: config.role,
+            features: config.features,
+            ring: RingDescriptor {
+                addr: ring.remote().addr,
+                rkey: ring.remote().rkey,
+                slot_count: config.slot_count,
+                slot_size: config.slot_size,
+            },
+            control_depth: config.control_depth,
+            control_size: config.control_size,
+        };
+        let hello_frame = Frame {
+            credit: CreditUpdate {
+                grant_limit: config.slot_count.into(),
+                control_return: 0,
+            },
+            body: Body::Hello(hello),
+        };
+        // Send buffer 0 carries the hello; its completion frees it later.
+        let len = hello_frame.encode(send_slice(&send_bufs, config.control_size, 0));
+        let hello_wr = 0;
+        // SAFETY: send buffer 0 is not touched again until this send's
+        // completion returns it to the free list.
+        unsafe { conn.post_send(hello_wr, &[send_segment(&send_bufs, config.control_size, 0, len)])? };
+
+        let mut backlog = Vec::new();
+        let peer = loop {
+            let mut batch = Vec::new();
+            completions(&*conn, &mut batch).await?;
+            let mut found = None;
+            for c in batch {
+                if found.is_none() && matches!(c.op, Op::Recv | Op::RecvNotify) {
+                    found = Some(c);
+                } else {
+                    backlog.push(c);
+                }
+            }
+            if let Some(first) = found {
+                match read_peer_hello(&recv_bufs, &config, &first) {
+                    Ok(h) => break h,
+                    Err(e) => {
+                        // Tell the peer why, if the connection still carries it.
+                        let frame = Frame {
+                            credit: CreditUpdate::default(),
+                            body: Body::Error {
+                                code: e.code(),
+                                text: &e.to_string(),
+                            },
+                        };
+                        let buf = send_slice(&send_bufs, config.control_size, 1);
+                        let len = frame.encode(buf);
+                        // SAFETY: buffer 1 is unused; the connection is
+                        // closed right after, which flushes this send.
+                        let _ = unsafe {
+                            conn.post_send(1, &[send_segment(&send_bufs, config.control_size, 1, len)])
+                        };
+                        conn.close();
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        // The hello came in receive 0 (the first posted); it is decoded, so
+        // the buffer goes back into service.
+        post_recv(&*conn, &recv_bufs, config.control_size, 0)?;
+
+        let headers = conn.register(
+            &pieces(peer.ring.slot_count.max(1), CHUNK_HEADER_LEN as u32)?,
+            Access::LOCAL,
+            None,
+        )?;
+        let mut in_flight = HashMap::new();
+        in_flight.insert(hello_wr, InFlight::Control { buf: 0 });
+        let state = State {
+            outbound: Outbound::new(peer.ring.slot_count, peer.control_depth),
+            free_send_bufs: (1..config.control_depth).rev().collect(),
+            header_busy: vec![false; peer.ring.slot_count as usize],
+            in_flight,
+            next_wr: 1,
+            incoming: VecDeque::new(),
+            error: None,
+            peer_done: false,
+            goodbye_sent: false,
+        };
+        let inner = Arc::new(Inner {
+            conn,
+            config,
+            peer,
+            ring,
+            recv_bufs,
+            send_bufs,
+            headers,
+            inbound,
+            state: Mutex::new(state),
+            changed: Notify::new(),
+            credit_due: Notify::new(),
+        });
+        tokio::spawn(drive(Arc::clone(&inner), backlog));
+        Ok(Link { inner })
+    }
+
+    /// The transport backend in use ("tcp", "rdma").
+    pub fn backend(&self) -> &'static str {
+        self.inner.conn.backend()
+    }
+
+    /// The peer's hello.
+    pub fn peer(&self) -> &Hello {
+        &self.inner.peer
+    }
+
+    /// Largest chunk payload the peer's ring takes (0: it takes none).
+    pub fn max_chunk(&self) -> usize {
+        self.inner.peer.ring.max_payload()
+    }
+
+    /// Largest application message either side's buffers take.
+    pub fn max_message(&self) -> usize {
+        self.inner.config.control_size.min(self.inner.peer.control_size) as usize - FRAME_HEADER_LEN
+    }
+
+    /// Registers memory (a buffer pool's) for chunks sent on this link.
+    pub fn register(&self, memory: &Arc<Memory>) -> Result<Region, LinkError> {
+        Ok(self.inner.conn.register(memory, Access::LOCAL, None)?)
+    }
+
+    /// This side's landing ring memory, for tests that check a refused
+    /// write left it untouched.
+    #[doc(hidden)]
+    pub fn ring_memory(&self) -> &Arc<Memory> {
+        self.inner.ring.memory()
+    }
+
+    /// The transport connection, for tests that misbehave on purpose.
+    #[doc(hidden)]
+    pub fn connection(&self) -> &Arc<dyn Connection> {
+        &self.inner.conn
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().expect("state lock")
+    }
+
+    /// Sends `buf` (its `len()` bytes) as one chunk. `region` is the
+    /// registration of the pool `buf` came from. Waits for a slot credit;
+    /// returns once the write is posted. The buffer goes back to its pool
+    /// when the write completes.
+    pub async fn send_chunk(&self, meta: ChunkMeta, region: &Region, buf: PoolBuf) -> Result<(), LinkError> {
+        if !Arc::ptr_eq(region.memory(), buf.pool().memory()) {
+            return Err(LinkError::Config("buffer is not from the given region".into()));
+        }
+        if buf.len() > self.max_chunk() {
+            return Err(LinkError::Config(format!(
+                "chunk of {} bytes exceeds the peer's slot payload of {}",
+                buf.len(),
+                self.max_chunk()
+            )));
+        }
+        if meta.flags & !wire::chunk_flags::KNOWN != 0 {
+            return Err(LinkError::Config("unknown chunk flags".into()));
+        }
+        let inner = &self.inner;
+        loop {
+            let changed = inner.changed.notified();
+            {
+                let mut st = self.state();
+                if let Some(e) = &st.error {
+                    return Err(e.clone());
+                }
+                if st.goodbye_sent {
+                    return Err(LinkError::Finished);
+                }
+                let next_header = (st.outbound.sent() % u64::from(inner.peer.ring.slot_count.max(1))) as usize;
+                if st.outbound.slots_available() > 0 && !st.header_busy[next_header] {
+                    let ticket = st.outbound.try_slot().expect("credit checked");
+                    let header = ChunkHeader {
+                        payload_len: buf.len() as u32,
+                        stream: meta.stream,
+                        offset: meta.offset,
+                        flags: meta.flags,
+                        note: ticket.note,
+                        digest: meta.digest,
+                    };
+                    let hoff = ticket.index as usize * CHUNK_HEADER_LEN;
+                    // SAFETY: header slot `index` is not busy (checked above),
+                    // so no posted write reads it; the state lock serialises
+                    // senders.
+                    unsafe { inner.headers.memory().slice_mut(hoff, CHUNK_HEADER_LEN) }
+                        .copy_from_slice(&header.encode());
+                    let sgl = [
+                        inner.headers.segment(hoff, CHUNK_HEADER_LEN).expect("header in range"),
+                        region.segment(buf.offset(), buf.len()).expect("buffer in its region"),
+                    ];
+                    let remote = slot_addr(&inner.peer.ring, ticket.index);
+                    let wr = st.next_wr;
+                    st.next_wr += 1;
+                    // SAFETY: the header slot and the buffer stay untouched
+                    // until the completion: the buffer is owned by `in_flight`
+                    // and the header slot is marked busy.
+                    unsafe { inner.conn.write_notify(wr, &sgl, remote, ticket.note)? };
+                    st.header_busy[ticket.index as usize] = true;
+                    st.in_flight.insert(
+                        wr,
+                        InFlight::Chunk {
+                            _buf: buf,
+                            header: ticket.index,
+                        },
+                    );
+                    return Ok(());
+                }
+            }
+            changed.await;
+        }
+    }
+
+    /// Sends one application message of at most [`Link::max_message`] bytes.
+    pub async fn send_message(&self, payload: &[u8]) -> Result<(), LinkError> {
+        if payload.is_empty() || payload.len() > self.max_message() {
+            return Err(LinkError::Config(format!(
+                "message of {} bytes: must be 1..={}",
+                payload.len(),
+                self.max_message()
+            )));
+        }
+        self.send_control(Body::App(payload), ControlUse::Message).await
+    }
+
+    async fn send_control(&self, body: Body<'_>, use_: ControlUse) -> Result<(), LinkError> {
+        loop {
+            let changed = self.inner.changed.notified();
+            {
+                let mut st = self.state();
+                if let Some(e) = &st.error {
+                    return Err(e.clone());
+                }
+                if st.goodbye_sent {
+                    return Err(LinkError::Finished);
+                }
+                if try_post_control(&self.inner, &mut st, &body, use_)? {
+                    if matches!(body, Body::Goodbye { .. }) {
+                        st.goodbye_sent = true;
+                    }
+                    return Ok(());
+                }
+            }
+            changed.await;
+        }
+    }
+
+    /// The next chunk or message from the peer, in the order it was sent;
+    /// `None` once the peer said goodbye.
+    pub async fn recv(&self) -> Result<Option<Incoming>, LinkError> {
+        loop {
+            let changed = self.inner.changed.notified();
+            {
+                let mut st = self.state();
+                if let Some(item) = self.take_incoming(&mut st) {
+                    return Ok(Some(item));
+                }
+                if let Some(e) = &st.error {
+                    return Err(e.clone());
+                }
+                if st.peer_done {
+                    return Ok(None);
+                }
+            }
+            changed.await;
+        }
+    }
+
+    /// Takes the next incoming item; a message's control credit becomes
+    /// owed to the peer as it is handed out.
+    fn take_incoming(&self, st: &mut State) -> Option<Incoming> {
+        let item = st.incoming.pop_front()?;
+        if matches!(item, Incoming::Message(_)) {
+            let due = {
+                let mut inbound = self.inner.inbound.lock().expect("inbound lock");
+                inbound.on_control_consumed();
+                inbound.wants_standalone()
+            };
+            if due {
+                self.inner.credit_due.notify_one();
+            }
+        }
+        Some(item)
+    }
+
+    /// Says goodbye, waits until everything sent has completed and the peer
+    /// said goodbye too (draining and dropping whatever it still sends),
+    /// then closes the connection.
+    pub async fn finish(&self) -> Result<(), LinkError> {
+        self.send_control(Body::Goodbye { reason: 0 }, ControlUse::Message)
+            .await?;
+        loop {
+            let changed = self.inner.changed.notified();
+            {
+                let st = self.state();
+                if let Some(e) = &st.error {
+                    return Err(e.clone());
+                }
+                if st.in_flight.is_empty() && st.peer_done {
+                    break;
+                }
+            }
+            // Drain the peer's last chunks and messages so its credits flow.
+            let drained = self.take_incoming(&mut self.state());
+            if drained.is_some() {
+                continue;
+            }
+            changed.await;
+        }
+        self.inner.conn.close();
+        Ok(())
+    }
+
+    /// Fails the link now: tells the peer `text` and closes.
+    pub fn abort(&self, text: &str) {
+        fail(&self.inner, LinkError::Protocol(format!("aborted locally: {text}")));
+    }
+}
+
+/// Remote address of slot `index` of the peer's ring.
+fn slot_addr(ring: &RingDescriptor, index: u32) -> RemoteAddr {
+    RemoteAddr {
+        addr: ring.addr + u64::from(index) * u64::from(ring.slot_size),
+        rkey: ring.rkey,
+    }
+}
+
+#[allow(clippy::mut_from_ref)]
+fn send_slice(bufs: &Region, size: u32, index: u32) -> &mut [u8] {
+    // SAFETY: callers pass an index they took off the free list (or, during
+    // the hello, one not yet handed out), so no posted send reads it.
+    unsafe {
+        bufs.memory()
+            .slice_mut(index as usize * size as usize, size as usize)
+    }
+}
+
+fn send_segment(bufs: &Region, size: u32, index: u32, len: usize) -> Segment {
+    bufs.segment(index as usize * size as usize, len)
+        .expect("send buffer in range")
+}
+
+fn post_recv(conn: &dyn Connection, bufs: &Region, size: u32, index: u32) -> Result<(), TransportError> {
+    let seg = bufs
+        .segment(index as usize * size as usize, size as usize)
+        .expect("receive buffer in range");
+    // SAFETY: receive buffer `index` is only read after its completion and
+    // its contents are copied out before it is posted again.
+    unsafe { conn.post_recv(u64::from(index), seg) }
+}
+
+fn read_peer_hello(
+    recv_bufs: &Region,
+    config: &LinkConfig,
+    first: &Completion,
+) -> Result<Hello, LinkError> {
+    first.status.clone().map_err(|e| LinkError::Protocol(format!("receive failed: {e}")))?;
+    if first.op != Op::Recv || first.wr_id != 0 {
+        return Err(LinkError::Protocol("the peer's first message was not a hello".into()));
+    }
+    let size = config.control_size as usize;
+    // SAFETY: receive 0 completed; nothing else touches it until reposted.
+    let bytes = unsafe { recv_bufs.memory().slice(0, (first.byte_len as usize).min(size)) };
+    let frame = Frame::decode(bytes)?;
+    let Body::Hello(hello) = frame.body else {
+        return Err(LinkError::Protocol("the peer's first message was not a hello".into()));
+    };
+    if hello.role != config.role.peer() {
+        return Err(LinkError::Protocol(format!(
+            "both ends are {:?}s",
+            config.role
+        )));
+    }
+    if frame.credit
+        != (CreditUpdate {
+            grant_limit: hello.ring.slot_count.into(),
+            control_return: 0,
+        })
+    {
+        return Err(LinkError::Protocol("hello carries stray credits".into()));
+    }
+    Ok(hello)
+}
+
+/// Posts a control message if credits and a send buffer allow; `Ok(false)`
+/// if it must wait.
+fn try_post_control(inner: &Inner, st: &mut State, body: &Body<'_>, use_: ControlUse) -> Result<bool, LinkError> {
+    if st.free_send_bufs.is_empty() || !st.outbound.try_control(use_) {
+        return Ok(false);
+    }
+    let buf = st.free_send_bufs.pop().expect("checked");
+    let credit = inner.inbound.lock().expect("inbound lock").take_update();
+    let frame = Frame {
+        credit,
+        body: body.clone(),
+    };
+    let size = inner.config.control_size;
+    let len = frame.encode(send_slice(&inner.send_bufs, size, buf));
+    let wr = st.next_wr;
+    st.next_wr += 1;
+    // SAFETY: `buf` came off the free list and returns to it on completion.
+    unsafe { inner.conn.post_send(wr, &[send_segment(&inner.send_bufs, size, buf, len)])? };
+    st.in_flight.insert(wr, InFlight::Control { buf });
+    Ok(true)
+}
+
+fn fail(inner: &Inner, error: LinkError) {
+    let mut st = inner.state.lock().expect("state lock");
+    // After both goodbyes, the flushes of the closing connection are no
+    // failure.
+    if st.error.is_some() || (st.peer_done && st.goodbye_sent) {
+        return;
+    }
+    st.error = Some(error.clone());
+    let tell_peer = !matches!(error, LinkError::Transport(_) | LinkError::Peer { .. });
+    if tell_peer {
+        let text = error.to_string();
+        let _ = try_post_control(
+            inner,
+            &mut st,
+            &Body::Error {
+                code: error.code(),
+                text: &text,
+            },
+            ControlUse::CreditOnly,
+        );
+    }
+    drop(st);
+    inner.conn.close();
+    inner.changed.notify_waiters();
+}
+
+async fn drive(inner: Arc<Inner>, backlog: Vec<Completion>) {
+    let mut batch = backlog;
+    loop {
+        for c in batch.drain(..) {
+            if let Err(e) = handle(&inner, c) {
+                fail(&inner, e);
+            }
+        }
+        send_standalone_credit(&inner);
+        inner.changed.notify_waiters();
+        tokio::select! {
+            r = completions(&*inner.conn, &mut batch) => {
+                if let Err(e) = r {
+                    let mut st = inner.state.lock().expect("state lock");
+                    let clean = st.peer_done && st.goodbye_sent && st.in_flight.is_empty();
+                    if !clean && st.error.is_none() {
+                        st.error = Some(LinkError::Transport(e));
+                    }
+                    drop(st);
+                    inner.changed.notify_waiters();
+                    return;
+                }
+            }
+            () = inner.credit_due.notified() => {}
+        }
+    }
+}
+
+fn send_standalone_credit(inner: &Inner) {
+    let mut st = inner.state.lock().expect("state lock");
+    if st.error.is_some() {
+        return;
+    }
+    let due = inner.inbound.lock().expect("inbound lock").wants_standalone();
+    if due {
+        // If no credit or buffer is free now, a completion will bring one and
+        // the driver checks again.
+        if let Err(e) = try_post_control(inner, &mut st, &Body::Credit, ControlUse::CreditOnly) {
+            drop(st);
+            fail(inner, e);
+        }
+    }
+}
+
+fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
+    match c.op {
+        Op::Send | Op::WriteNotify | Op::Write | Op::Read => {
+            let mut st = inner.state.lock().expect("state lock");
+            let done = st.in_flight.remove(&c.wr_id);
+            match done {
+                Some(InFlight::Chunk { header, .. }) => st.header_busy[header as usize] = false,
+                Some(InFlight::Control { buf }) => st.free_send_bufs.push(buf),
+                None => {}
+            }
+            drop(st);
+            c.status.map_err(|e| LinkError::Transport(TransportError::Closed(e.to_string())))
+        }
+        Op::Recv => {
+            c.status
+                .clone()
+                .map_err(|e| LinkError::Transport(TransportError::Closed(e.to_string())))?;
+            let index = u32::try_from(c.wr_id).map_err(|_| LinkError::Protocol("bad receive id".into()))?;
+            let size = inner.config.control_size;
+            // SAFETY: this receive completed; its buffer is ours until reposted
+            // below, after the bytes were copied out.
+            let bytes = unsafe {
+                inner
+                    .recv_bufs
+                    .memory()
+                    .slice(index as usize * size as usize, (c.byte_len as usize).min(size as usize))
+            };
+            let result = handle_frame(inner, bytes);
+            post_recv(&*inner.conn, &inner.recv_bufs, size, index)?;
+            result
+        }
+        Op::RecvNotify => {
+            c.status
+                .clone()
+                .map_err(|e| LinkError::Transport(TransportError::Closed(e.to_string())))?;
+            let note = c.note.ok_or_else(|| LinkError::Protocol("notified write without note".into()))?;
+            let chunk = landed_chunk(inner, note, c.byte_len as usize)?;
+            let index = u32::try_from(c.wr_id).map_err(|_| LinkError::Protocol("bad receive id".into()))?;
+            post_recv(&*inner.conn, &inner.recv_bufs, inner.config.control_size, index)?;
+            let mut st = inner.state.lock().expect("state lock");
+            if st.peer_done {
+                return Err(LinkError::Protocol("chunk after goodbye".into()));
+            }
+            st.incoming.push_back(Incoming::Chunk(chunk));
+            Ok(())
+        }
+    }
+}
+
+fn landed_chunk(inner: &Arc<Inner>, note: u32, landed: usize) -> Result<Chunk, LinkError> {
+    let slot_size = inner.config.slot_size as usize;
+    let seq = inner
+        .inbound
+        .lock()
+        .expect("inbound lock")
+        .landed_seq(note)
+        .ok_or_else(|| LinkError::Protocol(format!("note {note} names no landed slot")))?;
+    let index = (seq % u64::from(inner.config.slot_count)) as u32;
+    // SAFETY: the slot is Landed: the gate admitted exactly this write and
+    // refuses any other until the chunk is consumed.
+    let slot = unsafe { inner.ring.memory().slice(index as usize * slot_size, slot_size) };
+    let header = ChunkHeader::decode(slot, landed, slot_size - CHUNK_HEADER_LEN, note)?;
+    Ok(Chunk {
+        inner: Arc::clone(inner),
+        seq,
+        index,
+        header,
+    })
+}
+
+fn handle_frame(inner: &Inner, bytes: &[u8]) -> Result<(), LinkError> {
+    let frame = Frame::decode(bytes)?;
+    let mut inbound = inner.inbound.lock().expect("inbound lock");
+    inbound.on_control_received()?;
+    let consumed_now = !matches!(frame.body, Body::App(_));
+    if consumed_now {
+        inbound.on_control_consumed();
+    }
+    drop(inbound);
+    let mut st = inner.state.lock().expect("state lock");
+    st.outbound.on_update(frame.credit)?;
+    if st.peer_done {
+        return Err(LinkError::Protocol("message after goodbye".into()));
+    }
+    match frame.body {
+        Body::Hello(_) => Err(LinkError::Protocol("second hello".into())),
+        Body::Credit => Ok(()),
+        Body::App(payload) => {
+            st.incoming.push_back(Incoming::Message(payload.to_vec()));
+            Ok(())
+        }
+        Body::Goodbye { .. } => {
+            st.peer_done = true;
+            Ok(())
+        }
+        Body::Error { code, text } => Err(LinkError::Peer {
+            code,
+            text: text.to_string(),
+        }),
+    }
+}

@@ -1,0 +1,810 @@
+//! The tcp backend: the transport's operations over one TCP stream, for
+//! nodes without an RDMA NIC and for tests.
+//!
+//! Two tasks own the two halves of the socket. The writer takes work
+//! requests in posting order and writes each as one frame (header, then the
+//! registered memory itself through vectored writes: no copy, no per-chunk
+//! allocation); a request completes once the kernel has taken its bytes,
+//! which is when its memory may be reused, as with a verbs send completion.
+//! The reader decodes each incoming header, checks it completely (rkey,
+//! access, bounds, the region's write gate, a posted receive to consume)
+//! and only then reads the payload straight into the target memory. Any
+//! failed check ends the connection: the peer is told why in an abort frame,
+//! nothing of the offending payload is placed, and every outstanding request
+//! is flushed.
+#![allow(unsafe_code)]
+
+mod frame;
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll, Waker};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpStream, ToSocketAddrs};
+use tokio::sync::{Notify, mpsc};
+
+pub use frame::{FrameError, FrameHeader, FrameOp, HEADER_LEN, PREFACE};
+
+use super::{
+    Access, Completion, Connection, Limits, Op, Region, RemoteAddr, RemoteRegion, Segment,
+    TransportError, WcError, WriteGate, sgl_len,
+};
+use crate::memory::Memory;
+
+/// Limits of the tcp backend: generous, but finite so that a peer's
+/// declared lengths are bounded before anything is read.
+pub const DEFAULT_LIMITS: Limits = Limits {
+    max_send_wr: 4096,
+    max_recv_wr: 4096,
+    max_sge: 4,
+    max_msg: 1 << 30,
+    max_inline: 0,
+};
+
+/// Largest payload of a send: control messages are small by design.
+const MAX_SEND: u64 = crate::wire::MAX_CONTROL_SIZE as u64;
+/// The first rkey handed out; keys are table indices above it.
+const RKEY_BASE: u32 = 0x100;
+/// Requests the writer gathers into one vectored write.
+const WRITE_BATCH: usize = 64;
+
+/// Listens for tcp-backend connections.
+#[derive(Debug)]
+pub struct TcpListener {
+    inner: tokio::net::TcpListener,
+}
+
+impl TcpListener {
+    pub async fn bind(addr: impl ToSocketAddrs) -> Result<TcpListener, TransportError> {
+        Ok(TcpListener {
+            inner: tokio::net::TcpListener::bind(addr).await?,
+        })
+    }
+
+    pub fn local_addr(&self) -> Result<SocketAddr, TransportError> {
+        Ok(self.inner.local_addr()?)
+    }
+
+    /// Accepts one connection and exchanges the preface.
+    pub async fn accept(&self) -> Result<TcpConnection, TransportError> {
+        let (stream, _) = self.inner.accept().await?;
+        TcpConnection::establish(stream, DEFAULT_LIMITS).await
+    }
+}
+
+/// Connects to a [`TcpListener`].
+pub async fn connect(addr: impl ToSocketAddrs) -> Result<TcpConnection, TransportError> {
+    let stream = TcpStream::connect(addr).await?;
+    TcpConnection::establish(stream, DEFAULT_LIMITS).await
+}
+
+/// One tcp-backend connection. Dropping it closes the connection.
+#[derive(Debug)]
+pub struct TcpConnection {
+    shared: Arc<Shared>,
+}
+
+enum Outgoing {
+    Request {
+        wr_id: u64,
+        op: Op,
+        header: [u8; HEADER_LEN],
+        sgl: Vec<Segment>,
+    },
+    ReadResponse {
+        header: [u8; HEADER_LEN],
+        source: Segment,
+    },
+    Abort(String),
+    Close,
+}
+
+struct PendingRead {
+    wr_id: u64,
+    tag: u32,
+    local: Segment,
+}
+
+#[derive(Default)]
+struct Queue {
+    done: VecDeque<Completion>,
+    waker: Option<Waker>,
+    /// Why the connection went down, once it has.
+    down: Option<TransportError>,
+    reader_done: bool,
+    writer_done: bool,
+}
+
+struct Shared {
+    limits: Limits,
+    regions: RwLock<Vec<Region>>,
+    recvs: Mutex<VecDeque<(u64, Segment)>>,
+    reads: Mutex<VecDeque<PendingRead>>,
+    queue: Mutex<Queue>,
+    outgoing: mpsc::UnboundedSender<Outgoing>,
+    send_outstanding: AtomicU32,
+    next_read_tag: AtomicU32,
+    stop_reader: Notify,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpConnection")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    fn push(&self, completion: Completion) {
+        let mut q = self.queue.lock().expect("queue lock");
+        q.done.push_back(completion);
+        if let Some(w) = q.waker.take() {
+            w.wake();
+        }
+    }
+
+    fn complete(&self, wr_id: u64, op: Op, status: Result<(), WcError>, byte_len: usize) {
+        self.push(Completion {
+            wr_id,
+            op,
+            status,
+            byte_len: byte_len as u32,
+            note: None,
+            landed_at: None,
+        });
+    }
+
+    /// Records why the connection ended (the first reason wins).
+    fn go_down(&self, why: TransportError) {
+        let mut q = self.queue.lock().expect("queue lock");
+        q.down.get_or_insert(why);
+        if let Some(w) = q.waker.take() {
+            w.wake();
+        }
+    }
+
+    fn down_reason(&self) -> Option<TransportError> {
+        self.queue.lock().expect("queue lock").down.clone()
+    }
+
+    fn finish(&self, reader: bool) {
+        let mut q = self.queue.lock().expect("queue lock");
+        if reader {
+            q.reader_done = true;
+        } else {
+            q.writer_done = true;
+        }
+        if let Some(w) = q.waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Flushes receives and reads: the reader is gone, nothing will fill them.
+    fn flush_receive_side(&self) {
+        let recvs: Vec<_> = self.recvs.lock().expect("recv lock").drain(..).collect();
+        for (wr_id, _) in recvs {
+            self.complete(wr_id, Op::Recv, Err(WcError::Flushed), 0);
+        }
+        let reads: Vec<_> = self.reads.lock().expect("read lock").drain(..).collect();
+        for read in reads {
+            self.send_outstanding.fetch_sub(1, Ordering::AcqRel);
+            self.complete(read.wr_id, Op::Read, Err(WcError::Flushed), 0);
+        }
+    }
+
+    fn region(&self, rkey: u32) -> Option<Region> {
+        let index = rkey.checked_sub(RKEY_BASE)? as usize;
+        self.regions.read().expect("region lock").get(index).cloned()
+    }
+
+    fn check_open(&self) -> Result<(), TransportError> {
+        match self.down_reason() {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    }
+
+    fn reserve_send_slot(&self) -> Result<(), TransportError> {
+        let limit = self.limits.max_send_wr;
+        let prev = self.send_outstanding.fetch_add(1, Ordering::AcqRel);
+        if prev >= limit {
+            self.send_outstanding.fetch_sub(1, Ordering::AcqRel);
+            return Err(TransportError::QueueFull { what: "send", limit });
+        }
+        Ok(())
+    }
+
+    fn enqueue(&self, item: Outgoing) -> Result<(), TransportError> {
+        self.outgoing
+            .send(item)
+            .map_err(|_| TransportError::Closed("connection is closed".into()))
+    }
+}
+
+impl TcpConnection {
+    /// Exchanges the preface on a connected stream and starts the two tasks.
+    /// Must run inside a tokio runtime.
+    pub async fn establish(stream: TcpStream, limits: Limits) -> Result<Self, TransportError> {
+        stream.set_nodelay(true)?;
+        let (read_half, mut write_half) = stream.into_split();
+        write_half.write_all(&PREFACE).await?;
+        let mut reader = BufReader::with_capacity(64 * 1024, read_half);
+        let mut preface = [0u8; PREFACE.len()];
+        reader.read_exact(&mut preface).await.map_err(|e| {
+            TransportError::Protocol(format!("no rfabric preface from the peer: {e}"))
+        })?;
+        if preface != PREFACE {
+            return Err(TransportError::Protocol(format!(
+                "peer sent preface {preface:02x?}: not an rfabric tcp peer of this version"
+            )));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            limits,
+            regions: RwLock::new(Vec::new()),
+            recvs: Mutex::new(VecDeque::new()),
+            reads: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(Queue::default()),
+            outgoing: tx,
+            send_outstanding: AtomicU32::new(0),
+            next_read_tag: AtomicU32::new(0),
+            stop_reader: Notify::new(),
+        });
+        tokio::spawn(run_writer(Arc::clone(&shared), write_half, rx));
+        tokio::spawn(run_reader(Arc::clone(&shared), reader));
+        Ok(TcpConnection { shared })
+    }
+
+    fn post(
+        &self,
+        wr_id: u64,
+        op: Op,
+        frame_op: FrameOp,
+        sgl: &[Segment],
+        remote: Option<RemoteAddr>,
+        note: u32,
+    ) -> Result<(), TransportError> {
+        let shared = &self.shared;
+        shared.check_open()?;
+        if sgl.len() > shared.limits.max_sge as usize {
+            return Err(TransportError::Invalid(format!(
+                "{} segments, at most {}",
+                sgl.len(),
+                shared.limits.max_sge
+            )));
+        }
+        let len = sgl_len(sgl) as u64;
+        let max = if frame_op == FrameOp::Send {
+            MAX_SEND
+        } else {
+            shared.limits.max_msg
+        };
+        if len > max {
+            return Err(TransportError::Invalid(format!(
+                "{len} bytes in one request, at most {max}"
+            )));
+        }
+        shared.reserve_send_slot()?;
+        let remote = remote.unwrap_or(RemoteAddr { addr: 0, rkey: 0 });
+        let header = FrameHeader {
+            op: frame_op,
+            len: len as u32,
+            addr: remote.addr,
+            rkey: remote.rkey,
+            note,
+        }
+        .encode();
+        shared
+            .enqueue(Outgoing::Request {
+                wr_id,
+                op,
+                header,
+                sgl: sgl.to_vec(),
+            })
+            .inspect_err(|_| {
+                shared.send_outstanding.fetch_sub(1, Ordering::AcqRel);
+            })
+    }
+}
+
+impl Drop for TcpConnection {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Connection for TcpConnection {
+    fn backend(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn limits(&self) -> Limits {
+        self.shared.limits
+    }
+
+    fn register(
+        &self,
+        memory: &Arc<Memory>,
+        access: Access,
+        gate: Option<Arc<dyn WriteGate>>,
+    ) -> Result<Region, TransportError> {
+        let mut regions = self.shared.regions.write().expect("region lock");
+        let key = u32::try_from(regions.len())
+            .ok()
+            .and_then(|i| i.checked_add(RKEY_BASE))
+            .ok_or_else(|| TransportError::Invalid("too many regions".into()))?;
+        let remote = RemoteRegion {
+            addr: memory.as_ptr() as u64,
+            len: memory.len() as u64,
+            rkey: key,
+        };
+        let region = Region::new(Arc::clone(memory), key, remote, access, gate);
+        regions.push(region.clone());
+        Ok(region)
+    }
+
+    unsafe fn post_recv(&self, wr_id: u64, buf: Segment) -> Result<(), TransportError> {
+        self.shared.check_open()?;
+        let mut recvs = self.shared.recvs.lock().expect("recv lock");
+        if recvs.len() >= self.shared.limits.max_recv_wr as usize {
+            return Err(TransportError::QueueFull {
+                what: "receive",
+                limit: self.shared.limits.max_recv_wr,
+            });
+        }
+        recvs.push_back((wr_id, buf));
+        Ok(())
+    }
+
+    unsafe fn post_send(&self, wr_id: u64, sgl: &[Segment]) -> Result<(), TransportError> {
+        self.post(wr_id, Op::Send, FrameOp::Send, sgl, None, 0)
+    }
+
+    unsafe fn write_notify(
+        &self,
+        wr_id: u64,
+        sgl: &[Segment],
+        remote: RemoteAddr,
+        note: u32,
+    ) -> Result<(), TransportError> {
+        self.post(
+            wr_id,
+            Op::WriteNotify,
+            FrameOp::WriteNotify,
+            sgl,
+            Some(remote),
+            note,
+        )
+    }
+
+    unsafe fn write(
+        &self,
+        wr_id: u64,
+        sgl: &[Segment],
+        remote: RemoteAddr,
+    ) -> Result<(), TransportError> {
+        self.post(wr_id, Op::Write, FrameOp::Write, sgl, Some(remote), 0)
+    }
+
+    unsafe fn read(
+        &self,
+        wr_id: u64,
+        local: Segment,
+        remote: RemoteAddr,
+    ) -> Result<(), TransportError> {
+        let shared = &self.shared;
+        shared.check_open()?;
+        if local.len() as u64 > shared.limits.max_msg {
+            return Err(TransportError::Invalid("read longer than max_msg".into()));
+        }
+        shared.reserve_send_slot()?;
+        let tag = shared.next_read_tag.fetch_add(1, Ordering::Relaxed);
+        let header = FrameHeader {
+            op: FrameOp::ReadRequest,
+            len: local.len() as u32,
+            addr: remote.addr,
+            rkey: remote.rkey,
+            note: tag,
+        }
+        .encode();
+        // Queue the expectation before the request can be answered.
+        shared
+            .reads
+            .lock()
+            .expect("read lock")
+            .push_back(PendingRead { wr_id, tag, local });
+        // The request frame itself completes nothing: the read completes
+        // when its response arrives. `u64::MAX` marks it for the writer.
+        shared
+            .enqueue(Outgoing::Request {
+                wr_id: u64::MAX,
+                op: Op::Read,
+                header,
+                sgl: Vec::new(),
+            })
+            .inspect_err(|_| {
+                shared.send_outstanding.fetch_sub(1, Ordering::AcqRel);
+            })
+    }
+
+    fn poll_completions(
+        &self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Completion>,
+    ) -> Poll<Result<(), TransportError>> {
+        let mut q = self.shared.queue.lock().expect("queue lock");
+        if !q.done.is_empty() {
+            out.extend(q.done.drain(..));
+            return Poll::Ready(Ok(()));
+        }
+        if q.reader_done && q.writer_done {
+            let why = q
+                .down
+                .clone()
+                .unwrap_or_else(|| TransportError::Closed("connection closed".into()));
+            return Poll::Ready(Err(why));
+        }
+        q.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    fn close(&self) {
+        self.shared
+            .go_down(TransportError::Closed("closed locally".into()));
+        self.shared.stop_reader.notify_one();
+        let _ = self.shared.outgoing.send(Outgoing::Close);
+    }
+}
+
+async fn run_writer(
+    shared: Arc<Shared>,
+    mut socket: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+) {
+    let mut batch: Vec<Outgoing> = Vec::with_capacity(WRITE_BATCH);
+    let failure = 'run: loop {
+        batch.clear();
+        match rx.recv().await {
+            Some(item) => batch.push(item),
+            None => break 'run None,
+        }
+        while batch.len() < WRITE_BATCH {
+            match rx.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        // Frames before a Close or Abort go out; the rest is flushed.
+        let stop_at = batch
+            .iter()
+            .position(|i| matches!(i, Outgoing::Close | Outgoing::Abort(_)));
+        let frames = &batch[..stop_at.unwrap_or(batch.len())];
+        if let Err(e) = write_frames(&mut socket, frames).await {
+            break 'run Some(TransportError::Io(format!("send failed: {e}")));
+        }
+        for item in frames {
+            if let Outgoing::Request {
+                wr_id, op, sgl, ..
+            } = item
+                && *op != Op::Read
+            {
+                shared.send_outstanding.fetch_sub(1, Ordering::AcqRel);
+                shared.complete(*wr_id, *op, Ok(()), sgl_len(sgl));
+            }
+        }
+        if let Some(at) = stop_at {
+            if let Outgoing::Abort(reason) = &batch[at] {
+                let text = &reason.as_bytes()[..reason.len().min(frame::MAX_ABORT_TEXT as usize)];
+                let header = FrameHeader {
+                    op: FrameOp::Abort,
+                    len: text.len() as u32,
+                    addr: 0,
+                    rkey: 0,
+                    note: 0,
+                }
+                .encode();
+                let _ = socket.write_all(&header).await;
+                let _ = socket.write_all(text).await;
+            }
+            // Leave whatever remains to the flush below.
+            batch.drain(..=at);
+            break 'run None;
+        }
+    };
+    let _ = socket.shutdown().await;
+    if let Some(why) = failure {
+        shared.go_down(why);
+        shared.stop_reader.notify_one();
+    }
+    // Flush whatever was never written.
+    rx.close();
+    let leftovers = batch.drain(..).chain(std::iter::from_fn(|| rx.try_recv().ok()));
+    for item in leftovers.collect::<Vec<_>>() {
+        if let Outgoing::Request { wr_id, op, .. } = item
+            && op != Op::Read
+        {
+            shared.send_outstanding.fetch_sub(1, Ordering::AcqRel);
+            shared.complete(wr_id, op, Err(WcError::Flushed), 0);
+        }
+    }
+    shared.finish(false);
+}
+
+/// Writes frames with vectored writes straight from registered memory.
+async fn write_frames(socket: &mut OwnedWriteHalf, frames: &[Outgoing]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(frames.len() * 3);
+    for item in frames {
+        match item {
+            Outgoing::Request { header, sgl, .. } => {
+                slices.push(IoSlice::new(header));
+                for seg in sgl {
+                    // SAFETY: the poster promised (unsafe post) that nothing
+                    // writes this memory until the request completes, which
+                    // is after this write returns; the segment keeps it alive.
+                    slices.push(IoSlice::new(unsafe {
+                        seg.region().memory().slice(seg.offset(), seg.len())
+                    }));
+                }
+            }
+            Outgoing::ReadResponse { header, source } => {
+                slices.push(IoSlice::new(header));
+                // SAFETY: the peer asked to read a region it was granted
+                // read access to; a racing local write could only change the
+                // bytes read, which is the same guarantee RDMA READ gives.
+                slices.push(IoSlice::new(unsafe {
+                    source.region().memory().slice(source.offset(), source.len())
+                }));
+            }
+            Outgoing::Abort(_) | Outgoing::Close => {}
+        }
+    }
+    let mut remaining: &mut [IoSlice<'_>] = &mut slices;
+    while !remaining.is_empty() {
+        let n = socket.write_vectored(remaining).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut remaining, n);
+    }
+    Ok(())
+}
+
+/// How the reader ended.
+enum ReaderEnd {
+    /// The peer closed cleanly or we were told to stop.
+    Closed(TransportError),
+    /// The peer broke the protocol: tell it why, then close.
+    Violation(TransportError),
+}
+
+async fn run_reader(shared: Arc<Shared>, mut socket: BufReader<OwnedReadHalf>) {
+    let end = tokio::select! {
+        end = read_frames(&shared, &mut socket) => end,
+        () = shared.stop_reader.notified() => ReaderEnd::Closed(TransportError::Closed("closed locally".into())),
+    };
+    match end {
+        ReaderEnd::Closed(why) => {
+            shared.go_down(why);
+            let _ = shared.outgoing.send(Outgoing::Close);
+        }
+        ReaderEnd::Violation(why) => {
+            let _ = shared.outgoing.send(Outgoing::Abort(why.to_string()));
+            shared.go_down(why);
+        }
+    }
+    shared.flush_receive_side();
+    shared.finish(true);
+}
+
+fn violation(text: impl Into<String>) -> ReaderEnd {
+    ReaderEnd::Violation(TransportError::Protocol(text.into()))
+}
+
+async fn read_frames(shared: &Shared, socket: &mut BufReader<OwnedReadHalf>) -> ReaderEnd {
+    let mut raw = [0u8; HEADER_LEN];
+    loop {
+        match socket.read_exact(&mut raw).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return ReaderEnd::Closed(TransportError::Closed(
+                    "peer closed the connection".into(),
+                ));
+            }
+            Err(e) => return ReaderEnd::Closed(TransportError::Io(e.to_string())),
+        }
+        let header = match FrameHeader::decode(&raw, shared.limits.max_msg, MAX_SEND) {
+            Ok(h) => h,
+            Err(e) => return violation(format!("bad frame header: {e}")),
+        };
+        let len = header.len as usize;
+        let step = match header.op {
+            FrameOp::Send => receive_send(shared, socket, len).await,
+            FrameOp::Write | FrameOp::WriteNotify => receive_write(shared, socket, header).await,
+            FrameOp::ReadRequest => serve_read(shared, header),
+            FrameOp::ReadResponse => receive_read_response(shared, socket, header).await,
+            FrameOp::Abort => {
+                let mut text = vec![0u8; len];
+                if let Err(e) = socket.read_exact(&mut text).await {
+                    return ReaderEnd::Closed(TransportError::Io(e.to_string()));
+                }
+                let text = String::from_utf8_lossy(&text).into_owned();
+                return ReaderEnd::Closed(TransportError::PeerAbort(text));
+            }
+        };
+        if let Err(end) = step {
+            return end;
+        }
+    }
+}
+
+fn io_end(e: std::io::Error) -> ReaderEnd {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        ReaderEnd::Closed(TransportError::Closed(
+            "peer closed the connection in the middle of a frame".into(),
+        ))
+    } else {
+        ReaderEnd::Closed(TransportError::Io(e.to_string()))
+    }
+}
+
+fn take_recv(shared: &Shared) -> Result<(u64, Segment), ReaderEnd> {
+    shared
+        .recvs
+        .lock()
+        .expect("recv lock")
+        .pop_front()
+        .ok_or_else(|| violation(WcError::ReceiverNotReady.to_string()))
+}
+
+async fn receive_send(
+    shared: &Shared,
+    socket: &mut BufReader<OwnedReadHalf>,
+    len: usize,
+) -> Result<(), ReaderEnd> {
+    let (wr_id, buf) = take_recv(shared)?;
+    if len > buf.len() {
+        let err = WcError::LocalLength {
+            len,
+            room: buf.len(),
+        };
+        shared.complete(wr_id, Op::Recv, Err(err.clone()), 0);
+        return Err(violation(err.to_string()));
+    }
+    // SAFETY: the receive was posted (unsafe post_recv) with the promise that
+    // nothing touches it until it completes, which happens below.
+    let target = unsafe { buf.region().memory().slice_mut(buf.offset(), len) };
+    socket.read_exact(target).await.map_err(io_end)?;
+    shared.complete(wr_id, Op::Recv, Ok(()), len);
+    Ok(())
+}
+
+async fn receive_write(
+    shared: &Shared,
+    socket: &mut BufReader<OwnedReadHalf>,
+    header: FrameHeader,
+) -> Result<(), ReaderEnd> {
+    let len = u64::from(header.len);
+    let region = shared
+        .region(header.rkey)
+        .ok_or_else(|| violation(format!("write to unknown rkey {:#x}", header.rkey)))?;
+    if !region.access().remote_write {
+        return Err(violation(format!(
+            "write to rkey {:#x}, which grants no remote write",
+            header.rkey
+        )));
+    }
+    let remote = region.remote();
+    let offset = header
+        .addr
+        .checked_sub(remote.addr)
+        .filter(|&off| region.memory().contains(off, len))
+        .ok_or_else(|| {
+            violation(format!(
+                "write of {len} bytes at {:#x} falls outside region {:#x}..{:#x}",
+                header.addr,
+                remote.addr,
+                remote.addr + remote.len
+            ))
+        })?;
+    let note = (header.op == FrameOp::WriteNotify).then_some(header.note);
+    if let Some(gate) = region.gate() {
+        gate.admit(offset, len, note)
+            .map_err(|why| violation(format!("write refused: {why}")))?;
+    }
+    let recv = match note {
+        Some(_) => Some(take_recv(shared)?),
+        None => None,
+    };
+    // SAFETY: bounds were checked above; the region's owner admitted this
+    // write (gate), so no reader of this range exists until the completion
+    // below tells it the data is there.
+    let target = unsafe {
+        region
+            .memory()
+            .slice_mut(offset as usize, header.len as usize)
+    };
+    socket.read_exact(target).await.map_err(io_end)?;
+    if let Some((wr_id, _)) = recv {
+        shared.push(Completion {
+            wr_id,
+            op: Op::RecvNotify,
+            status: Ok(()),
+            byte_len: header.len,
+            note,
+            landed_at: Some(offset),
+        });
+    }
+    Ok(())
+}
+
+fn serve_read(shared: &Shared, header: FrameHeader) -> Result<(), ReaderEnd> {
+    let len = u64::from(header.len);
+    let region = shared
+        .region(header.rkey)
+        .filter(|r| r.access().remote_read)
+        .ok_or_else(|| {
+            violation(format!(
+                "read from rkey {:#x}, which grants no remote read",
+                header.rkey
+            ))
+        })?;
+    let source = header
+        .addr
+        .checked_sub(region.remote().addr)
+        .and_then(|off| region.segment(off as usize, len as usize))
+        .ok_or_else(|| violation(format!("read of {len} bytes at {:#x} out of bounds", header.addr)))?;
+    let response = FrameHeader {
+        op: FrameOp::ReadResponse,
+        len: header.len,
+        addr: 0,
+        rkey: 0,
+        note: header.note,
+    }
+    .encode();
+    // If the writer is gone the connection is going down anyway.
+    let _ = shared.enqueue(Outgoing::ReadResponse {
+        header: response,
+        source,
+    });
+    Ok(())
+}
+
+async fn receive_read_response(
+    shared: &Shared,
+    socket: &mut BufReader<OwnedReadHalf>,
+    header: FrameHeader,
+) -> Result<(), ReaderEnd> {
+    let read = shared
+        .reads
+        .lock()
+        .expect("read lock")
+        .pop_front()
+        .ok_or_else(|| violation("read response nobody asked for"))?;
+    if read.tag != header.note || read.local.len() != header.len as usize {
+        return Err(violation(format!(
+            "read response (tag {}, {} bytes) does not match the request (tag {}, {} bytes)",
+            header.note,
+            header.len,
+            read.tag,
+            read.local.len()
+        )));
+    }
+    // SAFETY: posted with the promise that nothing touches `local` until the
+    // read completes, just below.
+    let target = unsafe {
+        read.local
+            .region()
+            .memory()
+            .slice_mut(read.local.offset(), read.local.len())
+    };
+    socket.read_exact(target).await.map_err(io_end)?;
+    shared.send_outstanding.fetch_sub(1, Ordering::AcqRel);
+    shared.complete(read.wr_id, Op::Read, Ok(()), header.len as usize);
+    Ok(())
+}
