@@ -19,18 +19,19 @@
 //!   the slot credits: the receiver keeps `N + depth` receives posted.
 //!
 //! Credit updates ride on every control message. When nothing else is going
-//! out, a *standalone* credit message carries them; two rules keep that from
-//! deadlocking or looping forever:
-//!
-//! * Application messages may not use the last [`CONTROL_RESERVE`] control
-//!   credits, so a side can always send a credit update, even when the
-//!   peer's application has stopped reading.
-//! * A standalone update is sent when half a ring of slots can be granted,
-//!   when half the control credits are owed, or when the peer has provably
-//!   run out of control credits and some are owed. Because an update always
-//!   returns everything owed and costs the sender one credit, a credit
-//!   message answering a credit message happens at most once per two of
-//!   them, so the exchange dies out instead of ping-ponging.
+//! out, a *standalone* credit message carries them: when half a ring of
+//! slots can be granted, when half the control credits are owed, or when the
+//! peer has provably run out of control credits and some are owed.
+//! Standalone credit messages spend no control credit and are not counted
+//! as control messages: they are consumed by the link itself as soon as they
+//! arrive, land in [`SPARE_RECEIVES`] extra receives the receiver keeps
+//! posted, and, should more be in flight than that, wait in the transport
+//! (RC's receiver-not-ready retry on verbs, which the tcp backend mirrors)
+//! for the receive that the link reposts at once. Because they cost no
+//! credit, an update can always be sent, so a full data window never
+//! deadlocks the credit return; and because they earn no credit back, two
+//! peers never answer each other's updates with updates, so the exchange
+//! cannot loop.
 //!
 //! The deterministic simulation in `tests/credit_simulation.rs` checks
 //! these claims over many seeded schedules.
@@ -39,8 +40,9 @@ use thiserror::Error;
 
 use crate::wire::CreditUpdate;
 
-/// Control credits that only credit updates may spend.
-pub const CONTROL_RESERVE: u32 = 2;
+/// Receives a side keeps posted beyond its slots and control depth, for
+/// standalone credit messages.
+pub const SPARE_RECEIVES: u32 = 8;
 
 /// A peer broke the credit rules.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -59,16 +61,6 @@ pub enum CreditError {
     ControlOverReturn { returned: u32, outstanding: u32 },
     #[error("control message beyond the {depth} credits granted")]
     ControlOverrun { depth: u32 },
-}
-
-/// Why a control message is being sent: decides whether the reserve may be
-/// spent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControlUse {
-    /// An application message (or hello, error, goodbye).
-    Message,
-    /// A message that exists only to carry a credit update.
-    CreditOnly,
 }
 
 /// A slot the sender may write now.
@@ -95,7 +87,7 @@ impl Outbound {
     /// `ring` and `control_depth` come from the peer's hello; the hello this
     /// side sent has already spent one control credit.
     pub fn new(ring: u32, control_depth: u32) -> Self {
-        assert!(control_depth > CONTROL_RESERVE + 1, "control depth too small");
+        assert!(control_depth > 1, "control depth too small");
         Outbound {
             ring,
             next_seq: 0,
@@ -129,13 +121,9 @@ impl Outbound {
         self.next_seq
     }
 
-    /// Spends a control credit if `use_` may.
-    pub fn try_control(&mut self, use_: ControlUse) -> bool {
-        let floor = match use_ {
-            ControlUse::Message => CONTROL_RESERVE,
-            ControlUse::CreditOnly => 0,
-        };
-        if self.control_available > floor {
+    /// Spends a control credit, if one is held.
+    pub fn try_control(&mut self) -> bool {
+        if self.control_available > 0 {
             self.control_available -= 1;
             true
         } else {
@@ -215,7 +203,7 @@ impl Inbound {
     /// hello; `control_depth` receives posted. The peer's hello has been
     /// received and consumed, so one control credit is owed from the start.
     pub fn new(slot_count: u32, slot_size: u32, control_depth: u32) -> Self {
-        assert!(control_depth > CONTROL_RESERVE + 1, "control depth too small");
+        assert!(control_depth > 1, "control depth too small");
         Inbound {
             slots: vec![Slot::Open; slot_count as usize],
             slot_size: u64::from(slot_size),
@@ -273,9 +261,16 @@ impl Inbound {
     /// The application is done with chunk `seq`. Panics if it never landed
     /// or was consumed already: that is a local bug, not a peer's doing.
     pub fn on_consumed(&mut self, seq: u64) {
-        assert!(seq >= self.base && seq < self.granted, "chunk {seq} is not in the window");
+        assert!(
+            seq >= self.base && seq < self.granted,
+            "chunk {seq} is not in the window"
+        );
         let index = self.index(seq);
-        assert_eq!(self.slots[index], Slot::Landed, "chunk {seq} consumed twice");
+        assert_eq!(
+            self.slots[index],
+            Slot::Landed,
+            "chunk {seq} consumed twice"
+        );
         self.slots[index] = Slot::Consumed;
         while self.base < self.granted {
             let index = self.index(self.base);
@@ -287,7 +282,8 @@ impl Inbound {
         }
     }
 
-    /// A control message arrived. Fails if the peer had no credit for it.
+    /// A control message (not a standalone credit update) arrived. Fails if
+    /// the peer had no credit for it.
     pub fn on_control_received(&mut self) -> Result<(), CreditError> {
         if self.control_held + self.control_owed >= self.control_depth {
             return Err(CreditError::ControlOverrun {

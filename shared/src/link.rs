@@ -26,10 +26,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use thiserror::Error;
 use tokio::sync::Notify;
 
-use crate::credit::{ControlUse, CreditError, Inbound, Outbound};
+use crate::credit::{CreditError, Inbound, Outbound, SPARE_RECEIVES};
 use crate::memory::{Memory, MemoryError, PoolBuf};
 use crate::transport::{
-    Access, Completion, Connection, Op, Region, RemoteAddr, Segment, TransportError, WriteGate, completions,
+    Access, Completion, Connection, Op, Region, RemoteAddr, Segment, TransportError, WriteGate,
+    completions,
 };
 use crate::wire::{
     self, Body, CHUNK_HEADER_LEN, ChunkHeader, CreditUpdate, ErrorCode, FRAME_HEADER_LEN, Frame,
@@ -272,10 +273,13 @@ impl Link {
     /// Sets up this side of a link on a fresh connection and exchanges
     /// hellos. Both sides call it; it returns once the peer's hello has been
     /// received and checked.
-    pub async fn establish(conn: Arc<dyn Connection>, config: LinkConfig) -> Result<Link, LinkError> {
+    pub async fn establish(
+        conn: Arc<dyn Connection>,
+        config: LinkConfig,
+    ) -> Result<Link, LinkError> {
         validate(&config)?;
         let limits = conn.limits();
-        let recv_count = config.slot_count + config.control_depth;
+        let recv_count = config.slot_count + config.control_depth + SPARE_RECEIVES;
         if recv_count > limits.max_recv_wr {
             return Err(LinkError::Config(format!(
                 "{recv_count} receives needed, the connection allows {}",
@@ -330,7 +334,12 @@ impl Link {
         let hello_wr = 0;
         // SAFETY: send buffer 0 is not touched again until this send's
         // completion returns it to the free list.
-        unsafe { conn.post_send(hello_wr, &[send_segment(&send_bufs, config.control_size, 0, len)])? };
+        unsafe {
+            conn.post_send(
+                hello_wr,
+                &[send_segment(&send_bufs, config.control_size, 0, len)],
+            )?
+        };
 
         let mut backlog = Vec::new();
         let peer = loop {
@@ -361,7 +370,10 @@ impl Link {
                         // SAFETY: buffer 1 is unused; the connection is
                         // closed right after, which flushes this send.
                         let _ = unsafe {
-                            conn.post_send(1, &[send_segment(&send_bufs, config.control_size, 1, len)])
+                            conn.post_send(
+                                1,
+                                &[send_segment(&send_bufs, config.control_size, 1, len)],
+                            )
                         };
                         conn.close();
                         return Err(e);
@@ -425,7 +437,11 @@ impl Link {
 
     /// Largest application message either side's buffers take.
     pub fn max_message(&self) -> usize {
-        self.inner.config.control_size.min(self.inner.peer.control_size) as usize - FRAME_HEADER_LEN
+        self.inner
+            .config
+            .control_size
+            .min(self.inner.peer.control_size) as usize
+            - FRAME_HEADER_LEN
     }
 
     /// Registers memory (a buffer pool's) for chunks sent on this link.
@@ -454,9 +470,16 @@ impl Link {
     /// registration of the pool `buf` came from. Waits for a slot credit;
     /// returns once the write is posted. The buffer goes back to its pool
     /// when the write completes.
-    pub async fn send_chunk(&self, meta: ChunkMeta, region: &Region, buf: PoolBuf) -> Result<(), LinkError> {
+    pub async fn send_chunk(
+        &self,
+        meta: ChunkMeta,
+        region: &Region,
+        buf: PoolBuf,
+    ) -> Result<(), LinkError> {
         if !Arc::ptr_eq(region.memory(), buf.pool().memory()) {
-            return Err(LinkError::Config("buffer is not from the given region".into()));
+            return Err(LinkError::Config(
+                "buffer is not from the given region".into(),
+            ));
         }
         if buf.len() > self.max_chunk() {
             return Err(LinkError::Config(format!(
@@ -479,7 +502,8 @@ impl Link {
                 if st.goodbye_sent {
                     return Err(LinkError::Finished);
                 }
-                let next_header = (st.outbound.sent() % u64::from(inner.peer.ring.slot_count.max(1))) as usize;
+                let next_header =
+                    (st.outbound.sent() % u64::from(inner.peer.ring.slot_count.max(1))) as usize;
                 if st.outbound.slots_available() > 0 && !st.header_busy[next_header] {
                     let ticket = st.outbound.try_slot().expect("credit checked");
                     let header = ChunkHeader {
@@ -497,8 +521,13 @@ impl Link {
                     unsafe { inner.headers.memory().slice_mut(hoff, CHUNK_HEADER_LEN) }
                         .copy_from_slice(&header.encode());
                     let sgl = [
-                        inner.headers.segment(hoff, CHUNK_HEADER_LEN).expect("header in range"),
-                        region.segment(buf.offset(), buf.len()).expect("buffer in its region"),
+                        inner
+                            .headers
+                            .segment(hoff, CHUNK_HEADER_LEN)
+                            .expect("header in range"),
+                        region
+                            .segment(buf.offset(), buf.len())
+                            .expect("buffer in its region"),
                     ];
                     let remote = slot_addr(&inner.peer.ring, ticket.index);
                     let wr = st.next_wr;
@@ -531,10 +560,10 @@ impl Link {
                 self.max_message()
             )));
         }
-        self.send_control(Body::App(payload), ControlUse::Message).await
+        self.send_control(Body::App(payload)).await
     }
 
-    async fn send_control(&self, body: Body<'_>, use_: ControlUse) -> Result<(), LinkError> {
+    async fn send_control(&self, body: Body<'_>) -> Result<(), LinkError> {
         loop {
             let changed = self.inner.changed.notified();
             {
@@ -545,7 +574,7 @@ impl Link {
                 if st.goodbye_sent {
                     return Err(LinkError::Finished);
                 }
-                if try_post_control(&self.inner, &mut st, &body, use_)? {
+                if try_post_control(&self.inner, &mut st, &body)? {
                     if matches!(body, Body::Goodbye { .. }) {
                         st.goodbye_sent = true;
                     }
@@ -598,8 +627,7 @@ impl Link {
     /// said goodbye too (draining and dropping whatever it still sends),
     /// then closes the connection.
     pub async fn finish(&self) -> Result<(), LinkError> {
-        self.send_control(Body::Goodbye { reason: 0 }, ControlUse::Message)
-            .await?;
+        self.send_control(Body::Goodbye { reason: 0 }).await?;
         loop {
             let changed = self.inner.changed.notified();
             {
@@ -624,7 +652,10 @@ impl Link {
 
     /// Fails the link now: tells the peer `text` and closes.
     pub fn abort(&self, text: &str) {
-        fail(&self.inner, LinkError::Protocol(format!("aborted locally: {text}")));
+        fail(
+            &self.inner,
+            LinkError::Protocol(format!("aborted locally: {text}")),
+        );
     }
 }
 
@@ -651,7 +682,12 @@ fn send_segment(bufs: &Region, size: u32, index: u32, len: usize) -> Segment {
         .expect("send buffer in range")
 }
 
-fn post_recv(conn: &dyn Connection, bufs: &Region, size: u32, index: u32) -> Result<(), TransportError> {
+fn post_recv(
+    conn: &dyn Connection,
+    bufs: &Region,
+    size: u32,
+    index: u32,
+) -> Result<(), TransportError> {
     let seg = bufs
         .segment(index as usize * size as usize, size as usize)
         .expect("receive buffer in range");
@@ -665,16 +701,27 @@ fn read_peer_hello(
     config: &LinkConfig,
     first: &Completion,
 ) -> Result<Hello, LinkError> {
-    first.status.clone().map_err(|e| LinkError::Protocol(format!("receive failed: {e}")))?;
+    first
+        .status
+        .clone()
+        .map_err(|e| LinkError::Protocol(format!("receive failed: {e}")))?;
     if first.op != Op::Recv || first.wr_id != 0 {
-        return Err(LinkError::Protocol("the peer's first message was not a hello".into()));
+        return Err(LinkError::Protocol(
+            "the peer's first message was not a hello".into(),
+        ));
     }
     let size = config.control_size as usize;
     // SAFETY: receive 0 completed; nothing else touches it until reposted.
-    let bytes = unsafe { recv_bufs.memory().slice(0, (first.byte_len as usize).min(size)) };
+    let bytes = unsafe {
+        recv_bufs
+            .memory()
+            .slice(0, (first.byte_len as usize).min(size))
+    };
     let frame = Frame::decode(bytes)?;
     let Body::Hello(hello) = frame.body else {
-        return Err(LinkError::Protocol("the peer's first message was not a hello".into()));
+        return Err(LinkError::Protocol(
+            "the peer's first message was not a hello".into(),
+        ));
     };
     if hello.role != config.role.peer() {
         return Err(LinkError::Protocol(format!(
@@ -693,10 +740,12 @@ fn read_peer_hello(
     Ok(hello)
 }
 
-/// Posts a control message if credits and a send buffer allow; `Ok(false)`
-/// if it must wait.
-fn try_post_control(inner: &Inner, st: &mut State, body: &Body<'_>, use_: ControlUse) -> Result<bool, LinkError> {
-    if st.free_send_bufs.is_empty() || !st.outbound.try_control(use_) {
+/// Posts a control message if a send buffer and (except for a standalone
+/// credit update, which costs none) a control credit allow; `Ok(false)` if it
+/// must wait.
+fn try_post_control(inner: &Inner, st: &mut State, body: &Body<'_>) -> Result<bool, LinkError> {
+    let needs_credit = !matches!(body, Body::Credit);
+    if st.free_send_bufs.is_empty() || (needs_credit && !st.outbound.try_control()) {
         return Ok(false);
     }
     let buf = st.free_send_bufs.pop().expect("checked");
@@ -710,7 +759,11 @@ fn try_post_control(inner: &Inner, st: &mut State, body: &Body<'_>, use_: Contro
     let wr = st.next_wr;
     st.next_wr += 1;
     // SAFETY: `buf` came off the free list and returns to it on completion.
-    unsafe { inner.conn.post_send(wr, &[send_segment(&inner.send_bufs, size, buf, len)])? };
+    unsafe {
+        inner
+            .conn
+            .post_send(wr, &[send_segment(&inner.send_bufs, size, buf, len)])?
+    };
     st.in_flight.insert(wr, InFlight::Control { buf });
     Ok(true)
 }
@@ -733,7 +786,6 @@ fn fail(inner: &Inner, error: LinkError) {
                 code: error.code(),
                 text: &text,
             },
-            ControlUse::CreditOnly,
         );
     }
     drop(st);
@@ -774,11 +826,15 @@ fn send_standalone_credit(inner: &Inner) {
     if st.error.is_some() {
         return;
     }
-    let due = inner.inbound.lock().expect("inbound lock").wants_standalone();
+    let due = inner
+        .inbound
+        .lock()
+        .expect("inbound lock")
+        .wants_standalone();
     if due {
         // If no credit or buffer is free now, a completion will bring one and
         // the driver checks again.
-        if let Err(e) = try_post_control(inner, &mut st, &Body::Credit, ControlUse::CreditOnly) {
+        if let Err(e) = try_post_control(inner, &mut st, &Body::Credit) {
             drop(st);
             fail(inner, e);
         }
@@ -796,21 +852,23 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
                 None => {}
             }
             drop(st);
-            c.status.map_err(|e| LinkError::Transport(TransportError::Closed(e.to_string())))
+            c.status
+                .map_err(|e| LinkError::Transport(TransportError::Closed(e.to_string())))
         }
         Op::Recv => {
             c.status
                 .clone()
                 .map_err(|e| LinkError::Transport(TransportError::Closed(e.to_string())))?;
-            let index = u32::try_from(c.wr_id).map_err(|_| LinkError::Protocol("bad receive id".into()))?;
+            let index =
+                u32::try_from(c.wr_id).map_err(|_| LinkError::Protocol("bad receive id".into()))?;
             let size = inner.config.control_size;
             // SAFETY: this receive completed; its buffer is ours until reposted
             // below, after the bytes were copied out.
             let bytes = unsafe {
-                inner
-                    .recv_bufs
-                    .memory()
-                    .slice(index as usize * size as usize, (c.byte_len as usize).min(size as usize))
+                inner.recv_bufs.memory().slice(
+                    index as usize * size as usize,
+                    (c.byte_len as usize).min(size as usize),
+                )
             };
             let result = handle_frame(inner, bytes);
             post_recv(&*inner.conn, &inner.recv_bufs, size, index)?;
@@ -820,10 +878,18 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
             c.status
                 .clone()
                 .map_err(|e| LinkError::Transport(TransportError::Closed(e.to_string())))?;
-            let note = c.note.ok_or_else(|| LinkError::Protocol("notified write without note".into()))?;
+            let note = c
+                .note
+                .ok_or_else(|| LinkError::Protocol("notified write without note".into()))?;
             let chunk = landed_chunk(inner, note, c.byte_len as usize)?;
-            let index = u32::try_from(c.wr_id).map_err(|_| LinkError::Protocol("bad receive id".into()))?;
-            post_recv(&*inner.conn, &inner.recv_bufs, inner.config.control_size, index)?;
+            let index =
+                u32::try_from(c.wr_id).map_err(|_| LinkError::Protocol("bad receive id".into()))?;
+            post_recv(
+                &*inner.conn,
+                &inner.recv_bufs,
+                inner.config.control_size,
+                index,
+            )?;
             let mut st = inner.state.lock().expect("state lock");
             if st.peer_done {
                 return Err(LinkError::Protocol("chunk after goodbye".into()));
@@ -845,7 +911,12 @@ fn landed_chunk(inner: &Arc<Inner>, note: u32, landed: usize) -> Result<Chunk, L
     let index = (seq % u64::from(inner.config.slot_count)) as u32;
     // SAFETY: the slot is Landed: the gate admitted exactly this write and
     // refuses any other until the chunk is consumed.
-    let slot = unsafe { inner.ring.memory().slice(index as usize * slot_size, slot_size) };
+    let slot = unsafe {
+        inner
+            .ring
+            .memory()
+            .slice(index as usize * slot_size, slot_size)
+    };
     let header = ChunkHeader::decode(slot, landed, slot_size - CHUNK_HEADER_LEN, note)?;
     Ok(Chunk {
         inner: Arc::clone(inner),
@@ -857,13 +928,16 @@ fn landed_chunk(inner: &Arc<Inner>, note: u32, landed: usize) -> Result<Chunk, L
 
 fn handle_frame(inner: &Inner, bytes: &[u8]) -> Result<(), LinkError> {
     let frame = Frame::decode(bytes)?;
-    let mut inbound = inner.inbound.lock().expect("inbound lock");
-    inbound.on_control_received()?;
-    let consumed_now = !matches!(frame.body, Body::App(_));
-    if consumed_now {
-        inbound.on_control_consumed();
+    // Standalone credit updates cost the peer no credit (see `credit`);
+    // everything else is counted, and all but application messages are
+    // consumed right here.
+    if !matches!(frame.body, Body::Credit) {
+        let mut inbound = inner.inbound.lock().expect("inbound lock");
+        inbound.on_control_received()?;
+        if !matches!(frame.body, Body::App(_)) {
+            inbound.on_control_consumed();
+        }
     }
-    drop(inbound);
     let mut st = inner.state.lock().expect("state lock");
     st.outbound.on_update(frame.credit)?;
     if st.peer_done {

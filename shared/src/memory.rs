@@ -135,7 +135,9 @@ impl BufferPool {
             return Err(MemoryError::Empty);
         }
         let size = size.next_multiple_of(ALIGN);
-        let total = count.checked_mul(size).ok_or(MemoryError::Alloc(usize::MAX))?;
+        let total = count
+            .checked_mul(size)
+            .ok_or(MemoryError::Alloc(usize::MAX))?;
         let memory = Memory::new(total)?;
         Ok(Arc::new(BufferPool {
             memory,
@@ -300,7 +302,9 @@ mod tests {
         let pool = BufferPool::new(1, 16).unwrap();
         let held = pool.try_acquire().unwrap();
         assert!(pool.try_acquire().is_none());
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let waiter = {
                 let pool = Arc::clone(&pool);

@@ -94,6 +94,9 @@ pub struct RingDescriptor {
 impl RingDescriptor {
     /// Largest payload one slot carries.
     pub fn max_payload(&self) -> usize {
+        if self.slot_count == 0 {
+            return 0;
+        }
         (self.slot_size as usize).saturating_sub(CHUNK_HEADER_LEN)
     }
 }

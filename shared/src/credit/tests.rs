@@ -11,8 +11,14 @@ fn update(grant_limit: u64, control_return: u32) -> CreditUpdate {
 fn sender_stops_at_the_ring_and_resumes_on_grant() {
     let mut out = Outbound::new(4, 8);
     let tickets: Vec<_> = std::iter::from_fn(|| out.try_slot()).collect();
-    assert_eq!(tickets.iter().map(|t| t.seq).collect::<Vec<_>>(), [0, 1, 2, 3]);
-    assert_eq!(tickets.iter().map(|t| t.index).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    assert_eq!(
+        tickets.iter().map(|t| t.seq).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
+    assert_eq!(
+        tickets.iter().map(|t| t.index).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
     assert_eq!(out.try_slot(), None);
     out.on_update(update(6, 0)).unwrap();
     assert_eq!(out.slots_available(), 2);
@@ -56,23 +62,25 @@ fn sender_rejects_control_credits_it_never_spent() {
 }
 
 #[test]
-fn reserve_is_only_for_credit_messages() {
-    let mut out = Outbound::new(1, 6);
-    // 5 left after the hello; messages may use 3 of them.
-    assert!(out.try_control(ControlUse::Message));
-    assert!(out.try_control(ControlUse::Message));
-    assert!(out.try_control(ControlUse::Message));
-    assert!(!out.try_control(ControlUse::Message));
-    assert!(out.try_control(ControlUse::CreditOnly));
-    assert!(out.try_control(ControlUse::CreditOnly));
-    assert!(!out.try_control(ControlUse::CreditOnly));
+fn control_credits_run_out_and_come_back() {
+    let mut out = Outbound::new(1, 4);
+    // 3 left after the hello.
+    assert!(out.try_control());
+    assert!(out.try_control());
+    assert!(out.try_control());
+    assert!(!out.try_control());
+    out.on_update(update(1, 2)).unwrap();
+    assert!(out.try_control());
 }
 
 #[test]
 fn receiver_accepts_each_granted_slot_once_in_place() {
     let mut inb = Inbound::new(4, 100, 8);
     assert_eq!(inb.on_landed(1, 100, 100), Ok(Landing { seq: 1, index: 1 }));
-    assert_eq!(inb.on_landed(1, 100, 10), Err(CreditError::SlotBusy { seq: 1 }));
+    assert_eq!(
+        inb.on_landed(1, 100, 10),
+        Err(CreditError::SlotBusy { seq: 1 })
+    );
     assert_eq!(
         inb.on_landed(2, 100, 10),
         Err(CreditError::WrongPlace {
@@ -98,7 +106,10 @@ fn receiver_accepts_each_granted_slot_once_in_place() {
         })
     );
     // A note from before the window wraps to far ahead: refused too.
-    assert!(matches!(inb.on_landed(u32::MAX, 0, 1), Err(CreditError::NoCredit { .. })));
+    assert!(matches!(
+        inb.on_landed(u32::MAX, 0, 1),
+        Err(CreditError::NoCredit { .. })
+    ));
 }
 
 #[test]
@@ -117,7 +128,14 @@ fn out_of_order_consumption_grants_only_the_contiguous_prefix() {
     assert_eq!(up.grant_limit, 7);
     // Slot 0 is open again for chunk 4; slot 3 still holds chunk 3.
     assert_eq!(inb.on_landed(4, 0, 10), Ok(Landing { seq: 4, index: 0 }));
-    assert_eq!(inb.on_landed(7, 30, 10).unwrap_err(), CreditError::NoCredit { note: 7, base: 3, limit: 7 });
+    assert_eq!(
+        inb.on_landed(7, 30, 10).unwrap_err(),
+        CreditError::NoCredit {
+            note: 7,
+            base: 3,
+            limit: 7
+        }
+    );
 }
 
 #[test]
@@ -146,7 +164,10 @@ fn control_credits_are_counted_and_returned() {
     inb.on_control_received().unwrap();
     inb.on_control_received().unwrap();
     inb.on_control_received().unwrap();
-    assert_eq!(inb.on_control_received(), Err(CreditError::ControlOverrun { depth: 4 }));
+    assert_eq!(
+        inb.on_control_received(),
+        Err(CreditError::ControlOverrun { depth: 4 })
+    );
     inb.on_control_consumed();
     // Held 2, owed 2 = half the depth.
     assert!(inb.wants_standalone());
@@ -164,7 +185,10 @@ fn a_starved_peer_gets_even_a_single_credit_back() {
         inb.on_control_received().unwrap();
     }
     inb.on_control_received().unwrap();
-    assert!(!inb.wants_standalone(), "nothing consumed, nothing to return");
+    assert!(
+        !inb.wants_standalone(),
+        "nothing consumed, nothing to return"
+    );
     inb.on_control_consumed();
     assert!(inb.wants_standalone());
 }
@@ -172,5 +196,8 @@ fn a_starved_peer_gets_even_a_single_credit_back() {
 #[test]
 fn zero_slot_ring_refuses_every_note() {
     let mut inb = Inbound::new(0, 0, 4);
-    assert!(matches!(inb.on_landed(0, 0, 0), Err(CreditError::NoCredit { .. })));
+    assert!(matches!(
+        inb.on_landed(0, 0, 0),
+        Err(CreditError::NoCredit { .. })
+    ));
 }

@@ -52,6 +52,10 @@ const MAX_SEND: u64 = crate::wire::MAX_CONTROL_SIZE as u64;
 const RKEY_BASE: u32 = 0x100;
 /// Requests the writer gathers into one vectored write.
 const WRITE_BATCH: usize = 64;
+/// How long an incoming send or notified write waits for a posted receive
+/// before the connection fails, like verbs' receiver-not-ready retries
+/// (finite here, so a peer that never posts one is noticed).
+const RNR_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Listens for tcp-backend connections.
 #[derive(Debug)]
@@ -130,6 +134,7 @@ struct Shared {
     send_outstanding: AtomicU32,
     next_read_tag: AtomicU32,
     stop_reader: Notify,
+    recv_posted: Notify,
 }
 
 impl std::fmt::Debug for Shared {
@@ -200,7 +205,11 @@ impl Shared {
 
     fn region(&self, rkey: u32) -> Option<Region> {
         let index = rkey.checked_sub(RKEY_BASE)? as usize;
-        self.regions.read().expect("region lock").get(index).cloned()
+        self.regions
+            .read()
+            .expect("region lock")
+            .get(index)
+            .cloned()
     }
 
     fn check_open(&self) -> Result<(), TransportError> {
@@ -215,7 +224,10 @@ impl Shared {
         let prev = self.send_outstanding.fetch_add(1, Ordering::AcqRel);
         if prev >= limit {
             self.send_outstanding.fetch_sub(1, Ordering::AcqRel);
-            return Err(TransportError::QueueFull { what: "send", limit });
+            return Err(TransportError::QueueFull {
+                what: "send",
+                limit,
+            });
         }
         Ok(())
     }
@@ -255,6 +267,7 @@ impl TcpConnection {
             send_outstanding: AtomicU32::new(0),
             next_read_tag: AtomicU32::new(0),
             stop_reader: Notify::new(),
+            recv_posted: Notify::new(),
         });
         tokio::spawn(run_writer(Arc::clone(&shared), write_half, rx));
         tokio::spawn(run_reader(Arc::clone(&shared), reader));
@@ -359,6 +372,7 @@ impl Connection for TcpConnection {
             });
         }
         recvs.push_back((wr_id, buf));
+        self.shared.recv_posted.notify_one();
         Ok(())
     }
 
@@ -489,9 +503,7 @@ async fn run_writer(
             break 'run Some(TransportError::Io(format!("send failed: {e}")));
         }
         for item in frames {
-            if let Outgoing::Request {
-                wr_id, op, sgl, ..
-            } = item
+            if let Outgoing::Request { wr_id, op, sgl, .. } = item
                 && *op != Op::Read
             {
                 shared.send_outstanding.fetch_sub(1, Ordering::AcqRel);
@@ -524,7 +536,9 @@ async fn run_writer(
     }
     // Flush whatever was never written.
     rx.close();
-    let leftovers = batch.drain(..).chain(std::iter::from_fn(|| rx.try_recv().ok()));
+    let leftovers = batch
+        .drain(..)
+        .chain(std::iter::from_fn(|| rx.try_recv().ok()));
     for item in leftovers.collect::<Vec<_>>() {
         if let Outgoing::Request { wr_id, op, .. } = item
             && op != Op::Read
@@ -558,7 +572,10 @@ async fn write_frames(socket: &mut OwnedWriteHalf, frames: &[Outgoing]) -> std::
                 // read access to; a racing local write could only change the
                 // bytes read, which is the same guarantee RDMA READ gives.
                 slices.push(IoSlice::new(unsafe {
-                    source.region().memory().slice(source.offset(), source.len())
+                    source
+                        .region()
+                        .memory()
+                        .slice(source.offset(), source.len())
                 }));
             }
             Outgoing::Abort(_) | Outgoing::Close => {}
@@ -653,13 +670,23 @@ fn io_end(e: std::io::Error) -> ReaderEnd {
     }
 }
 
-fn take_recv(shared: &Shared) -> Result<(u64, Segment), ReaderEnd> {
-    shared
-        .recvs
-        .lock()
-        .expect("recv lock")
-        .pop_front()
-        .ok_or_else(|| violation(WcError::ReceiverNotReady.to_string()))
+/// The next posted receive; waits for one like an RC sender's
+/// receiver-not-ready retries would.
+async fn take_recv(shared: &Shared) -> Result<(u64, Segment), ReaderEnd> {
+    let deadline = tokio::time::Instant::now() + RNR_TIMEOUT;
+    loop {
+        if let Some(recv) = shared.recvs.lock().expect("recv lock").pop_front() {
+            return Ok(recv);
+        }
+        // `notify_one` stores a permit, so a post between the check and
+        // the wait is not missed.
+        if tokio::time::timeout_at(deadline, shared.recv_posted.notified())
+            .await
+            .is_err()
+        {
+            return Err(violation(WcError::ReceiverNotReady.to_string()));
+        }
+    }
 }
 
 async fn receive_send(
@@ -667,7 +694,7 @@ async fn receive_send(
     socket: &mut BufReader<OwnedReadHalf>,
     len: usize,
 ) -> Result<(), ReaderEnd> {
-    let (wr_id, buf) = take_recv(shared)?;
+    let (wr_id, buf) = take_recv(shared).await?;
     if len > buf.len() {
         let err = WcError::LocalLength {
             len,
@@ -718,7 +745,7 @@ async fn receive_write(
             .map_err(|why| violation(format!("write refused: {why}")))?;
     }
     let recv = match note {
-        Some(_) => Some(take_recv(shared)?),
+        Some(_) => Some(take_recv(shared).await?),
         None => None,
     };
     // SAFETY: bounds were checked above; the region's owner admitted this
@@ -758,7 +785,12 @@ fn serve_read(shared: &Shared, header: FrameHeader) -> Result<(), ReaderEnd> {
         .addr
         .checked_sub(region.remote().addr)
         .and_then(|off| region.segment(off as usize, len as usize))
-        .ok_or_else(|| violation(format!("read of {len} bytes at {:#x} out of bounds", header.addr)))?;
+        .ok_or_else(|| {
+            violation(format!(
+                "read of {len} bytes at {:#x} out of bounds",
+                header.addr
+            ))
+        })?;
     let response = FrameHeader {
         op: FrameOp::ReadResponse,
         len: header.len,

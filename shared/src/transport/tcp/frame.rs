@@ -134,7 +134,10 @@ mod tests {
     fn rejections() {
         let mut b = header(FrameOp::Send).encode();
         b[0] = 9;
-        assert_eq!(FrameHeader::decode(&b, 100, 100), Err(FrameError::UnknownOp(9)));
+        assert_eq!(
+            FrameHeader::decode(&b, 100, 100),
+            Err(FrameError::UnknownOp(9))
+        );
         let mut b = header(FrameOp::Send).encode();
         b[2] = 1;
         assert_eq!(FrameHeader::decode(&b, 100, 100), Err(FrameError::Reserved));
