@@ -29,8 +29,8 @@ use tokio::sync::Notify;
 use crate::credit::{CreditError, Inbound, Outbound, SPARE_RECEIVES};
 use crate::memory::{Memory, MemoryError, PoolBuf};
 use crate::transport::{
-    Access, Completion, Connection, Op, Region, RemoteAddr, Segment, TransportError, WriteGate,
-    completions,
+    Access, Completion, Connection, Op, Region, RemoteAddr, Segment, TransportError, WcError,
+    WriteGate, completions,
 };
 use crate::wire::{
     self, Body, CHUNK_HEADER_LEN, ChunkHeader, CreditUpdate, ErrorCode, FRAME_HEADER_LEN, Frame,
@@ -841,6 +841,17 @@ fn send_standalone_credit(inner: &Inner) {
     }
 }
 
+/// `Ok(true)` for a successful completion, `Ok(false)` for a flushed one:
+/// the connection is going down and `poll_completions` will report the real
+/// reason once the flushes are delivered.
+fn completion_ok(c: &Completion) -> Result<bool, LinkError> {
+    match &c.status {
+        Ok(()) => Ok(true),
+        Err(WcError::Flushed) => Ok(false),
+        Err(e) => Err(LinkError::Transport(TransportError::Closed(e.to_string()))),
+    }
+}
+
 fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
     match c.op {
         Op::Send | Op::WriteNotify | Op::Write | Op::Read => {
@@ -852,13 +863,12 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
                 None => {}
             }
             drop(st);
-            c.status
-                .map_err(|e| LinkError::Transport(TransportError::Closed(e.to_string())))
+            completion_ok(&c).map(|_| ())
         }
         Op::Recv => {
-            c.status
-                .clone()
-                .map_err(|e| LinkError::Transport(TransportError::Closed(e.to_string())))?;
+            if !completion_ok(&c)? {
+                return Ok(());
+            }
             let index =
                 u32::try_from(c.wr_id).map_err(|_| LinkError::Protocol("bad receive id".into()))?;
             let size = inner.config.control_size;
@@ -875,9 +885,9 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
             result
         }
         Op::RecvNotify => {
-            c.status
-                .clone()
-                .map_err(|e| LinkError::Transport(TransportError::Closed(e.to_string())))?;
+            if !completion_ok(&c)? {
+                return Ok(());
+            }
             let note = c
                 .note
                 .ok_or_else(|| LinkError::Protocol("notified write without note".into()))?;

@@ -1,0 +1,415 @@
+//! A peer that breaks the rules: every case ends in a protocol error and a
+//! closed connection, and the landing ring is left untouched.
+
+//!
+//! The misbehaving peer drives the raw transport, whose posting calls are
+//! `unsafe` by contract (memory handed to "the hardware").
+#![allow(unsafe_code)]
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rfabric::link::{Link, LinkConfig, LinkError};
+use rfabric::memory::Memory;
+use rfabric::transport::tcp::{self, FrameHeader, FrameOp, HEADER_LEN, PREFACE, TcpListener};
+use rfabric::transport::{
+    Access, Completion, Connection, Op, RemoteAddr, TransportError, completions,
+};
+use rfabric::wire::{self, Body, CreditUpdate, Frame, Hello, RingDescriptor, Role};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SLOTS: u32 = 4;
+const SLOT: u32 = 1024 + 64;
+
+/// A hand-driven client that speaks the hello correctly, then does what
+/// each test tells it to.
+struct RawPeer {
+    conn: Arc<dyn Connection>,
+    data: rfabric::transport::Region,
+    server_hello: Hello,
+}
+
+async fn completions_until(conn: &dyn Connection, op: Op) -> Completion {
+    loop {
+        let mut out = Vec::new();
+        completions(conn, &mut out).await.unwrap();
+        if let Some(c) = out.into_iter().find(|c| c.op == op) {
+            return c;
+        }
+    }
+}
+
+fn encode(frame: &Frame<'_>) -> Vec<u8> {
+    let mut bytes = vec![0u8; frame.encoded_len()];
+    frame.encode(&mut bytes);
+    bytes
+}
+
+fn client_hello(version_override: Option<u16>) -> Vec<u8> {
+    let hello = Hello {
+        version: wire::VERSION,
+        role: Role::Client,
+        features: 0,
+        ring: RingDescriptor::default(),
+        control_depth: 8,
+        control_size: 4096,
+    };
+    let mut bytes = encode(&Frame {
+        credit: CreditUpdate::default(),
+        body: Body::Hello(hello),
+    });
+    if let Some(v) = version_override {
+        bytes[24..26].copy_from_slice(&v.to_le_bytes());
+    }
+    bytes
+}
+
+/// Server link and raw client, with hellos exchanged.
+async fn setup() -> (Link, RawPeer) {
+    let (server, client) = common::connected_pair().await;
+    let server: Arc<dyn Connection> = Arc::new(server);
+    let conn: Arc<dyn Connection> = Arc::new(client);
+    let link = tokio::spawn(Link::establish(
+        server,
+        LinkConfig::new(Role::Server, SLOTS, SLOT - 64),
+    ));
+    let recv_mem = Memory::new(16 * 4096).unwrap();
+    let recv = conn.register(&recv_mem, Access::LOCAL, None).unwrap();
+    for i in 0..16 {
+        // SAFETY: the buffers are only read after their completions.
+        unsafe {
+            conn.post_recv(i, recv.segment(i as usize * 4096, 4096).unwrap())
+                .unwrap()
+        };
+    }
+    let data_mem = Memory::new(1 << 20).unwrap();
+    let data = conn.register(&data_mem, Access::LOCAL, None).unwrap();
+    let hello = client_hello(None);
+    // SAFETY: the data buffer is not touched until the send completes.
+    unsafe {
+        data.memory()
+            .slice_mut(0, hello.len())
+            .copy_from_slice(&hello);
+        conn.post_send(1000, &[data.segment(0, hello.len()).unwrap()])
+            .unwrap();
+    }
+    let got = completions_until(&*conn, Op::Recv).await;
+    // SAFETY: receive 0 completed.
+    let bytes = unsafe { recv.memory().slice(0, got.byte_len as usize) };
+    let Body::Hello(server_hello) = Frame::decode(bytes).unwrap().body else {
+        panic!("no hello");
+    };
+    let link = link.await.unwrap().unwrap();
+    (
+        link,
+        RawPeer {
+            conn,
+            data,
+            server_hello,
+        },
+    )
+}
+
+impl RawPeer {
+    /// Writes `len` bytes of 0xEE from the client's data buffer to `addr`.
+    fn write(&self, addr: u64, rkey: u32, len: usize, note: Option<u32>) {
+        // SAFETY: the data buffer is only written here, before posting.
+        unsafe {
+            self.data.memory().slice_mut(0, len).fill(0xEE);
+            let sgl = [self.data.segment(0, len).unwrap()];
+            let remote = RemoteAddr { addr, rkey };
+            match note {
+                Some(n) => self.conn.write_notify(7, &sgl, remote, n).unwrap(),
+                None => self.conn.write(7, &sgl, remote).unwrap(),
+            }
+        }
+    }
+
+    fn slot(&self, index: u32) -> u64 {
+        self.server_hello.ring.addr + u64::from(index) * u64::from(SLOT)
+    }
+
+    fn rkey(&self) -> u32 {
+        self.server_hello.ring.rkey
+    }
+
+    /// Waits until the connection is down and returns why.
+    async fn closed_reason(&self) -> TransportError {
+        loop {
+            let mut out = Vec::new();
+            if let Err(e) = completions(&*self.conn, &mut out).await {
+                return e;
+            }
+        }
+    }
+}
+
+fn ring_untouched(link: &Link) -> bool {
+    let ring = link.ring_memory();
+    // SAFETY: the connection is down; nothing writes the ring any more.
+    unsafe { ring.slice(0, ring.len()) }.iter().all(|&b| b == 0)
+}
+
+/// Runs one misbehaviour and checks the outcome on both sides.
+async fn expect_refusal(misbehave: impl FnOnce(&RawPeer), server_says: &str) {
+    let (link, peer) = setup().await;
+    misbehave(&peer);
+    let err = tokio::time::timeout(Duration::from_secs(10), link.recv())
+        .await
+        .expect("the server noticed")
+        .expect_err("the server refused");
+    assert!(err.to_string().contains(server_says), "server said: {err}");
+    let peer_heard = peer.closed_reason().await;
+    assert!(
+        matches!(peer_heard, TransportError::PeerAbort(ref t) if t.contains(server_says)),
+        "peer heard: {peer_heard}"
+    );
+    assert!(ring_untouched(&link), "the refused write reached the ring");
+}
+
+#[tokio::test]
+async fn a_note_for_a_slot_without_credit_is_refused() {
+    // Slots 0..4 are granted; chunk 4 would reuse slot 0 before it is free.
+    expect_refusal(
+        |p| p.write(p.slot(0), p.rkey(), 100, Some(SLOTS)),
+        "names no slot",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_chunk_with_a_garbage_header_fails_the_link() {
+    let (link, peer) = setup().await;
+    // Admitted by the credit gate (slot 0, note 0), but 0xEE bytes are no
+    // chunk header.
+    peer.write(peer.slot(0), peer.rkey(), 64, Some(0));
+    let err = link.recv().await.unwrap_err();
+    assert!(
+        matches!(err, LinkError::Wire(wire::WireError::BadMagic(_))),
+        "{err}"
+    );
+    let heard = peer.closed_reason().await;
+    assert!(matches!(heard, TransportError::PeerAbort(_)), "{heard}");
+}
+
+#[tokio::test]
+async fn a_write_to_an_unknown_rkey_is_refused() {
+    expect_refusal(
+        |p| p.write(p.slot(0), p.rkey() + 99, 100, Some(0)),
+        "unknown rkey",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_write_outside_the_region_is_refused() {
+    expect_refusal(
+        |p| p.write(p.slot(SLOTS) - 10, p.rkey(), 100, Some(0)),
+        "outside region",
+    )
+    .await;
+    expect_refusal(
+        |p| p.write(p.slot(0) - 1, p.rkey(), 10, Some(0)),
+        "outside region",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_write_into_the_wrong_slot_is_refused() {
+    expect_refusal(
+        |p| p.write(p.slot(1), p.rkey(), 100, Some(0)),
+        "is not the slot of chunk 0",
+    )
+    .await;
+    expect_refusal(
+        |p| p.write(p.slot(0) + 8, p.rkey(), 100, Some(0)),
+        "is not the slot of chunk 0",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_plain_write_into_the_ring_is_refused() {
+    expect_refusal(|p| p.write(p.slot(0), p.rkey(), 100, None), "plain writes").await;
+}
+
+#[tokio::test]
+async fn a_wrong_version_hello_is_refused_with_a_version_error() {
+    let (server, client) = common::connected_pair().await;
+    let server: Arc<dyn Connection> = Arc::new(server);
+    let link = tokio::spawn(Link::establish(
+        server,
+        LinkConfig::new(Role::Server, 2, 100),
+    ));
+    let conn: Arc<dyn Connection> = Arc::new(client);
+    let recv_mem = Memory::new(4 * 4096).unwrap();
+    let recv = conn.register(&recv_mem, Access::LOCAL, None).unwrap();
+    for i in 0..4 {
+        // SAFETY: only read after completion.
+        unsafe {
+            conn.post_recv(i, recv.segment(i as usize * 4096, 4096).unwrap())
+                .unwrap()
+        };
+    }
+    let mem = Memory::new(4096).unwrap();
+    let data = conn.register(&mem, Access::LOCAL, None).unwrap();
+    let hello = client_hello(Some(9));
+    // SAFETY: not touched until the send completes.
+    unsafe {
+        data.memory()
+            .slice_mut(0, hello.len())
+            .copy_from_slice(&hello);
+        conn.post_send(1, &[data.segment(0, hello.len()).unwrap()])
+            .unwrap();
+    }
+    let err = link.await.unwrap().unwrap_err();
+    assert_eq!(
+        err,
+        LinkError::Wire(wire::WireError::Version {
+            got: 9,
+            supported: 1
+        })
+    );
+    // The client gets the server's hello, then an error frame saying why.
+    let mut frames = Vec::new();
+    loop {
+        let mut out = Vec::new();
+        if completions(&*conn, &mut out).await.is_err() {
+            break;
+        }
+        for c in out
+            .into_iter()
+            .filter(|c| c.op == Op::Recv && c.status.is_ok())
+        {
+            // SAFETY: completed receive.
+            let b = unsafe {
+                recv.memory()
+                    .slice(c.wr_id as usize * 4096, c.byte_len as usize)
+            };
+            frames.push(b.to_vec());
+        }
+    }
+    let last = Frame::decode(frames.last().expect("an error frame")).unwrap();
+    match last.body {
+        Body::Error { code, text } => {
+            assert_eq!(code, wire::ErrorCode::Version);
+            assert!(text.contains("unsupported protocol version 9"), "{text}");
+        }
+        other => panic!("expected an error frame, got {other:?}"),
+    }
+}
+
+/// Raw socket peers: below the transport's own framing.
+async fn raw_server() -> (
+    tokio::task::JoinHandle<Result<tcp::TcpConnection, TransportError>>,
+    TcpStream,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accept = tokio::spawn(async move { listener.accept().await });
+    let stream = TcpStream::connect(addr).await.unwrap();
+    (accept, stream)
+}
+
+#[tokio::test]
+async fn a_peer_without_the_preface_is_refused() {
+    let (accept, mut stream) = raw_server().await;
+    stream.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let err = accept.await.unwrap().unwrap_err();
+    assert!(
+        matches!(err, TransportError::Protocol(ref t) if t.contains("not an rfabric tcp peer")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_frame_header_is_refused_and_explained() {
+    let (accept, mut stream) = raw_server().await;
+    stream.write_all(&PREFACE).await.unwrap();
+    let conn = accept.await.unwrap().unwrap();
+    let header = FrameHeader {
+        op: FrameOp::Send,
+        len: 1 << 24,
+        addr: 0,
+        rkey: 0,
+        note: 0,
+    };
+    stream.write_all(&header.encode()).await.unwrap();
+    let mut out = Vec::new();
+    let err = loop {
+        if let Err(e) = completions(&conn, &mut out).await {
+            break e;
+        }
+    };
+    assert!(
+        matches!(err, TransportError::Protocol(ref t) if t.contains("exceeds the limit")),
+        "{err}"
+    );
+    // The raw peer reads the preface, then an abort frame with the reason.
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf).await.unwrap();
+    assert_eq!(&buf[..8], &PREFACE);
+    let abort =
+        FrameHeader::decode(buf[8..8 + HEADER_LEN].try_into().unwrap(), 1 << 30, 1 << 30).unwrap();
+    assert_eq!(abort.op, FrameOp::Abort);
+    let text = String::from_utf8_lossy(&buf[8 + HEADER_LEN..]);
+    assert!(text.contains("exceeds the limit"), "{text}");
+}
+
+#[tokio::test]
+async fn a_truncated_frame_header_closes_the_connection() {
+    let (accept, mut stream) = raw_server().await;
+    stream.write_all(&PREFACE).await.unwrap();
+    let conn = accept.await.unwrap().unwrap();
+    let header = FrameHeader {
+        op: FrameOp::Send,
+        len: 10,
+        addr: 0,
+        rkey: 0,
+        note: 0,
+    }
+    .encode();
+    stream.write_all(&header[..10]).await.unwrap();
+    drop(stream);
+    let mut out = Vec::new();
+    let err = loop {
+        if let Err(e) = completions(&conn, &mut out).await {
+            break e;
+        }
+    };
+    // EOF, or a reset because the raw peer never read our preface.
+    assert!(
+        matches!(err, TransportError::Closed(_) | TransportError::Io(_)),
+        "{err}"
+    );
+    assert!(out.is_empty(), "nothing was delivered: {out:?}");
+}
+
+#[tokio::test]
+async fn a_send_with_no_receive_posted_fails_after_the_rnr_wait() {
+    let (accept, mut stream) = raw_server().await;
+    stream.write_all(&PREFACE).await.unwrap();
+    let conn = accept.await.unwrap().unwrap();
+    let header = FrameHeader {
+        op: FrameOp::Send,
+        len: 4,
+        addr: 0,
+        rkey: 0,
+        note: 0,
+    };
+    stream.write_all(&header.encode()).await.unwrap();
+    stream.write_all(b"ping").await.unwrap();
+    let mut out = Vec::new();
+    let err = loop {
+        if let Err(e) = completions(&conn, &mut out).await {
+            break e;
+        }
+    };
+    assert!(
+        matches!(err, TransportError::Protocol(ref t) if t.contains("no receive was posted")),
+        "{err}"
+    );
+}
