@@ -27,6 +27,7 @@ const SLOT: u32 = 1024 + 64;
 /// each test tells it to.
 struct RawPeer {
     conn: Arc<dyn Connection>,
+    recv: rfabric::transport::Region,
     data: rfabric::transport::Region,
     server_hello: Hello,
 }
@@ -190,8 +191,41 @@ async fn a_chunk_with_a_garbage_header_fails_the_link() {
         matches!(err, LinkError::Wire(wire::WireError::BadMagic(_))),
         "{err}"
     );
-    let heard = peer.closed_reason().await;
-    assert!(matches!(heard, TransportError::PeerAbort(_)), "{heard}");
+    // The link tells the peer why in an error message, then closes.
+    let frames = frames_until_closed(&*peer.conn, &peer.recv).await;
+    let last = Frame::decode(frames.last().expect("an error frame")).unwrap();
+    match last.body {
+        Body::Error { code, text } => {
+            assert_eq!(code, wire::ErrorCode::Protocol);
+            assert!(text.contains("bad magic"), "{text}");
+        }
+        other => panic!("expected an error frame, got {other:?}"),
+    }
+}
+
+/// Every message received until the connection closed.
+async fn frames_until_closed(
+    conn: &dyn Connection,
+    recv: &rfabric::transport::Region,
+) -> Vec<Vec<u8>> {
+    let mut frames = Vec::new();
+    loop {
+        let mut out = Vec::new();
+        if completions(conn, &mut out).await.is_err() {
+            return frames;
+        }
+        for c in out
+            .into_iter()
+            .filter(|c| c.op == Op::Recv && c.status.is_ok())
+        {
+            // SAFETY: a completed receive is no longer written by the backend.
+            let b = unsafe {
+                recv.memory()
+                    .slice(c.wr_id as usize * 4096, c.byte_len as usize)
+            };
+            frames.push(b.to_vec());
+        }
+    }
 }
 
 #[tokio::test]
@@ -274,24 +308,7 @@ async fn a_wrong_version_hello_is_refused_with_a_version_error() {
         })
     );
     // The client gets the server's hello, then an error frame saying why.
-    let mut frames = Vec::new();
-    loop {
-        let mut out = Vec::new();
-        if completions(&*conn, &mut out).await.is_err() {
-            break;
-        }
-        for c in out
-            .into_iter()
-            .filter(|c| c.op == Op::Recv && c.status.is_ok())
-        {
-            // SAFETY: completed receive.
-            let b = unsafe {
-                recv.memory()
-                    .slice(c.wr_id as usize * 4096, c.byte_len as usize)
-            };
-            frames.push(b.to_vec());
-        }
-    }
+    let frames = frames_until_closed(&*conn, &recv).await;
     let last = Frame::decode(frames.last().expect("an error frame")).unwrap();
     match last.body {
         Body::Error { code, text } => {
