@@ -107,6 +107,7 @@ async fn setup() -> (Link, RawPeer) {
         link,
         RawPeer {
             conn,
+            recv,
             data,
             server_hello,
         },
