@@ -1,0 +1,173 @@
+//! The tcp backend pushing chunks through a full credit window on loopback,
+//! against iperf3 single-stream on the same machine in the same run.
+//!
+//! Both move the same number of bytes over 127.0.0.1 with a sender and a
+//! receiver on this machine's cores; the figure that matters is the ratio,
+//! since absolute numbers on a shared 2-core machine say little.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use rfabric::link::{ChunkMeta, Incoming, Link, LinkConfig};
+use rfabric::memory::BufferPool;
+use rfabric::transport::Connection;
+use rfabric::transport::tcp::{self, TcpListener};
+use rfabric::wire::Role;
+
+/// Push chunks through the tcp backend and compare with iperf3.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Bytes to move in each measurement (suffixes: K, M, G).
+    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    bytes: u64,
+    /// Chunk payload size.
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    chunk: u64,
+    /// Landing slots (the credit window).
+    #[arg(long, default_value_t = 16)]
+    window: u32,
+    /// Rounds of each measurement; the best of each is compared.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Skip the iperf3 baseline.
+    #[arg(long)]
+    no_iperf3: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mult)
+        .map_err(|e| format!("bad size {s:?}: {e}"))
+}
+
+/// One run of the fabric: returns bytes per second.
+async fn fabric_round(args: &Args) -> anyhow::Result<f64> {
+    let chunk = u32::try_from(args.chunk).context("chunk too large")?;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (server, client) = tokio::join!(listener.accept(), tcp::connect(addr));
+    let server: Arc<dyn Connection> = Arc::new(server?);
+    let client: Arc<dyn Connection> = Arc::new(client?);
+    let (rx, tx) = tokio::join!(
+        Link::establish(server, LinkConfig::new(Role::Server, args.window, chunk)),
+        Link::establish(client, LinkConfig::new(Role::Client, 0, chunk)),
+    );
+    let (rx, tx) = (rx?, tx?);
+    let pool = BufferPool::new(args.window as usize + 4, chunk as usize)?;
+    let region = tx.register(pool.memory())?;
+    let chunks = args.bytes.div_ceil(args.chunk);
+    let start = Instant::now();
+    let sender = tokio::spawn(async move {
+        for i in 0..chunks {
+            let mut buf = pool.acquire().await;
+            buf.set_len(chunk as usize);
+            let meta = ChunkMeta {
+                offset: i * u64::from(chunk),
+                ..ChunkMeta::default()
+            };
+            tx.send_chunk(meta, &region, buf).await?;
+        }
+        tx.finish().await?;
+        anyhow::Ok(())
+    });
+    let mut received = 0u64;
+    while let Some(item) = rx.recv().await? {
+        if let Incoming::Chunk(c) = item {
+            received += c.payload().len() as u64;
+        }
+    }
+    rx.finish().await?;
+    sender.await??;
+    let secs = start.elapsed().as_secs_f64();
+    if received != chunks * args.chunk {
+        bail!("received {received} bytes, expected {}", chunks * args.chunk);
+    }
+    Ok(received as f64 / secs)
+}
+
+/// One iperf3 single-stream run on loopback: bytes per second received.
+fn iperf3_round(bytes: u64) -> anyhow::Result<f64> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let mut server = Command::new("iperf3")
+        .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start iperf3 (is it installed? scripts/setup installs it)")?;
+    // The server serves exactly one client (-1), so no probe connection:
+    // retry the client until the server is up.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let out = Command::new("iperf3")
+            .args(["-c", "127.0.0.1", "-p", &port.to_string(), "-n", &bytes.to_string(), "-J"])
+            .output()
+            .context("cannot run iperf3 client")?;
+        if out.status.success() {
+            break out;
+        }
+        if Instant::now() > deadline {
+            let _ = server.kill();
+            bail!("iperf3 client failed: {}", String::from_utf8_lossy(&out.stdout));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = server.wait();
+    let json = String::from_utf8_lossy(&out.stdout);
+    // end.sum_received.bits_per_second, without a JSON dependency: the
+    // last "bits_per_second" in the report belongs to sum_received.
+    let at = json
+        .rfind("\"bits_per_second\"")
+        .context("iperf3 printed no bits_per_second")?;
+    let rest = &json[at + "\"bits_per_second\"".len()..];
+    let num: String = rest
+        .trim_start_matches([':', ' ', '\t'])
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == 'e' || *c == 'E' || *c == '+')
+        .collect();
+    Ok(num.parse::<f64>().context("bad iperf3 number")? / 8.0)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let gb = |bps: f64| bps / 1e9;
+    println!(
+        "moving {} MiB per round, chunk {} KiB, window {} slots, best of {} rounds",
+        args.bytes >> 20,
+        args.chunk >> 10,
+        args.window,
+        args.rounds
+    );
+    let mut fabric_best = 0f64;
+    let mut iperf_best = 0f64;
+    // Interleave the two so that machine noise hits both alike.
+    for round in 1..=args.rounds {
+        let f = rt.block_on(fabric_round(&args))?;
+        fabric_best = fabric_best.max(f);
+        print!("round {round}: rfabric tcp {:.2} GB/s", gb(f));
+        if !args.no_iperf3 {
+            let i = iperf3_round(args.bytes)?;
+            iperf_best = iperf_best.max(i);
+            print!(", iperf3 {:.2} GB/s", gb(i));
+        }
+        println!();
+    }
+    println!("rfabric tcp backend: {:.2} GB/s", gb(fabric_best));
+    if !args.no_iperf3 {
+        println!("iperf3 single stream: {:.2} GB/s", gb(iperf_best));
+        println!("ratio rfabric/iperf3: {:.2}", fabric_best / iperf_best);
+    }
+    Ok(())
+}
