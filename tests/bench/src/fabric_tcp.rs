@@ -89,14 +89,19 @@ async fn fabric_round(args: &Args) -> anyhow::Result<f64> {
     sender.await??;
     let secs = start.elapsed().as_secs_f64();
     if received != chunks * args.chunk {
-        bail!("received {received} bytes, expected {}", chunks * args.chunk);
+        bail!(
+            "received {received} bytes, expected {}",
+            chunks * args.chunk
+        );
     }
     Ok(received as f64 / secs)
 }
 
 /// One iperf3 single-stream run on loopback: bytes per second received.
 fn iperf3_round(bytes: u64) -> anyhow::Result<f64> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let mut server = Command::new("iperf3")
         .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port.to_string()])
         .stdout(Stdio::null())
@@ -108,7 +113,15 @@ fn iperf3_round(bytes: u64) -> anyhow::Result<f64> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let out = loop {
         let out = Command::new("iperf3")
-            .args(["-c", "127.0.0.1", "-p", &port.to_string(), "-n", &bytes.to_string(), "-J"])
+            .args([
+                "-c",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-n",
+                &bytes.to_string(),
+                "-J",
+            ])
             .output()
             .context("cannot run iperf3 client")?;
         if out.status.success() {
@@ -116,7 +129,10 @@ fn iperf3_round(bytes: u64) -> anyhow::Result<f64> {
         }
         if Instant::now() > deadline {
             let _ = server.kill();
-            bail!("iperf3 client failed: {}", String::from_utf8_lossy(&out.stdout));
+            bail!(
+                "iperf3 client failed: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     };
