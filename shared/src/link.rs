@@ -357,12 +357,16 @@ impl Link {
                 match read_peer_hello(&recv_bufs, &config, &first) {
                     Ok(h) => break h,
                     Err(e) => {
-                        // Tell the peer why, if the connection still carries it.
+                        // Tell the peer why, if the connection still carries
+                        // it, in a frame that fits the smallest receive
+                        // buffer any peer may have posted.
+                        let text = e.to_string();
+                        let frame_size = config.control_size.min(wire::MIN_CONTROL_SIZE);
                         let frame = Frame {
                             credit: CreditUpdate::default(),
                             body: Body::Error {
                                 code: e.code(),
-                                text: &e.to_string(),
+                                text: wire::fit_error_text(&text, frame_size as usize),
                             },
                         };
                         let buf = send_slice(&send_bufs, config.control_size, 1);
@@ -779,12 +783,13 @@ fn fail(inner: &Inner, error: LinkError) {
     let tell_peer = !matches!(error, LinkError::Transport(_) | LinkError::Peer { .. });
     if tell_peer {
         let text = error.to_string();
+        let frame_size = inner.config.control_size.min(inner.peer.control_size);
         let _ = try_post_control(
             inner,
             &mut st,
             &Body::Error {
                 code: error.code(),
-                text: &text,
+                text: wire::fit_error_text(&text, frame_size as usize),
             },
         );
     }
@@ -832,11 +837,16 @@ fn send_standalone_credit(inner: &Inner) {
         .expect("inbound lock")
         .wants_standalone();
     if due {
-        // If no credit or buffer is free now, a completion will bring one and
-        // the driver checks again.
-        if let Err(e) = try_post_control(inner, &mut st, &Body::Credit) {
-            drop(st);
-            fail(inner, e);
+        // If no buffer is free now, a completion will bring one and the
+        // driver checks again. If the connection is down, its completions
+        // (perhaps the peer's goodbye among them) tell the driver whether
+        // that was an orderly end; deciding here would race them.
+        match try_post_control(inner, &mut st, &Body::Credit) {
+            Ok(_) | Err(LinkError::Transport(_)) => {}
+            Err(e) => {
+                drop(st);
+                fail(inner, e);
+            }
         }
     }
 }
@@ -881,7 +891,7 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
                 )
             };
             let result = handle_frame(inner, bytes);
-            post_recv(&*inner.conn, &inner.recv_bufs, size, index)?;
+            repost(inner, index);
             result
         }
         Op::RecvNotify => {
@@ -894,12 +904,7 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
             let chunk = landed_chunk(inner, note, c.byte_len as usize)?;
             let index =
                 u32::try_from(c.wr_id).map_err(|_| LinkError::Protocol("bad receive id".into()))?;
-            post_recv(
-                &*inner.conn,
-                &inner.recv_bufs,
-                inner.config.control_size,
-                index,
-            )?;
+            repost(inner, index);
             let mut st = inner.state.lock().expect("state lock");
             if st.peer_done {
                 return Err(LinkError::Protocol("chunk after goodbye".into()));
@@ -908,6 +913,18 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
             Ok(())
         }
     }
+}
+
+/// Puts a receive buffer back into service. A connection that is down
+/// refuses it; that is no failure of its own: the connection's completions
+/// say how it ended (an orderly goodbye may still be among them).
+fn repost(inner: &Inner, index: u32) {
+    let _ = post_recv(
+        &*inner.conn,
+        &inner.recv_bufs,
+        inner.config.control_size,
+        index,
+    );
 }
 
 fn landed_chunk(inner: &Arc<Inner>, note: u32, landed: usize) -> Result<Chunk, LinkError> {
@@ -938,6 +955,14 @@ fn landed_chunk(inner: &Arc<Inner>, note: u32, landed: usize) -> Result<Chunk, L
 
 fn handle_frame(inner: &Inner, bytes: &[u8]) -> Result<(), LinkError> {
     let frame = Frame::decode(bytes)?;
+    // A peer's error is reported as it is, whatever its credits say: it may
+    // come from a peer that gave up before its credit state meant anything.
+    if let Body::Error { code, text } = frame.body {
+        return Err(LinkError::Peer {
+            code,
+            text: text.to_string(),
+        });
+    }
     // Standalone credit updates cost the peer no credit (see `credit`);
     // everything else is counted, and all but application messages are
     // consumed right here.
@@ -950,12 +975,12 @@ fn handle_frame(inner: &Inner, bytes: &[u8]) -> Result<(), LinkError> {
     }
     let mut st = inner.state.lock().expect("state lock");
     st.outbound.on_update(frame.credit)?;
-    if st.peer_done {
-        return Err(LinkError::Protocol("message after goodbye".into()));
-    }
     match frame.body {
-        Body::Hello(_) => Err(LinkError::Protocol("second hello".into())),
+        // A peer that said goodbye still returns credits for what we send
+        // until we say goodbye too.
         Body::Credit => Ok(()),
+        _ if st.peer_done => Err(LinkError::Protocol("message after goodbye".into())),
+        Body::Hello(_) => Err(LinkError::Protocol("second hello".into())),
         Body::App(payload) => {
             st.incoming.push_back(Incoming::Message(payload.to_vec()));
             Ok(())
@@ -964,9 +989,6 @@ fn handle_frame(inner: &Inner, bytes: &[u8]) -> Result<(), LinkError> {
             st.peer_done = true;
             Ok(())
         }
-        Body::Error { code, text } => Err(LinkError::Peer {
-            code,
-            text: text.to_string(),
-        }),
+        Body::Error { .. } => unreachable!("handled above"),
     }
 }

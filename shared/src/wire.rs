@@ -392,10 +392,19 @@ impl<'a> Frame<'a> {
 }
 
 fn truncate_text(text: &str) -> &str {
-    if text.len() <= MAX_ERROR_TEXT {
+    fit_error_text(text, usize::MAX)
+}
+
+/// `text`, cut at a character boundary so that an error frame carrying it
+/// fits in `frame_size` bytes (and within [`MAX_ERROR_TEXT`]).
+pub fn fit_error_text(text: &str, frame_size: usize) -> &str {
+    let room = frame_size
+        .saturating_sub(FRAME_HEADER_LEN + ERROR_FIXED_LEN)
+        .min(MAX_ERROR_TEXT);
+    if text.len() <= room {
         return text;
     }
-    let mut end = MAX_ERROR_TEXT;
+    let mut end = room;
     while !text.is_char_boundary(end) {
         end -= 1;
     }

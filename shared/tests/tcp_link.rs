@@ -199,3 +199,37 @@ async fn two_clients_refuse_each_other() {
         "{y}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_finishes_early_still_returns_credits() {
+    let chunk = 1024;
+    let (server, client) = link_pair(
+        LinkConfig::new(Role::Server, 4, chunk),
+        LinkConfig::new(Role::Client, 0, chunk),
+    )
+    .await;
+    let pool = BufferPool::new(4, chunk as usize).unwrap();
+    let region = client.register(pool.memory()).unwrap();
+    let sender = tokio::spawn(async move {
+        for i in 0..200u64 {
+            let mut buf = pool.acquire().await;
+            buf.fill_from(&pattern(0, i, 100));
+            let meta = ChunkMeta {
+                offset: i,
+                ..ChunkMeta::default()
+            };
+            client.send_chunk(meta, &region, buf).await.unwrap();
+        }
+        client.finish().await.unwrap();
+    });
+    for _ in 0..10 {
+        match server.recv().await.unwrap() {
+            Some(Incoming::Chunk(_)) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    // Goodbye after 10 chunks: the rest is drained and dropped, and the
+    // credit updates that keep the sender going are still accepted.
+    server.finish().await.unwrap();
+    sender.await.unwrap();
+}

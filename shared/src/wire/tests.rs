@@ -381,3 +381,20 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn error_text_is_fitted_to_a_frame_size() {
+    let text = "ä".repeat(100);
+    let fitted = fit_error_text(&text, MIN_CONTROL_SIZE as usize);
+    assert!(fitted.len() <= MIN_CONTROL_SIZE as usize - FRAME_HEADER_LEN - 8);
+    assert!(text.starts_with(fitted) && !fitted.is_empty());
+    let frame = Frame {
+        credit: CreditUpdate::default(),
+        body: Body::Error {
+            code: ErrorCode::Protocol,
+            text: fitted,
+        },
+    };
+    assert!(frame.encoded_len() <= MIN_CONTROL_SIZE as usize);
+    assert_eq!(fit_error_text("short", 1 << 20), "short");
+}
