@@ -50,6 +50,10 @@ pub const DEFAULT_LIMITS: Limits = Limits {
 const MAX_SEND: u64 = crate::wire::MAX_CONTROL_SIZE as u64;
 /// The first rkey handed out; keys are table indices above it.
 const RKEY_BASE: u32 = 0x100;
+/// Read-side buffer for frame headers and small messages. Payloads larger
+/// than what is buffered are read straight into their target memory, so a
+/// small buffer means less of each chunk is copied twice.
+const READ_BUFFER: usize = 8 * 1024;
 /// Requests the writer gathers into one vectored write.
 const WRITE_BATCH: usize = 64;
 /// How long an incoming send or notified write waits for a posted receive
@@ -246,7 +250,7 @@ impl TcpConnection {
         stream.set_nodelay(true)?;
         let (read_half, mut write_half) = stream.into_split();
         write_half.write_all(&PREFACE).await?;
-        let mut reader = BufReader::with_capacity(64 * 1024, read_half);
+        let mut reader = BufReader::with_capacity(READ_BUFFER, read_half);
         let mut preface = [0u8; PREFACE.len()];
         reader.read_exact(&mut preface).await.map_err(|e| {
             TransportError::Protocol(format!("no rfabric preface from the peer: {e}"))

@@ -29,7 +29,10 @@ struct Args {
     /// Landing slots (the credit window).
     #[arg(long, default_value_t = 16)]
     window: u32,
-    /// Rounds of each measurement; the best of each is compared.
+    /// Sender buffers (registered pool) feeding the window.
+    #[arg(long, default_value_t = 4)]
+    buffers: usize,
+    /// Rounds of each measurement; the medians are compared.
     #[arg(long, default_value_t = 3)]
     rounds: u32,
     /// Skip the iperf3 baseline.
@@ -62,7 +65,7 @@ async fn fabric_round(args: &Args) -> anyhow::Result<f64> {
         Link::establish(client, LinkConfig::new(Role::Client, 0, chunk)),
     );
     let (rx, tx) = (rx?, tx?);
-    let pool = BufferPool::new(args.window as usize + 4, chunk as usize)?;
+    let pool = BufferPool::new(args.buffers, chunk as usize)?;
     let region = tx.register(pool.memory())?;
     let chunks = args.bytes.div_ceil(args.chunk);
     let start = Instant::now();
@@ -103,41 +106,43 @@ fn iperf3_round(bytes: u64) -> anyhow::Result<f64> {
         .local_addr()?
         .port();
     let mut server = Command::new("iperf3")
-        .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-s", "-B", "127.0.0.1", "-p", &port.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .context("cannot start iperf3 (is it installed? scripts/setup installs it)")?;
-    // The server serves exactly one client (-1), so no probe connection:
-    // retry the client until the server is up.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let out = loop {
-        let out = Command::new("iperf3")
-            .args([
-                "-c",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-n",
-                &bytes.to_string(),
-                "-J",
-            ])
-            .output()
-            .context("cannot run iperf3 client")?;
-        if out.status.success() {
-            break out;
-        }
-        if Instant::now() > deadline {
-            let _ = server.kill();
-            bail!(
-                "iperf3 client failed: {}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let result = iperf3_client(port, bytes, &mut server);
+    // The server keeps listening (no -1: that would count a failed or early
+    // attempt as its one client); it is stopped here either way.
+    let _ = server.kill();
     let _ = server.wait();
+    result
+}
+
+fn iperf3_client(port: u16, bytes: u64, server: &mut std::process::Child) -> anyhow::Result<f64> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline || server.try_wait()?.is_some() {
+            bail!("iperf3 server did not start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = Command::new("iperf3")
+        .args([
+            "-c",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-n",
+            &bytes.to_string(),
+            "-J",
+        ])
+        .output()
+        .context("cannot run iperf3 client")?;
     let json = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("iperf3 client failed: {json}");
+    }
     // end.sum_received.bits_per_second, without a JSON dependency: the
     // last "bits_per_second" in the report belongs to sum_received.
     let at = json
@@ -147,9 +152,19 @@ fn iperf3_round(bytes: u64) -> anyhow::Result<f64> {
     let num: String = rest
         .trim_start_matches([':', ' ', '\t'])
         .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == 'e' || *c == 'E' || *c == '+')
+        .take_while(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+'))
         .collect();
     Ok(num.parse::<f64>().context("bad iperf3 number")? / 8.0)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -160,30 +175,33 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let gb = |bps: f64| bps / 1e9;
     println!(
-        "moving {} MiB per round, chunk {} KiB, window {} slots, best of {} rounds",
+        "moving {} MiB per round, chunk {} KiB, window {} slots, {} sender buffers, median of {} rounds",
         args.bytes >> 20,
         args.chunk >> 10,
         args.window,
+        args.buffers,
         args.rounds
     );
-    let mut fabric_best = 0f64;
-    let mut iperf_best = 0f64;
+    let mut fabric = Vec::new();
+    let mut iperf = Vec::new();
     // Interleave the two so that machine noise hits both alike.
     for round in 1..=args.rounds {
         let f = rt.block_on(fabric_round(&args))?;
-        fabric_best = fabric_best.max(f);
+        fabric.push(f);
         print!("round {round}: rfabric tcp {:.2} GB/s", gb(f));
         if !args.no_iperf3 {
             let i = iperf3_round(args.bytes)?;
-            iperf_best = iperf_best.max(i);
+            iperf.push(i);
             print!(", iperf3 {:.2} GB/s", gb(i));
         }
         println!();
     }
-    println!("rfabric tcp backend: {:.2} GB/s", gb(fabric_best));
+    let fabric = median(&mut fabric);
+    println!("rfabric tcp backend: {:.2} GB/s (median)", gb(fabric));
     if !args.no_iperf3 {
-        println!("iperf3 single stream: {:.2} GB/s", gb(iperf_best));
-        println!("ratio rfabric/iperf3: {:.2}", fabric_best / iperf_best);
+        let iperf = median(&mut iperf);
+        println!("iperf3 single stream: {:.2} GB/s (median)", gb(iperf));
+        println!("ratio rfabric/iperf3: {:.2}", fabric / iperf);
     }
     Ok(())
 }
