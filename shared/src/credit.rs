@@ -225,8 +225,15 @@ impl Inbound {
 
     /// Checks a peer's write into the ring before it is used (on tcp: before
     /// a byte of it is placed) and marks the slot landed. `offset` and `len`
-    /// are where the write went, relative to the ring's start.
-    pub fn on_landed(&mut self, note: u32, offset: u64, len: u64) -> Result<Landing, CreditError> {
+    /// are where the write went, relative to the ring's start; verbs
+    /// hardware does not report the offset, so there it is `None` and the
+    /// slot is taken from the note alone.
+    pub fn on_landed(
+        &mut self,
+        note: u32,
+        offset: Option<u64>,
+        len: u64,
+    ) -> Result<Landing, CreditError> {
         let ahead = u64::from(note.wrapping_sub(self.base as u32));
         let seq = self.base + ahead;
         if self.slots.is_empty() || seq >= self.granted {
@@ -237,8 +244,13 @@ impl Inbound {
             });
         }
         let index = self.index(seq);
-        if offset != index as u64 * self.slot_size || len > self.slot_size {
-            return Err(CreditError::WrongPlace { seq, offset, len });
+        let slot_start = index as u64 * self.slot_size;
+        if offset.is_some_and(|o| o != slot_start) || len > self.slot_size {
+            return Err(CreditError::WrongPlace {
+                seq,
+                offset: offset.unwrap_or(slot_start),
+                len,
+            });
         }
         match self.slots[index] {
             Slot::Open => {

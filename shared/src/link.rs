@@ -179,7 +179,7 @@ impl Drop for Chunk {
 struct RingGate(Arc<Mutex<Inbound>>);
 
 impl WriteGate for RingGate {
-    fn admit(&self, offset: u64, len: u64, note: Option<u32>) -> Result<(), String> {
+    fn admit(&self, offset: Option<u64>, len: u64, note: Option<u32>) -> Result<(), String> {
         let Some(note) = note else {
             return Err("plain writes into the landing ring are not allowed".into());
         };

@@ -168,7 +168,7 @@ impl Sim {
                     .inb
                     .on_landed(
                         note,
-                        u64::from(index) * u64::from(SLOT_SIZE),
+                        Some(u64::from(index) * u64::from(SLOT_SIZE)),
                         u64::from(SLOT_SIZE),
                     )
                     .map_err(|e| format!("well-behaved chunk {seq} refused: {e}"))?;

@@ -76,13 +76,16 @@ fn control_credits_run_out_and_come_back() {
 #[test]
 fn receiver_accepts_each_granted_slot_once_in_place() {
     let mut inb = Inbound::new(4, 100, 8);
-    assert_eq!(inb.on_landed(1, 100, 100), Ok(Landing { seq: 1, index: 1 }));
     assert_eq!(
-        inb.on_landed(1, 100, 10),
+        inb.on_landed(1, Some(100), 100),
+        Ok(Landing { seq: 1, index: 1 })
+    );
+    assert_eq!(
+        inb.on_landed(1, Some(100), 10),
         Err(CreditError::SlotBusy { seq: 1 })
     );
     assert_eq!(
-        inb.on_landed(2, 100, 10),
+        inb.on_landed(2, Some(100), 10),
         Err(CreditError::WrongPlace {
             seq: 2,
             offset: 100,
@@ -90,7 +93,7 @@ fn receiver_accepts_each_granted_slot_once_in_place() {
         })
     );
     assert_eq!(
-        inb.on_landed(3, 300, 101),
+        inb.on_landed(3, Some(300), 101),
         Err(CreditError::WrongPlace {
             seq: 3,
             offset: 300,
@@ -98,7 +101,7 @@ fn receiver_accepts_each_granted_slot_once_in_place() {
         })
     );
     assert_eq!(
-        inb.on_landed(4, 0, 10),
+        inb.on_landed(4, Some(0), 10),
         Err(CreditError::NoCredit {
             note: 4,
             base: 0,
@@ -107,7 +110,7 @@ fn receiver_accepts_each_granted_slot_once_in_place() {
     );
     // A note from before the window wraps to far ahead: refused too.
     assert!(matches!(
-        inb.on_landed(u32::MAX, 0, 1),
+        inb.on_landed(u32::MAX, Some(0), 1),
         Err(CreditError::NoCredit { .. })
     ));
 }
@@ -116,7 +119,7 @@ fn receiver_accepts_each_granted_slot_once_in_place() {
 fn out_of_order_consumption_grants_only_the_contiguous_prefix() {
     let mut inb = Inbound::new(4, 10, 8);
     for note in 0..4 {
-        inb.on_landed(note, u64::from(note) * 10, 10).unwrap();
+        inb.on_landed(note, Some(u64::from(note) * 10), 10).unwrap();
     }
     inb.on_consumed(2);
     inb.on_consumed(1);
@@ -127,9 +130,12 @@ fn out_of_order_consumption_grants_only_the_contiguous_prefix() {
     let up = inb.take_update();
     assert_eq!(up.grant_limit, 7);
     // Slot 0 is open again for chunk 4; slot 3 still holds chunk 3.
-    assert_eq!(inb.on_landed(4, 0, 10), Ok(Landing { seq: 4, index: 0 }));
     assert_eq!(
-        inb.on_landed(7, 30, 10).unwrap_err(),
+        inb.on_landed(4, Some(0), 10),
+        Ok(Landing { seq: 4, index: 0 })
+    );
+    assert_eq!(
+        inb.on_landed(7, Some(30), 10).unwrap_err(),
         CreditError::NoCredit {
             note: 7,
             base: 3,
@@ -144,7 +150,7 @@ fn standalone_update_is_due_at_half_a_ring() {
     inb.take_update(); // return the hello's credit
     assert!(!inb.wants_standalone());
     for note in 0..4 {
-        inb.on_landed(note, u64::from(note) * 10, 10).unwrap();
+        inb.on_landed(note, Some(u64::from(note) * 10), 10).unwrap();
     }
     for seq in 0..3 {
         inb.on_consumed(seq);
@@ -194,10 +200,27 @@ fn a_starved_peer_gets_even_a_single_credit_back() {
 }
 
 #[test]
+fn without_an_offset_the_note_alone_names_the_slot() {
+    let mut inb = Inbound::new(4, 100, 8);
+    assert_eq!(
+        inb.on_landed(2, None, 100),
+        Ok(Landing { seq: 2, index: 2 })
+    );
+    assert_eq!(
+        inb.on_landed(2, None, 100),
+        Err(CreditError::SlotBusy { seq: 2 })
+    );
+    assert!(matches!(
+        inb.on_landed(3, None, 101),
+        Err(CreditError::WrongPlace { .. })
+    ));
+}
+
+#[test]
 fn zero_slot_ring_refuses_every_note() {
     let mut inb = Inbound::new(0, 0, 4);
     assert!(matches!(
-        inb.on_landed(0, 0, 0),
+        inb.on_landed(0, Some(0), 0),
         Err(CreditError::NoCredit { .. })
     ));
 }

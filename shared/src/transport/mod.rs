@@ -94,9 +94,11 @@ impl Access {
 }
 
 /// The owner's say over peer writes into a region. `offset` is relative to
-/// the region's start; `note` is `None` for a plain write.
+/// the region's start, `None` where the backend cannot know it (verbs
+/// reports where a notified write landed only through its note); `note` is
+/// `None` for a plain write.
 pub trait WriteGate: Send + Sync {
-    fn admit(&self, offset: u64, len: u64, note: Option<u32>) -> Result<(), String>;
+    fn admit(&self, offset: Option<u64>, len: u64, note: Option<u32>) -> Result<(), String>;
 }
 
 /// A registered memory region.

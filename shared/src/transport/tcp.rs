@@ -745,7 +745,7 @@ async fn receive_write(
         })?;
     let note = (header.op == FrameOp::WriteNotify).then_some(header.note);
     if let Some(gate) = region.gate() {
-        gate.admit(offset, len, note)
+        gate.admit(Some(offset), len, note)
             .map_err(|why| violation(format!("write refused: {why}")))?;
     }
     let recv = match note {
