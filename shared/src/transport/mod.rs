@@ -37,6 +37,7 @@
 #![allow(unsafe_code)]
 
 pub mod tcp;
+pub mod verbs;
 
 use std::fmt;
 use std::sync::Arc;
@@ -247,6 +248,8 @@ pub enum WcError {
     RemoteAccess(String),
     #[error("no receive was posted for an incoming message (receiver not ready)")]
     ReceiverNotReady,
+    #[error("{0}")]
+    Fatal(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -279,6 +282,10 @@ pub enum TransportError {
     QueueFull { what: &'static str, limit: u32 },
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// No usable RDMA stack or device for this peer: the signal for
+    /// `--transport auto` to fall back to tcp.
+    #[error("RDMA unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl From<std::io::Error> for TransportError {

@@ -1,5 +1,6 @@
-//! Loopback integration tests of links over the tcp backend: real sockets,
-//! real tasks, every byte compared.
+//! The link conformance suite: the same tests on every backend (see
+//! `common`: tcp on loopback by default; verbs over Soft-RoCE in the VM
+//! tier). Real connections, real tasks, every byte compared.
 
 mod common;
 
@@ -24,12 +25,17 @@ async fn many_chunks_through_a_full_window_arrive_intact_and_in_order() {
     assert_eq!(server.max_chunk(), 0, "the client has no ring");
     let pool = BufferPool::new(16, chunk as usize).unwrap();
     let region = client.register(pool.memory()).unwrap();
-    const CHUNKS: u64 = 3000;
+    // Soft-RoCE under emulation moves about 20 MB/s: a few MiB there.
+    let chunks: u64 = if common::backend() == "tcp" {
+        3000
+    } else {
+        150
+    };
 
     let sender = {
         let client = client.clone();
         tokio::spawn(async move {
-            for i in 0..CHUNKS {
+            for i in 0..chunks {
                 let mut buf = pool.acquire().await;
                 // Sizes from 1 byte to a full slot.
                 let len = 1 + (i as usize * 7919) % chunk as usize;
@@ -96,11 +102,12 @@ async fn many_chunks_through_a_full_window_arrive_intact_and_in_order() {
     drop(held);
     server.finish().await.unwrap();
     sender.await.unwrap();
-    assert_eq!(next, CHUNKS);
-    assert!(bytes > 90_000_000, "{bytes}");
+    assert_eq!(next, chunks);
+    // Sizes cycle through 1..=64 KiB: about half a chunk each on average.
+    assert!(bytes as u64 > chunks * u64::from(chunk) / 3, "{bytes}");
     assert_eq!(
         messages,
-        (0..CHUNKS)
+        (0..chunks)
             .step_by(500)
             .map(|i| format!("progress {i}"))
             .collect::<Vec<_>>()
@@ -184,9 +191,7 @@ async fn oversized_chunks_and_messages_are_refused_locally() {
 
 #[tokio::test]
 async fn two_clients_refuse_each_other() {
-    let (a, b) = common::connected_pair().await;
-    let a: std::sync::Arc<dyn rfabric::transport::Connection> = std::sync::Arc::new(a);
-    let b: std::sync::Arc<dyn rfabric::transport::Connection> = std::sync::Arc::new(b);
+    let (a, b) = common::connected().await;
     let (x, y) = tokio::join!(
         rfabric::link::Link::establish(a, LinkConfig::new(Role::Client, 1, 100)),
         rfabric::link::Link::establish(b, LinkConfig::new(Role::Client, 1, 100))
