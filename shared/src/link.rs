@@ -354,6 +354,11 @@ impl Link {
                 }
             }
             if let Some(first) = found {
+                if first.status == Err(WcError::Flushed) {
+                    // The connection went down before any hello: its own
+                    // reason (a refusal from the peer, say) says more.
+                    return Err(LinkError::Transport(closed_reason(&*conn).await));
+                }
                 match read_peer_hello(&recv_bufs, &config, &first) {
                     Ok(h) => break h,
                     Err(e) => {
@@ -848,6 +853,17 @@ fn send_standalone_credit(inner: &Inner) {
                 fail(inner, e);
             }
         }
+    }
+}
+
+/// Drains a connection that is going down and returns why it went.
+async fn closed_reason(conn: &dyn Connection) -> TransportError {
+    let mut sink = Vec::new();
+    loop {
+        if let Err(e) = completions(conn, &mut sink).await {
+            return e;
+        }
+        sink.clear();
     }
 }
 

@@ -101,6 +101,9 @@ const MAX_SGE: u32 = 4;
 const INLINE: u32 = 64;
 /// RNR NAK timer code 12: 0.64 ms, instead of rdma_cm's 0 (655 ms).
 const MIN_RNR_TIMER: u8 = 12;
+/// How long `close` waits for the send queue to drain: 500 ms in steps.
+const LINGER_STEPS: u32 = 100;
+const LINGER_STEP: Duration = Duration::from_millis(5);
 
 /// Listens for verbs connections on an IP address of an RDMA device.
 pub struct VerbsListener {
@@ -377,6 +380,9 @@ struct State {
     sends: u32,
     recvs: u32,
     down: Option<TransportError>,
+    /// `close` was called: nothing new is posted; down once the send queue
+    /// drained or the linger ran out.
+    closing: bool,
     waker: Option<Waker>,
 }
 
@@ -442,6 +448,7 @@ impl VerbsConnection {
                 sends: 0,
                 recvs: 0,
                 down: None,
+                closing: false,
                 waker: None,
             }),
             registrations: Mutex::new(Vec::new()),
@@ -471,7 +478,9 @@ impl VerbsConnection {
 
 impl Drop for VerbsConnection {
     fn drop(&mut self) {
-        self.close();
+        // No linger: nothing can poll this connection any more.
+        self.inner
+            .go_down(TransportError::Closed("connection dropped".into()));
     }
 }
 
@@ -496,8 +505,10 @@ impl Inner {
     }
 
     fn check_open(&self) -> Result<(), TransportError> {
-        match &self.state.lock().expect("state lock").down {
+        let st = self.state.lock().expect("state lock");
+        match &st.down {
             Some(why) => Err(why.clone()),
+            None if st.closing => Err(TransportError::Closed("closing".into())),
             None => Ok(()),
         }
     }
@@ -846,8 +857,41 @@ impl Connection for VerbsConnection {
     }
 
     fn close(&self) {
-        self.inner
-            .go_down(TransportError::Closed("closed locally".into()));
+        let inner = &self.inner;
+        {
+            let mut st = inner.state.lock().expect("state lock");
+            if st.down.is_some() || st.closing {
+                return;
+            }
+            st.closing = true;
+        }
+        // Let what was posted last (a goodbye, an error message telling the
+        // peer why) leave before the QP is flushed, as a tcp close would; a
+        // short linger, then down regardless.
+        let linger = Arc::downgrade(inner);
+        let go = move || {
+            if let Some(inner) = linger.upgrade() {
+                inner.go_down(TransportError::Closed("closed locally".into()));
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let weak = Arc::downgrade(inner);
+                rt.spawn(async move {
+                    for _ in 0..LINGER_STEPS {
+                        let drained = weak
+                            .upgrade()
+                            .is_none_or(|i| i.state.lock().expect("state lock").sends == 0);
+                        if drained {
+                            break;
+                        }
+                        tokio::time::sleep(LINGER_STEP).await;
+                    }
+                    go();
+                });
+            }
+            Err(_) => go(),
+        }
     }
 }
 
