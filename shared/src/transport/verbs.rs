@@ -535,6 +535,12 @@ impl Inner {
                     // had dequeued.
                     for wc in poller {
                         let Some(p) = st.table.take(wc.wr_id()) else {
+                            // An unsignalled request (the write of a
+                            // write-then-send) completes only when it fails:
+                            // its status is the reason the QP went down.
+                            if wc.status() != WcStatus::Success as u32 && failed.is_none() {
+                                failed = Some(wc_error(wc.status(), wc.byte_len(), 0));
+                            }
                             continue;
                         };
                         match p.op {
@@ -548,8 +554,10 @@ impl Inner {
                             wc.byte_len(),
                             wc.imm_data(),
                         );
+                        // Any failed request means the QP is in the error
+                        // state (a flush without a known cause included):
+                        // the first one says why.
                         if let Err(e) = &c.status
-                            && *e != WcError::Flushed
                             && failed.is_none()
                         {
                             failed = Some(e.clone());
@@ -566,6 +574,9 @@ impl Inner {
                 WcError::RemoteAccess(t) if t.starts_with("note refused") => {
                     TransportError::Protocol(t)
                 }
+                WcError::Flushed => TransportError::Closed(
+                    "the queue pair went into the error state (peer gone or access refused)".into(),
+                ),
                 other => TransportError::Closed(other.to_string()),
             });
         }

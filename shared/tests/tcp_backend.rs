@@ -1,0 +1,121 @@
+//! The tcp backend against raw sockets: peers that do not speak its
+//! framing, or speak it wrongly, below any link.
+
+mod common;
+
+use rfabric::transport::tcp::{self, FrameHeader, FrameOp, HEADER_LEN, PREFACE, TcpListener};
+use rfabric::transport::{TransportError, completions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Raw socket peers: below the transport's own framing.
+async fn raw_server() -> (
+    tokio::task::JoinHandle<Result<tcp::TcpConnection, TransportError>>,
+    TcpStream,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accept = tokio::spawn(async move { listener.accept().await });
+    let stream = TcpStream::connect(addr).await.unwrap();
+    (accept, stream)
+}
+
+#[tokio::test]
+async fn a_peer_without_the_preface_is_refused() {
+    let (accept, mut stream) = raw_server().await;
+    stream.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let err = accept.await.unwrap().unwrap_err();
+    assert!(
+        matches!(err, TransportError::Protocol(ref t) if t.contains("not an rfabric tcp peer")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_frame_header_is_refused_and_explained() {
+    let (accept, mut stream) = raw_server().await;
+    stream.write_all(&PREFACE).await.unwrap();
+    let conn = accept.await.unwrap().unwrap();
+    let header = FrameHeader {
+        op: FrameOp::Send,
+        len: 1 << 24,
+        addr: 0,
+        rkey: 0,
+        note: 0,
+    };
+    stream.write_all(&header.encode()).await.unwrap();
+    let mut out = Vec::new();
+    let err = loop {
+        if let Err(e) = completions(&conn, &mut out).await {
+            break e;
+        }
+    };
+    assert!(
+        matches!(err, TransportError::Protocol(ref t) if t.contains("exceeds the limit")),
+        "{err}"
+    );
+    // The raw peer reads the preface, then an abort frame with the reason.
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf).await.unwrap();
+    assert_eq!(&buf[..8], &PREFACE);
+    let abort =
+        FrameHeader::decode(buf[8..8 + HEADER_LEN].try_into().unwrap(), 1 << 30, 1 << 30).unwrap();
+    assert_eq!(abort.op, FrameOp::Abort);
+    let text = String::from_utf8_lossy(&buf[8 + HEADER_LEN..]);
+    assert!(text.contains("exceeds the limit"), "{text}");
+}
+
+#[tokio::test]
+async fn a_truncated_frame_header_closes_the_connection() {
+    let (accept, mut stream) = raw_server().await;
+    stream.write_all(&PREFACE).await.unwrap();
+    let conn = accept.await.unwrap().unwrap();
+    let header = FrameHeader {
+        op: FrameOp::Send,
+        len: 10,
+        addr: 0,
+        rkey: 0,
+        note: 0,
+    }
+    .encode();
+    stream.write_all(&header[..10]).await.unwrap();
+    drop(stream);
+    let mut out = Vec::new();
+    let err = loop {
+        if let Err(e) = completions(&conn, &mut out).await {
+            break e;
+        }
+    };
+    // EOF, or a reset because the raw peer never read our preface.
+    assert!(
+        matches!(err, TransportError::Closed(_) | TransportError::Io(_)),
+        "{err}"
+    );
+    assert!(out.is_empty(), "nothing was delivered: {out:?}");
+}
+
+#[tokio::test]
+async fn a_send_with_no_receive_posted_fails_after_the_rnr_wait() {
+    let (accept, mut stream) = raw_server().await;
+    stream.write_all(&PREFACE).await.unwrap();
+    let conn = accept.await.unwrap().unwrap();
+    let header = FrameHeader {
+        op: FrameOp::Send,
+        len: 4,
+        addr: 0,
+        rkey: 0,
+        note: 0,
+    };
+    stream.write_all(&header.encode()).await.unwrap();
+    stream.write_all(b"ping").await.unwrap();
+    let mut out = Vec::new();
+    let err = loop {
+        if let Err(e) = completions(&conn, &mut out).await {
+            break e;
+        }
+    };
+    assert!(
+        matches!(err, TransportError::Protocol(ref t) if t.contains("no receive was posted")),
+        "{err}"
+    );
+}
