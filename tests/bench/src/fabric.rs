@@ -1,9 +1,14 @@
-//! The tcp backend pushing chunks through a full credit window on loopback,
-//! against iperf3 single-stream on the same machine in the same run.
+//! A link pushing chunks through a full credit window, against a baseline
+//! run side by side in the same run.
 //!
-//! Both move the same number of bytes over 127.0.0.1 with a sender and a
-//! receiver on this machine's cores; the figure that matters is the ratio,
-//! since absolute numbers on a shared 2-core machine say little.
+//! * `--transport tcp` (the default): the tcp backend on 127.0.0.1 against
+//!   iperf3 single-stream on the same machine.
+//! * `--transport rdma` / `rdma-send`: the verbs backend (write-with-imm, or
+//!   the write-then-send fallback) on `--addr`; the RDMA baseline
+//!   (ib_write_bw) is run next to it by `tests/bench/vm-rdma` in the VM.
+//!
+//! The figure that matters is the ratio: absolute numbers on a shared
+//! 2-core machine (or an emulated VM) say little.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -15,11 +20,19 @@ use rfabric::link::{ChunkMeta, Incoming, Link, LinkConfig};
 use rfabric::memory::BufferPool;
 use rfabric::transport::Connection;
 use rfabric::transport::tcp::{self, TcpListener};
+use rfabric::transport::verbs::{self, NotifyMode, VerbsListener, VerbsOptions};
 use rfabric::wire::Role;
 
-/// Push chunks through the tcp backend and compare with iperf3.
+/// Push chunks through a link and compare with a baseline.
 #[derive(Parser, Debug)]
 struct Args {
+    /// Backend: tcp, rdma (write with immediate) or rdma-send (write, then
+    /// a send carrying the note).
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+    /// Address for the rdma backends (an IP of an RDMA device).
+    #[arg(long, default_value = "10.77.0.1:7474")]
+    addr: std::net::SocketAddr,
     /// Bytes to move in each measurement (suffixes: K, M, G).
     #[arg(long, default_value = "4G", value_parser = parse_size)]
     bytes: u64,
@@ -35,7 +48,7 @@ struct Args {
     /// Rounds of each measurement; the medians are compared.
     #[arg(long, default_value_t = 3)]
     rounds: u32,
-    /// Skip the iperf3 baseline.
+    /// Skip the iperf3 baseline (always skipped for the rdma backends).
     #[arg(long)]
     no_iperf3: bool,
 }
@@ -55,11 +68,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
 /// One run of the fabric: returns bytes per second.
 async fn fabric_round(args: &Args) -> anyhow::Result<f64> {
     let chunk = u32::try_from(args.chunk).context("chunk too large")?;
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let (server, client) = tokio::join!(listener.accept(), tcp::connect(addr));
-    let server: Arc<dyn Connection> = Arc::new(server?);
-    let client: Arc<dyn Connection> = Arc::new(client?);
+    let (server, client) = connect_pair(args).await?;
     let (rx, tx) = tokio::join!(
         Link::establish(server, LinkConfig::new(Role::Server, args.window, chunk)),
         Link::establish(client, LinkConfig::new(Role::Client, 0, chunk)),
@@ -98,6 +107,29 @@ async fn fabric_round(args: &Args) -> anyhow::Result<f64> {
         );
     }
     Ok(received as f64 / secs)
+}
+
+/// A connected pair on the chosen backend.
+async fn connect_pair(args: &Args) -> anyhow::Result<(Arc<dyn Connection>, Arc<dyn Connection>)> {
+    let notify = match args.transport.as_str() {
+        "tcp" => {
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            let (server, client) = tokio::join!(listener.accept(), tcp::connect(addr));
+            return Ok((Arc::new(server?), Arc::new(client?)));
+        }
+        "rdma" => NotifyMode::WriteWithImm,
+        "rdma-send" => NotifyMode::WriteThenSend,
+        other => bail!("unknown transport {other:?}: tcp, rdma or rdma-send"),
+    };
+    let options = VerbsOptions {
+        notify,
+        ..VerbsOptions::default()
+    };
+    let listener = VerbsListener::bind(args.addr, options)?;
+    let (server, client) = tokio::join!(listener.accept(), verbs::connect(args.addr, options));
+    let (server, client) = (server?, client?);
+    Ok((Arc::new(server), Arc::new(client)))
 }
 
 /// One iperf3 single-stream run on loopback: bytes per second received.
@@ -168,12 +200,15 @@ fn median(values: &mut [f64]) -> f64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.transport != "tcp" {
+        args.no_iperf3 = true;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let gb = |bps: f64| bps / 1e9;
+    let rate = |bps: f64| format!("{:.3} GB/s ({:.1} MB/s)", bps / 1e9, bps / 1e6);
     println!(
         "moving {} MiB per round, chunk {} KiB, window {} slots, {} sender buffers, median of {} rounds",
         args.bytes >> 20,
@@ -188,19 +223,23 @@ fn main() -> anyhow::Result<()> {
     for round in 1..=args.rounds {
         let f = rt.block_on(fabric_round(&args))?;
         fabric.push(f);
-        print!("round {round}: rfabric tcp {:.2} GB/s", gb(f));
+        print!("round {round}: rfabric {} {}", args.transport, rate(f));
         if !args.no_iperf3 {
             let i = iperf3_round(args.bytes)?;
             iperf.push(i);
-            print!(", iperf3 {:.2} GB/s", gb(i));
+            print!(", iperf3 {}", rate(i));
         }
         println!();
     }
     let fabric = median(&mut fabric);
-    println!("rfabric tcp backend: {:.2} GB/s (median)", gb(fabric));
+    println!(
+        "rfabric {} backend: {} median",
+        args.transport,
+        rate(fabric)
+    );
     if !args.no_iperf3 {
         let iperf = median(&mut iperf);
-        println!("iperf3 single stream: {:.2} GB/s (median)", gb(iperf));
+        println!("iperf3 single stream: {} median", rate(iperf));
         println!("ratio rfabric/iperf3: {:.2}", fabric / iperf);
     }
     Ok(())
