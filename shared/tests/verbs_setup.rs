@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rfabric::transport::verbs::{self, VerbsListener, VerbsOptions};
-use rfabric::transport::{Connection, TransportError, completions};
+use rfabric::transport::{TransportError, completions};
 
 fn on_rdma() -> bool {
     common::backend() != "tcp"
