@@ -162,10 +162,9 @@ impl VerbsListener {
             to_state(&id, &mut qp, QueuePairState::ReadyToSend)?;
             qp.qp_number()
         };
-        let mut param = ConnectionParameter::default();
-        param.setup_qp_number(qp_number);
-        id.accept(param)
-            .map_err(|e| TransportError::Io(format!("rdma_cm accept: {e}")))?;
+        // `ConnectionParameter` is not `Send`: keep it out of the await's
+        // reach.
+        accept(&id, qp_number)?;
         expect(
             &mut events,
             EventType::Established,
@@ -208,10 +207,7 @@ pub async fn connect(
         to_state(&id, &mut qp, QueuePairState::Init)?;
         qp.qp_number()
     };
-    let mut param = ConnectionParameter::default();
-    param.setup_qp_number(qp_number);
-    id.connect(param)
-        .map_err(|e| TransportError::Io(format!("rdma_cm connect: {e}")))?;
+    request(&id, qp_number)?;
     expect(
         &mut events,
         EventType::ConnectResponse,
@@ -227,6 +223,24 @@ pub async fn connect(
     id.establish()
         .map_err(|e| TransportError::Io(format!("rdma_cm establish: {e}")))?;
     VerbsConnection::start(cm, id, events, resources, options)
+}
+
+/// rdma_cm's connection parameters with rdma_cm's defaults (retry and RNR
+/// retry 7) and our QP number.
+fn params(qp_number: u32) -> ConnectionParameter {
+    let mut param = ConnectionParameter::default();
+    param.setup_qp_number(qp_number);
+    param
+}
+
+fn accept(id: &Identifier, qp_number: u32) -> Result<(), TransportError> {
+    id.accept(params(qp_number))
+        .map_err(|e| TransportError::Io(format!("rdma_cm accept: {e}")))
+}
+
+fn request(id: &Identifier, qp_number: u32) -> Result<(), TransportError> {
+    id.connect(params(qp_number))
+        .map_err(|e| TransportError::Io(format!("rdma_cm connect: {e}")))
 }
 
 /// Moves the QP to `state` with rdma_cm's attributes plus what they lack.

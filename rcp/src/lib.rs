@@ -1,0 +1,30 @@
+//! # rcp: copy files over the fabric, verified end to end
+//!
+//! `rcp SRC... DEST` as scp, with the data path on rfabric links (RDMA when
+//! a device routes to the peer, else tcp). The sender reads with io_uring
+//! into registered buffers and writes each chunk one-sidedly into the
+//! receiver's landing slots as soon as a credit is free; the receiver writes
+//! them out with io_uring and returns the credit. Every chunk is hashed with
+//! SHA-256 on both sides; files arrive under temporary names and are renamed
+//! only when complete, verified and synced.
+//!
+//! Rooms: [`operand`] (what the user typed), [`proto`] (control messages,
+//! sans I/O), [`auth`] (challenge-response), [`tree`] (confined filesystem
+//! work), [`uring`] (the io_uring thread), [`send`] and [`recv`] (the two
+//! pipelines), [`session`] (auth, request, pipelines), [`connect`]
+//! (transport choice), [`shell`] (remote-shell mode), [`report`] (progress
+//! and summary), [`digest`] (the digest definition).
+#![deny(unsafe_code)]
+
+pub mod auth;
+pub mod connect;
+pub mod digest;
+pub mod operand;
+pub mod proto;
+pub mod recv;
+pub mod report;
+pub mod send;
+pub mod session;
+pub mod shell;
+pub mod tree;
+pub mod uring;

@@ -1,0 +1,418 @@
+//! The `rcp` command: parses the command line, picks the mode, prints the
+//! summary, maps failures to exit codes (0: every file arrived and verified;
+//! 1: something failed; 2: bad usage).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use rcp::connect::{self, Listener, Transport};
+use rcp::operand::Operand;
+use rcp::report::Progress;
+use rcp::session::{self, Params, Report, Request, ServeConfig};
+use rcp::{auth, digest, shell};
+
+/// Copy files between nodes over RDMA (or TCP), pipelined and verified end
+/// to end with SHA-256.
+///
+/// Operands are local paths, [user@]host:path (rcp is started on the far
+/// side through --rsh, as scp does), or rcp://host[:port]/path (a running
+/// `rcp serve`, which needs --secret-file). The last operand is the
+/// destination. Files appear under their final name only once complete,
+/// verified and synced to disk.
+#[derive(Parser, Debug)]
+#[command(name = "rcp", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    #[command(flatten)]
+    copy: CopyArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run the rcp daemon: serve copies to and from the given roots.
+    Serve(ServeArgs),
+    /// Internal: the far side of remote-shell mode (one session, then exit).
+    #[command(hide = true)]
+    ServerOnce(ServerOnceArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct Tuning {
+    /// Bytes per chunk (suffixes K, M).
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    chunk_size: usize,
+    /// Chunks in flight: landing slots of the receiver.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    window: u32,
+    /// Transport for the data: auto picks RDMA when a device routes to the
+    /// peer, else TCP.
+    #[arg(long, value_enum, default_value_t = Transport::Auto)]
+    transport: Transport,
+}
+
+#[derive(Args, Debug)]
+struct CopyArgs {
+    /// Sources, then the destination.
+    #[arg(value_name = "SRC... DEST", num_args = 2..)]
+    operands: Vec<String>,
+    /// Copy directories recursively (symlinks are copied as symlinks).
+    #[arg(short = 'r', long)]
+    recursive: bool,
+    /// Preserve modes and modification times.
+    #[arg(short = 'p', long)]
+    preserve: bool,
+    /// Skip the SHA-256 checks (faster; a corrupted chunk goes unnoticed).
+    #[arg(long)]
+    no_verify: bool,
+    /// Remote shell for host:path operands.
+    #[arg(long, default_value = "ssh", value_name = "CMD")]
+    rsh: String,
+    /// Shared secret for rcp:// operands (a file readable only by you).
+    #[arg(long, value_name = "FILE")]
+    secret_file: Option<PathBuf>,
+    /// Print one JSON object with the results on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Print nothing but errors.
+    #[arg(short, long)]
+    quiet: bool,
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Address and port to listen on (TCP, and RDMA where a device has it).
+    #[arg(long, default_value = "127.0.0.1:7470")]
+    listen: SocketAddr,
+    /// A directory clients may read and write beneath; repeat for more.
+    #[arg(long = "root", required = true, value_name = "DIR")]
+    roots: Vec<PathBuf>,
+    /// Shared secret clients must prove they know (mode 0600 or stricter).
+    #[arg(long, value_name = "FILE")]
+    secret_file: PathBuf,
+    /// Sessions served at once; more are refused.
+    #[arg(long, default_value_t = 64)]
+    max_clients: usize,
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+#[derive(Args, Debug)]
+struct ServerOnceArgs {
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    let n = num
+        .parse::<usize>()
+        .map_err(|e| format!("bad size {s:?}: {e}"))?
+        * mult;
+    if !(4096..=64 << 20).contains(&n) {
+        return Err(format!("{s}: chunk size must be between 4K and 64M"));
+    }
+    Ok(n)
+}
+
+fn params(t: &Tuning, recursive: bool, preserve: bool, verify: bool) -> Params {
+    Params {
+        recursive,
+        preserve,
+        verify,
+        chunk: t.chunk_size,
+        window: t.window,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rcp: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.command {
+            Some(Cmd::Serve(a)) => serve(a).await,
+            Some(Cmd::ServerOnce(a)) => server_once(a).await,
+            None => copy(cli.copy).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rcp: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
+    let operands = a
+        .operands
+        .iter()
+        .map(|s| Operand::parse(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (dest, sources) = operands.split_last().expect("clap asks for two or more");
+    let p = params(&a.tuning, a.recursive, a.preserve, !a.no_verify);
+    let progress = Progress::new(!a.quiet && !a.json);
+    let remote_sources = sources.iter().filter(|s| !s.is_local()).count();
+    let report = match (dest, remote_sources) {
+        (Operand::Local(dest), 0) => local_copy(sources, dest, p, &progress).await?,
+        (Operand::Local(dest), n) if n == sources.len() => {
+            let first = &sources[0];
+            if sources.iter().any(|s| !same_remote(s, first)) {
+                bail!("all remote sources must be on the same host");
+            }
+            let paths = sources.iter().map(remote_path).collect();
+            let request = Request::Pull {
+                sources: paths,
+                dest: dest.clone(),
+            };
+            remote_copy(first, request, &a, p, &progress).await?
+        }
+        (remote, 0) => {
+            let paths = sources
+                .iter()
+                .map(|s| match s {
+                    Operand::Local(p) => p.clone(),
+                    _ => unreachable!("all local"),
+                })
+                .collect();
+            let request = Request::Push {
+                sources: paths,
+                dest: remote_path(remote),
+            };
+            remote_copy(remote, request, &a, p, &progress).await?
+        }
+        _ => bail!("copies between two remote places are not supported: one side must be local"),
+    };
+    progress.finish();
+    Ok(summarize(&report, a.json, a.quiet))
+}
+
+fn same_remote(a: &Operand, b: &Operand) -> bool {
+    match (a, b) {
+        (Operand::Shell { login: x, .. }, Operand::Shell { login: y, .. }) => x == y,
+        (
+            Operand::Daemon {
+                host: h1, port: p1, ..
+            },
+            Operand::Daemon {
+                host: h2, port: p2, ..
+            },
+        ) => h1 == h2 && p1 == p2,
+        _ => false,
+    }
+}
+
+fn remote_path(o: &Operand) -> Vec<u8> {
+    match o {
+        Operand::Shell { path, .. } | Operand::Daemon { path, .. } => path.as_bytes().to_vec(),
+        Operand::Local(_) => unreachable!("remote operand"),
+    }
+}
+
+async fn remote_copy(
+    remote: &Operand,
+    request: Request,
+    a: &CopyArgs,
+    p: Params,
+    progress: &Progress,
+) -> anyhow::Result<Report> {
+    match remote {
+        Operand::Daemon { host, port, .. } => {
+            let secret_file = a
+                .secret_file
+                .as_ref()
+                .context("rcp:// operands need --secret-file (the daemon's shared secret)")?;
+            let secret = auth::read_secret(secret_file)?;
+            let addr = connect::resolve(host, *port)?;
+            let conn = connect::connect(addr, a.tuning.transport).await?;
+            session::client(conn, &secret, request, p, progress).await
+        }
+        Operand::Shell { login, host, .. } => {
+            let mut remote =
+                shell::start(&a.rsh, login, a.tuning.transport, p.chunk, p.window).await?;
+            let addr = connect::resolve(host, remote.port)?;
+            let conn = connect::connect(addr, a.tuning.transport).await?;
+            let report = session::client(conn, &remote.token, request, p, progress).await;
+            let status = remote.child.wait().await?;
+            let report = report?;
+            if !status.success() && report.failed.is_empty() {
+                bail!("the remote side failed ({status})");
+            }
+            Ok(report)
+        }
+        Operand::Local(_) => unreachable!("remote operand"),
+    }
+}
+
+/// Both operands local: the same pipeline, through an in-process server on
+/// loopback.
+async fn local_copy(
+    sources: &[Operand],
+    dest: &std::path::Path,
+    p: Params,
+    progress: &Progress,
+) -> anyhow::Result<Report> {
+    let paths: Vec<PathBuf> = sources
+        .iter()
+        .map(|s| match s {
+            Operand::Local(p) => p.clone(),
+            _ => unreachable!("all local"),
+        })
+        .collect();
+    let dest = std::path::absolute(dest)?;
+    let listener = Listener::bind("127.0.0.1:0".parse()?, Transport::Tcp).await?;
+    let addr: SocketAddr = format!("127.0.0.1:{}", listener.port()?).parse()?;
+    let secret = auth::nonce().to_vec();
+    let config = ServeConfig {
+        roots: vec![PathBuf::from("/")],
+        secret: secret.clone(),
+        params: p,
+    };
+    let server = tokio::spawn(async move {
+        let conn = listener.accept().await?;
+        session::server(conn, &config).await
+    });
+    let conn = connect::connect(addr, Transport::Tcp).await?;
+    let request = Request::Push {
+        sources: paths,
+        dest: dest.as_os_str().as_encoded_bytes().to_vec(),
+    };
+    let report = session::client(conn, &secret, request, p, progress).await;
+    let served = server.await?;
+    let report = report?;
+    served?;
+    Ok(report)
+}
+
+fn summarize(r: &Report, json: bool, quiet: bool) -> ExitCode {
+    let failed = !r.failed.is_empty() || r.stats.failed;
+    for (name, why) in &r.failed {
+        eprintln!("rcp: {name}: {why}");
+    }
+    let rate = r.stats.bytes as f64 / r.seconds.max(1e-9);
+    if json {
+        let mut v = serde_json::json!({
+            "bytes": r.stats.bytes,
+            "files": r.stats.files,
+            "seconds": r.seconds,
+            "bytes_per_second": rate,
+            "transport": r.transport,
+            "ok": !failed,
+        });
+        if let Some(d) = &r.digest {
+            v["sha256"] = serde_json::Value::String(digest::hex(d));
+        }
+        println!("{v}");
+    } else if !quiet {
+        let mut line = format!(
+            "{} file(s), {} bytes in {:.2} s ({:.1} MB/s) over {}",
+            r.stats.files,
+            r.stats.bytes,
+            r.seconds,
+            rate / 1e6,
+            r.transport
+        );
+        if let Some(d) = &r.digest {
+            line += &format!(", sha256 {}", digest::hex(d));
+        }
+        eprintln!("{line}");
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    let secret = auth::read_secret(&a.secret_file)?;
+    let mut roots = Vec::new();
+    for r in &a.roots {
+        let abs = std::fs::canonicalize(r).with_context(|| format!("root {}", r.display()))?;
+        if !abs.is_dir() {
+            bail!("root {} is not a directory", r.display());
+        }
+        roots.push(abs);
+    }
+    let config = Arc::new(ServeConfig {
+        roots,
+        secret,
+        params: params(&a.tuning, false, false, true),
+    });
+    let listener = Listener::bind(a.listen, a.tuning.transport).await?;
+    eprintln!(
+        "rcp serve: listening on {} (tcp{})",
+        a.listen,
+        if listener.has_rdma() { " and rdma" } else { "" }
+    );
+    let slots = Arc::new(tokio::sync::Semaphore::new(a.max_clients));
+    loop {
+        let conn = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("rcp serve: accept failed: {e:#}");
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            eprintln!(
+                "rcp serve: refusing a client: {} sessions already",
+                a.max_clients
+            );
+            drop(conn);
+            continue;
+        };
+        let config = Arc::clone(&config);
+        tokio::spawn(async move {
+            if let Err(e) = session::server(conn, &config).await {
+                eprintln!("rcp serve: session failed: {e:#}");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn server_once(a: ServerOnceArgs) -> anyhow::Result<ExitCode> {
+    let ip = shell::listen_ip();
+    let listener = Listener::bind(SocketAddr::new(ip, 0), a.tuning.transport).await?;
+    let mut token = String::new();
+    for b in auth::nonce() {
+        token += &format!("{b:02x}");
+    }
+    println!("{}", shell::banner(listener.port()?, &token));
+    let config = ServeConfig {
+        roots: vec![PathBuf::from("/")],
+        secret: token.into_bytes(),
+        params: params(&a.tuning, false, false, true),
+    };
+    let conn = tokio::time::timeout(std::time::Duration::from_secs(60), listener.accept())
+        .await
+        .context("no client connected within 60 s")??;
+    let stats = session::server(conn, &config).await?;
+    Ok(if stats.failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}

@@ -1,0 +1,578 @@
+//! rcp's control messages, carried as link application messages; sans I/O.
+//!
+//! Every message is a one-byte tag followed by fixed little-endian fields
+//! and length-prefixed byte strings. The decoder checks every length against
+//! the bytes present and against limits before it allocates, and refuses
+//! trailing bytes. Layout in `docs/rcp.md`.
+
+use thiserror::Error;
+
+/// Longest path or symlink target carried (Linux's PATH_MAX).
+pub const MAX_PATH: usize = 4096;
+/// Most source operands in one pull request.
+pub const MAX_SOURCES: usize = 256;
+/// Longest error text.
+pub const MAX_TEXT: usize = 1024;
+
+/// Request flags.
+pub mod flags {
+    pub const RECURSIVE: u32 = 1 << 0;
+    pub const PRESERVE: u32 = 1 << 1;
+    pub const RESUME: u32 = 1 << 2;
+    pub const NO_VERIFY: u32 = 1 << 3;
+    pub const KNOWN: u32 = RECURSIVE | PRESERVE | RESUME | NO_VERIFY;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    File = 1,
+    Dir = 2,
+    Symlink = 3,
+}
+
+/// One thing to create on the receiving side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub index: u32,
+    pub kind: EntryKind,
+    /// Permission bits (and setuid/setgid/sticky).
+    pub mode: u32,
+    pub mtime_sec: i64,
+    pub mtime_nsec: u32,
+    pub size: u64,
+    /// Relative path, `/`-separated, checked by the receiver before use.
+    pub path: Vec<u8>,
+    /// Symlink target (empty otherwise).
+    pub target: Vec<u8>,
+    /// Chunk size the sender cuts this file into (files only): chunk `k`
+    /// holds bytes `k*chunk .. (k+1)*chunk`, and the file digest is the
+    /// SHA-256 of the chunk digests in that order.
+    pub chunk: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg {
+    /// Server → client: prove you know the secret.
+    Challenge {
+        nonce: [u8; 32],
+    },
+    /// Client → server.
+    Auth {
+        nonce: [u8; 32],
+        mac: [u8; 32],
+    },
+    /// Server → client: and here is proof that I know it too.
+    AuthOk {
+        mac: [u8; 32],
+    },
+    /// Client → server: I send, you receive into `dest`.
+    Push {
+        flags: u32,
+        sources: u32,
+        dest: Vec<u8>,
+    },
+    /// Client → server: you send `sources`, I receive.
+    Pull {
+        flags: u32,
+        sources: Vec<Vec<u8>>,
+    },
+    /// Receiver → sender: the request is accepted; entries may come.
+    Ready {
+        dest_is_dir: bool,
+    },
+    Entry(Entry),
+    /// Sender → receiver: all chunks of `index` were sent.
+    EntryEnd {
+        index: u32,
+        digest: [u8; 32],
+    },
+    /// Receiver → sender: `index` is in place under its final name.
+    EntryOk {
+        index: u32,
+    },
+    /// Receiver → sender: `index` failed; nothing of it is under its final
+    /// name.
+    EntryFailed {
+        index: u32,
+        reason: String,
+    },
+    /// Receiver → sender, for `--resume`: digests of the chunks of `index`
+    /// already on disk, from chunk `first` on.
+    Have {
+        index: u32,
+        first: u64,
+        digests: Vec<[u8; 32]>,
+    },
+    /// Sender → receiver: no more entries.
+    Done {
+        entries: u32,
+    },
+    /// Either way: the whole request failed.
+    Fail {
+        reason: String,
+    },
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ProtoError {
+    #[error("truncated message")]
+    Truncated,
+    #[error("{0} trailing bytes after the message")]
+    Trailing(usize),
+    #[error("unknown message tag {0}")]
+    UnknownTag(u8),
+    #[error("field `{0}` out of range")]
+    BadField(&'static str),
+    #[error("text is not UTF-8")]
+    BadText,
+}
+
+const TAGS: [&str; 13] = [
+    "Challenge",
+    "Auth",
+    "AuthOk",
+    "Push",
+    "Pull",
+    "Ready",
+    "Entry",
+    "EntryEnd",
+    "EntryOk",
+    "EntryFailed",
+    "Have",
+    "Done",
+    "Fail",
+];
+
+impl Msg {
+    fn tag(&self) -> u8 {
+        match self {
+            Msg::Challenge { .. } => 1,
+            Msg::Auth { .. } => 2,
+            Msg::AuthOk { .. } => 3,
+            Msg::Push { .. } => 4,
+            Msg::Pull { .. } => 5,
+            Msg::Ready { .. } => 6,
+            Msg::Entry(_) => 7,
+            Msg::EntryEnd { .. } => 8,
+            Msg::EntryOk { .. } => 9,
+            Msg::EntryFailed { .. } => 10,
+            Msg::Have { .. } => 11,
+            Msg::Done { .. } => 12,
+            Msg::Fail { .. } => 13,
+        }
+    }
+
+    /// The message's name, for errors ("expected X, got Y").
+    pub fn name(&self) -> &'static str {
+        TAGS[self.tag() as usize - 1]
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(64);
+        w.push(self.tag());
+        match self {
+            Msg::Challenge { nonce } => w.extend_from_slice(nonce),
+            Msg::Auth { nonce, mac } => {
+                w.extend_from_slice(nonce);
+                w.extend_from_slice(mac);
+            }
+            Msg::AuthOk { mac } => w.extend_from_slice(mac),
+            Msg::Push {
+                flags,
+                sources,
+                dest,
+            } => {
+                put_u32(&mut w, *flags);
+                put_u32(&mut w, *sources);
+                put_bytes(&mut w, dest);
+            }
+            Msg::Pull { flags, sources } => {
+                put_u32(&mut w, *flags);
+                put_u32(&mut w, sources.len() as u32);
+                for s in sources {
+                    put_bytes(&mut w, s);
+                }
+            }
+            Msg::Ready { dest_is_dir } => w.push(u8::from(*dest_is_dir)),
+            Msg::Entry(e) => {
+                put_u32(&mut w, e.index);
+                w.push(e.kind as u8);
+                put_u32(&mut w, e.mode);
+                w.extend_from_slice(&e.mtime_sec.to_le_bytes());
+                put_u32(&mut w, e.mtime_nsec);
+                w.extend_from_slice(&e.size.to_le_bytes());
+                put_bytes(&mut w, &e.path);
+                put_bytes(&mut w, &e.target);
+                put_u32(&mut w, e.chunk);
+            }
+            Msg::EntryEnd { index, digest } => {
+                put_u32(&mut w, *index);
+                w.extend_from_slice(digest);
+            }
+            Msg::EntryOk { index } => put_u32(&mut w, *index),
+            Msg::EntryFailed { index, reason } => {
+                put_u32(&mut w, *index);
+                put_bytes(&mut w, truncate(reason).as_bytes());
+            }
+            Msg::Have {
+                index,
+                first,
+                digests,
+            } => {
+                put_u32(&mut w, *index);
+                w.extend_from_slice(&first.to_le_bytes());
+                put_u32(&mut w, digests.len() as u32);
+                for d in digests {
+                    w.extend_from_slice(d);
+                }
+            }
+            Msg::Done { entries } => put_u32(&mut w, *entries),
+            Msg::Fail { reason } => put_bytes(&mut w, truncate(reason).as_bytes()),
+        }
+        w
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Msg, ProtoError> {
+        let mut r = Reader(bytes);
+        let tag = r.u8()?;
+        let msg = match tag {
+            1 => Msg::Challenge { nonce: r.array()? },
+            2 => Msg::Auth {
+                nonce: r.array()?,
+                mac: r.array()?,
+            },
+            3 => Msg::AuthOk { mac: r.array()? },
+            4 => {
+                let flags = r.flags()?;
+                let sources = r.u32()?;
+                if sources == 0 || sources as usize > 1 << 30 {
+                    return Err(ProtoError::BadField("push.sources"));
+                }
+                Msg::Push {
+                    flags,
+                    sources,
+                    dest: r.bytes(MAX_PATH, "push.dest")?,
+                }
+            }
+            5 => {
+                let flags = r.flags()?;
+                let n = r.u32()? as usize;
+                if n == 0 || n > MAX_SOURCES {
+                    return Err(ProtoError::BadField("pull.sources"));
+                }
+                let mut sources = Vec::with_capacity(n);
+                for _ in 0..n {
+                    sources.push(r.bytes(MAX_PATH, "pull.source")?);
+                }
+                Msg::Pull { flags, sources }
+            }
+            6 => Msg::Ready {
+                dest_is_dir: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(ProtoError::BadField("ready.dest_is_dir")),
+                },
+            },
+            7 => {
+                let index = r.u32()?;
+                let kind = match r.u8()? {
+                    1 => EntryKind::File,
+                    2 => EntryKind::Dir,
+                    3 => EntryKind::Symlink,
+                    _ => return Err(ProtoError::BadField("entry.kind")),
+                };
+                let mode = r.u32()?;
+                if mode & !0o7777 != 0 {
+                    return Err(ProtoError::BadField("entry.mode"));
+                }
+                let mtime_sec = i64::from_le_bytes(r.array()?);
+                let mtime_nsec = r.u32()?;
+                if mtime_nsec >= 1_000_000_000 {
+                    return Err(ProtoError::BadField("entry.mtime_nsec"));
+                }
+                let size = r.u64()?;
+                let path = r.bytes(MAX_PATH, "entry.path")?;
+                let target = r.bytes(MAX_PATH, "entry.target")?;
+                let chunk = r.u32()?;
+                if (kind == EntryKind::File) != (chunk > 0) {
+                    return Err(ProtoError::BadField("entry.chunk"));
+                }
+                if path.is_empty() {
+                    return Err(ProtoError::BadField("entry.path"));
+                }
+                if (kind == EntryKind::Symlink) == target.is_empty() {
+                    return Err(ProtoError::BadField("entry.target"));
+                }
+                if kind != EntryKind::File && size != 0 {
+                    return Err(ProtoError::BadField("entry.size"));
+                }
+                Msg::Entry(Entry {
+                    index,
+                    kind,
+                    mode,
+                    mtime_sec,
+                    mtime_nsec,
+                    size,
+                    path,
+                    target,
+                    chunk,
+                })
+            }
+            8 => Msg::EntryEnd {
+                index: r.u32()?,
+                digest: r.array()?,
+            },
+            9 => Msg::EntryOk { index: r.u32()? },
+            10 => Msg::EntryFailed {
+                index: r.u32()?,
+                reason: r.text()?,
+            },
+            11 => {
+                let index = r.u32()?;
+                let first = r.u64()?;
+                let n = r.u32()? as usize;
+                // Bounded by the bytes present before anything is allocated.
+                if n.checked_mul(32).is_none_or(|b| b > r.0.len()) {
+                    return Err(ProtoError::Truncated);
+                }
+                let mut digests = Vec::with_capacity(n);
+                for _ in 0..n {
+                    digests.push(r.array()?);
+                }
+                Msg::Have {
+                    index,
+                    first,
+                    digests,
+                }
+            }
+            12 => Msg::Done { entries: r.u32()? },
+            13 => Msg::Fail { reason: r.text()? },
+            other => return Err(ProtoError::UnknownTag(other)),
+        };
+        if !r.0.is_empty() {
+            return Err(ProtoError::Trailing(r.0.len()));
+        }
+        Ok(msg)
+    }
+}
+
+fn truncate(text: &str) -> &str {
+    let mut end = text.len().min(MAX_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+fn put_u32(w: &mut Vec<u8>, v: u32) {
+    w.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_bytes(w: &mut Vec<u8>, b: &[u8]) {
+    w.extend_from_slice(&(b.len() as u16).to_le_bytes());
+    w.extend_from_slice(b);
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {
+        if self.0.len() < n {
+            return Err(ProtoError::Truncated);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, ProtoError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, ProtoError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, ProtoError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtoError> {
+        Ok(self.take(N)?.try_into().expect("N bytes"))
+    }
+    fn flags(&mut self) -> Result<u32, ProtoError> {
+        let f = self.u32()?;
+        if f & !flags::KNOWN != 0 {
+            return Err(ProtoError::BadField("flags"));
+        }
+        Ok(f)
+    }
+    fn bytes(&mut self, max: usize, field: &'static str) -> Result<Vec<u8>, ProtoError> {
+        let n = u16::from_le_bytes(self.array()?) as usize;
+        if n > max {
+            return Err(ProtoError::BadField(field));
+        }
+        Ok(self.take(n)?.to_vec())
+    }
+    fn text(&mut self) -> Result<String, ProtoError> {
+        let b = self.bytes(MAX_TEXT, "text")?;
+        String::from_utf8(b).map_err(|_| ProtoError::BadText)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn samples() -> Vec<Msg> {
+        vec![
+            Msg::Challenge { nonce: [1; 32] },
+            Msg::Auth {
+                nonce: [2; 32],
+                mac: [3; 32],
+            },
+            Msg::AuthOk { mac: [4; 32] },
+            Msg::Push {
+                flags: flags::RECURSIVE | flags::PRESERVE,
+                sources: 2,
+                dest: b"/data/x".to_vec(),
+            },
+            Msg::Pull {
+                flags: 0,
+                sources: vec![b"a".to_vec(), "ü b".as_bytes().to_vec()],
+            },
+            Msg::Ready { dest_is_dir: true },
+            Msg::Entry(Entry {
+                index: 7,
+                kind: EntryKind::File,
+                mode: 0o644,
+                mtime_sec: -5,
+                mtime_nsec: 999_999_999,
+                size: 1 << 40,
+                path: b"dir/file name".to_vec(),
+                target: vec![],
+                chunk: 1 << 20,
+            }),
+            Msg::Entry(Entry {
+                index: 8,
+                kind: EntryKind::Symlink,
+                mode: 0o777,
+                mtime_sec: 0,
+                mtime_nsec: 0,
+                size: 0,
+                path: b"l".to_vec(),
+                target: b"../x".to_vec(),
+                chunk: 0,
+            }),
+            Msg::EntryEnd {
+                index: 7,
+                digest: [9; 32],
+            },
+            Msg::EntryOk { index: 7 },
+            Msg::EntryFailed {
+                index: 8,
+                reason: "disk full".into(),
+            },
+            Msg::Have {
+                index: 1,
+                first: 3,
+                digests: vec![[5; 32], [6; 32]],
+            },
+            Msg::Done { entries: 9 },
+            Msg::Fail {
+                reason: "no such file".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for m in samples() {
+            assert_eq!(Msg::decode(&m.encode()), Ok(m.clone()), "{}", m.name());
+        }
+    }
+
+    #[test]
+    fn bad_input_is_refused() {
+        assert_eq!(Msg::decode(&[]), Err(ProtoError::Truncated));
+        assert_eq!(Msg::decode(&[99]), Err(ProtoError::UnknownTag(99)));
+        let mut b = Msg::EntryOk { index: 1 }.encode();
+        b.push(0);
+        assert_eq!(Msg::decode(&b), Err(ProtoError::Trailing(1)));
+        let b = Msg::Push {
+            flags: 1 << 20,
+            sources: 1,
+            dest: vec![],
+        }
+        .encode();
+        assert_eq!(Msg::decode(&b), Err(ProtoError::BadField("flags")));
+        // A declared digest count beyond the bytes present allocates nothing.
+        let mut b = vec![11];
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(Msg::decode(&b), Err(ProtoError::Truncated));
+        // Entries: a file with a target, a symlink without one, a bad mode.
+        let Msg::Entry(file) = samples()[6].clone() else {
+            unreachable!()
+        };
+        let bad = |e: Entry| Msg::decode(&Msg::Entry(e).encode());
+        assert!(
+            bad(Entry {
+                target: b"x".to_vec(),
+                ..file.clone()
+            })
+            .is_err()
+        );
+        assert!(
+            bad(Entry {
+                kind: EntryKind::Symlink,
+                size: 0,
+                ..file.clone()
+            })
+            .is_err()
+        );
+        assert!(
+            bad(Entry {
+                chunk: 0,
+                ..file.clone()
+            })
+            .is_err()
+        );
+        assert!(
+            bad(Entry {
+                mode: 0o10644,
+                ..file.clone()
+            })
+            .is_err()
+        );
+        assert!(
+            bad(Entry {
+                path: vec![],
+                ..file.clone()
+            })
+            .is_err()
+        );
+        assert!(
+            bad(Entry {
+                kind: EntryKind::Dir,
+                chunk: 0,
+                ..file
+            })
+            .is_err()
+        );
+        let mut long = vec![4];
+        long.extend_from_slice(&0u32.to_le_bytes());
+        long.extend_from_slice(&1u32.to_le_bytes());
+        long.extend_from_slice(&((MAX_PATH + 1) as u16).to_le_bytes());
+        long.extend(vec![b'a'; MAX_PATH + 1]);
+        assert_eq!(Msg::decode(&long), Err(ProtoError::BadField("push.dest")));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            if let Ok(m) = Msg::decode(&bytes) {
+                prop_assert_eq!(m.encode(), bytes);
+            }
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! The receiving side of a copy: entries are created under temporary names;
+//! each landed chunk is hashed (worker thread) and checked against the
+//! sender's digest, written in place with io_uring, and its slot credited
+//! back once the write completed. When a file's last chunk is in, its digest
+//! is checked, the data synced, and only then is it renamed into place: an
+//! interrupted or corrupted copy never shows up under the final name.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use rfabric::link::{Chunk, Incoming as LinkIncoming, Link};
+use rfabric::wire::chunk_flags;
+use sha2::{Digest, Sha256};
+use tokio::task::JoinHandle;
+
+use crate::digest;
+use crate::proto::{Entry, EntryKind, Msg};
+use crate::report::{Progress, Stats};
+use crate::tree::{self, Base, Incoming};
+use crate::uring::Uring;
+
+#[derive(Debug, Clone, Copy)]
+pub struct RecvOptions {
+    pub preserve: bool,
+    pub verify: bool,
+}
+
+type ChunkResult = anyhow::Result<(u64, [u8; 32])>;
+
+struct File {
+    entry: Entry,
+    out: Arc<Incoming>,
+    writes: Vec<JoinHandle<ChunkResult>>,
+}
+
+/// Receives entries into `base` until the sender's `Done`, answering each.
+pub async fn receive(
+    link: &Link,
+    base: Base,
+    opts: RecvOptions,
+    progress: &Progress,
+) -> anyhow::Result<Stats> {
+    let uring = Uring::start(None).context("cannot start io_uring")?;
+    let base = Arc::new(base);
+    let mut files: HashMap<u32, File> = HashMap::new();
+    let mut dirs: Vec<Entry> = Vec::new();
+    let mut finals: Vec<JoinHandle<Result<u64, ()>>> = Vec::new();
+    let mut stats = Stats::default();
+    let result = async {
+        loop {
+            let item = link
+                .recv()
+                .await?
+                .context("the sender went away before it was done")?;
+            match item {
+                LinkIncoming::Chunk(chunk) => {
+                    let stream = u32::try_from(chunk.header().stream).context("bad stream")?;
+                    let file = files
+                        .get_mut(&stream)
+                        .with_context(|| format!("data for unknown entry {stream}"))?;
+                    let k = check_place(&file.entry, &chunk)?;
+                    stats.bytes += u64::from(chunk.header().payload_len);
+                    progress.add(u64::from(chunk.header().payload_len));
+                    let task =
+                        write_chunk(uring.clone(), Arc::clone(&file.out), chunk, k, opts.verify);
+                    file.writes.push(tokio::spawn(task));
+                }
+                LinkIncoming::Message(bytes) => match Msg::decode(&bytes)? {
+                    Msg::Entry(e) => {
+                        if files.contains_key(&e.index) {
+                            bail!("entry {} announced twice", e.index);
+                        }
+                        match e.kind {
+                            EntryKind::File => match base.create_file(&e) {
+                                Ok(out) => {
+                                    stats.files += 1;
+                                    files.insert(
+                                        e.index,
+                                        File {
+                                            entry: e,
+                                            out: Arc::new(out),
+                                            writes: Vec::new(),
+                                        },
+                                    );
+                                }
+                                Err(err) => {
+                                    // The sender still sends its chunks: a
+                                    // sink that drops them keeps the stream
+                                    // in step.
+                                    answer(link, e.index, Err(format!("{err:#}"))).await?;
+                                    bail!("{}: {err:#}", tree::show(&e.path));
+                                }
+                            },
+                            EntryKind::Dir => {
+                                let r = base.make_dir(&e).map_err(|err| format!("{err:#}"));
+                                let failed = r.is_err();
+                                answer(link, e.index, r).await?;
+                                if failed {
+                                    bail!("cannot create directory {}", tree::show(&e.path));
+                                }
+                                dirs.push(e);
+                            }
+                            EntryKind::Symlink => {
+                                let r = base.make_symlink(&e).map_err(|err| format!("{err:#}"));
+                                answer(link, e.index, r).await?;
+                            }
+                        }
+                    }
+                    Msg::EntryEnd { index, digest } => {
+                        let file = files
+                            .remove(&index)
+                            .with_context(|| format!("end of unknown entry {index}"))?;
+                        finals.push(tokio::spawn(finish_file(link.clone(), file, digest, opts)));
+                    }
+                    Msg::Done { .. } => break,
+                    Msg::Fail { reason } => bail!("the sender gave up: {reason}"),
+                    other => bail!("unexpected {} from the sender", other.name()),
+                },
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    let mut ok = result.is_ok();
+    for f in finals {
+        ok &= matches!(f.await, Ok(Ok(_)));
+    }
+    // Files still open were never finished: nothing of them stays.
+    for (_, file) in files.drain() {
+        for w in file.writes {
+            let _ = w.await;
+        }
+        if let Ok(out) = Arc::try_unwrap(file.out) {
+            out.discard();
+        }
+    }
+    result?;
+    // Directory modes and times last (deepest first), so that writing into
+    // them was possible and their times are not bumped afterwards.
+    for d in dirs.iter().rev() {
+        if let Err(e) = base.finish_dir(d, opts.preserve) {
+            eprintln!("rcp: {}: {e:#}", tree::show(&d.path));
+            ok = false;
+        }
+    }
+    if !ok {
+        stats.failed = true;
+    }
+    Ok(stats)
+}
+
+/// The chunk's number within its file, after checking it lies inside the
+/// announced size on a chunk boundary.
+fn check_place(e: &Entry, chunk: &Chunk) -> anyhow::Result<u64> {
+    let h = chunk.header();
+    let c = u64::from(e.chunk);
+    let end = h.offset.checked_add(u64::from(h.payload_len));
+    if h.offset % c != 0 || end.is_none_or(|end| end > e.size) || u64::from(h.payload_len) > c {
+        bail!(
+            "chunk at offset {} of {} lies outside the file",
+            h.offset,
+            tree::show(&e.path)
+        );
+    }
+    Ok(h.offset / c)
+}
+
+async fn write_chunk(
+    uring: Uring,
+    out: Arc<Incoming>,
+    chunk: Chunk,
+    k: u64,
+    verify: bool,
+) -> ChunkResult {
+    let h = *chunk.header();
+    // Hash off the I/O path; the chunk (and its slot) moves along.
+    let (chunk, digest) = tokio::task::spawn_blocking(move || {
+        let d: [u8; 32] = Sha256::digest(chunk.payload()).into();
+        (chunk, d)
+    })
+    .await?;
+    if verify && (h.flags & chunk_flags::DIGEST == 0 || digest != h.digest) {
+        bail!(
+            "chunk at offset {} arrived corrupted (digest mismatch)",
+            h.offset
+        );
+    }
+    let payload = chunk.payload();
+    let mut done = 0usize;
+    while done < payload.len() {
+        // SAFETY: the slot's bytes stay put while `chunk` is held (its
+        // credit is returned only when it is dropped, after this loop), and
+        // `out` keeps the file open.
+        let n = unsafe {
+            uring
+                .write(
+                    tree::raw(&out.fd),
+                    h.offset + done as u64,
+                    payload[done..].as_ptr(),
+                    payload.len() - done,
+                )
+                .await
+        }
+        .with_context(|| format!("writing at offset {}", h.offset + done as u64))?;
+        if n == 0 {
+            bail!(
+                "the disk took no bytes at offset {}",
+                h.offset + done as u64
+            );
+        }
+        done += n;
+    }
+    drop(chunk);
+    Ok((k, digest))
+}
+
+/// Waits for a file's writes, checks its digest, commits it, answers.
+async fn finish_file(
+    link: Link,
+    file: File,
+    digest: [u8; 32],
+    opts: RecvOptions,
+) -> Result<u64, ()> {
+    let File { entry, out, writes } = file;
+    let mut chunks: Vec<Option<[u8; 32]>> = Vec::new();
+    let mut error: Option<String> = None;
+    for w in writes {
+        match w.await {
+            Ok(Ok((k, d))) => {
+                if chunks.len() <= k as usize {
+                    chunks.resize(k as usize + 1, None);
+                }
+                chunks[k as usize] = Some(d);
+            }
+            Ok(Err(e)) => {
+                error.get_or_insert(format!("{e:#}"));
+            }
+            Err(e) => {
+                error.get_or_insert(e.to_string());
+            }
+        }
+    }
+    let out = Arc::try_unwrap(out).expect("all writes done");
+    if error.is_none() && opts.verify {
+        let mine = digest::file_digest(entry.size, entry.chunk, &chunks);
+        if mine != digest {
+            error = Some(format!(
+                "file digest mismatch (sender {}, received {})",
+                digest::hex(&digest),
+                digest::hex(&mine)
+            ));
+        }
+    }
+    let result = match error {
+        Some(e) => {
+            out.discard();
+            Err(e)
+        }
+        None => {
+            let preserve = opts.preserve;
+            let e2 = entry.clone();
+            match tokio::task::spawn_blocking(move || out.commit(&e2, preserve)).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(format!("{e:#}")),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    if let Err(reason) = &result {
+        eprintln!("rcp: {}: {reason}", tree::show(&entry.path));
+    }
+    let failed = result.is_err();
+    let _ = answer(&link, entry.index, result).await;
+    if failed { Err(()) } else { Ok(entry.size) }
+}
+
+async fn answer(link: &Link, index: u32, result: Result<(), String>) -> anyhow::Result<()> {
+    let msg = match result {
+        Ok(()) => Msg::EntryOk { index },
+        Err(reason) => Msg::EntryFailed { index, reason },
+    };
+    link.send_message(&msg.encode()).await?;
+    Ok(())
+}

@@ -1,0 +1,341 @@
+//! The sending side of a copy: walk the sources, read each file with
+//! io_uring into registered buffers with read-ahead, hash every chunk on a
+//! worker thread, and write it into the receiver's landing slots as soon as
+//! a credit is free. Entries of many small files follow one another in the
+//! same pipeline: nothing waits for the receiver's answer to a file before
+//! sending the next; the answers are collected as they come.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use rfabric::link::{ChunkMeta, Incoming, Link};
+use rfabric::memory::{BufferPool, PoolBuf};
+use rfabric::wire::chunk_flags;
+use rustix::fs::SeekFrom;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::digest;
+use crate::proto::{EntryKind, Msg};
+use crate::report::{Progress, Stats};
+use crate::tree::{self, Item};
+use crate::uring::Uring;
+
+/// A source operand: `name` inside the directory `parent`, arriving as
+/// `top` on the other side.
+#[derive(Debug)]
+pub struct Source {
+    pub parent: OwnedFd,
+    pub name: Vec<u8>,
+    pub top: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct SendOptions {
+    pub recursive: bool,
+    pub verify: bool,
+    pub chunk: usize,
+    /// Buffers read ahead.
+    pub buffers: usize,
+}
+
+enum Step {
+    Msg(Msg),
+    Chunk {
+        index: u32,
+        k: u64,
+        offset: u64,
+        read: JoinHandle<anyhow::Result<(PoolBuf, [u8; 32])>>,
+    },
+    End {
+        index: u32,
+        size: u64,
+        chunk: u32,
+        path: Vec<u8>,
+    },
+}
+
+/// What the receiver said about each entry.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub failed: Vec<(String, String)>,
+    /// File digests (verified copies), by entry path.
+    pub digests: Vec<(String, [u8; 32])>,
+}
+
+/// Sends `sources` over `link` and waits for the receiver's verdict on
+/// every entry.
+pub async fn send(
+    link: &Link,
+    sources: Vec<Source>,
+    opts: SendOptions,
+    progress: &Progress,
+) -> anyhow::Result<(Stats, Outcome)> {
+    let chunk = opts.chunk.min(link.max_chunk());
+    if chunk == 0 {
+        bail!("the receiver offers no landing ring");
+    }
+    let pool = BufferPool::new(opts.buffers, chunk)?;
+    let region = link.register(pool.memory())?;
+    let uring = Uring::start(Some(&pool)).context("cannot start io_uring")?;
+
+    // Walk on a blocking thread, a bounded number of items (and open
+    // files) ahead.
+    let (items_tx, mut items) = mpsc::channel::<anyhow::Result<Item>>(64);
+    let recursive = opts.recursive;
+    let walker = tokio::task::spawn_blocking(move || {
+        let mut index = 0u32;
+        for s in sources {
+            let r = tree::walk(
+                &s.parent,
+                &s.name,
+                &s.top,
+                recursive,
+                &mut index,
+                &mut |item| {
+                    items_tx
+                        .blocking_send(Ok(item))
+                        .map_err(|_| anyhow::anyhow!("copy stopped"))
+                },
+            );
+            if let Err(e) = r {
+                let _ = items_tx.blocking_send(Err(e));
+                return;
+            }
+        }
+    });
+
+    // Plan steps in order, starting reads as buffers allow.
+    let (steps_tx, mut steps) = mpsc::channel::<Step>(opts.buffers.max(2));
+    let planner = {
+        let pool = Arc::clone(&pool);
+        let uring = uring.clone();
+        tokio::spawn(async move {
+            while let Some(item) = items.recv().await {
+                let item = item?;
+                plan(item, chunk, opts.verify, &pool, &uring, &steps_tx).await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+
+    // Answers from the receiver, concurrently.
+    let answers = {
+        let link = link.clone();
+        tokio::spawn(async move { collect_answers(&link).await })
+    };
+
+    let mut stats = Stats::default();
+    let mut entries = 0u32;
+    let mut names: HashMap<u32, Vec<u8>> = HashMap::new();
+    let mut digests: Vec<Option<[u8; 32]>> = Vec::new();
+    let mut sent = Outcome::default();
+    while let Some(step) = steps.recv().await {
+        match step {
+            Step::Msg(m) => {
+                if let Msg::Entry(e) = &m {
+                    entries += 1;
+                    names.insert(e.index, e.path.clone());
+                    digests.clear();
+                    if e.kind == EntryKind::File {
+                        stats.files += 1;
+                    }
+                }
+                link.send_message(&m.encode()).await?;
+            }
+            Step::Chunk {
+                index,
+                k,
+                offset,
+                read,
+            } => {
+                let (buf, digest) = read.await??;
+                let len = buf.len() as u64;
+                if digests.len() <= k as usize {
+                    digests.resize(k as usize + 1, None);
+                }
+                digests[k as usize] = Some(digest);
+                let meta = ChunkMeta {
+                    stream: u64::from(index),
+                    offset,
+                    flags: if opts.verify { chunk_flags::DIGEST } else { 0 },
+                    digest,
+                };
+                link.send_chunk(meta, &region, buf).await?;
+                stats.bytes += len;
+                progress.add(len);
+            }
+            Step::End {
+                index,
+                size,
+                chunk,
+                path,
+            } => {
+                let digest = if opts.verify {
+                    digest::file_digest(size, chunk, &digests)
+                } else {
+                    [0; 32]
+                };
+                if opts.verify {
+                    sent.digests.push((tree::show(&path), digest));
+                }
+                link.send_message(&Msg::EntryEnd { index, digest }.encode())
+                    .await?;
+            }
+        }
+    }
+    planner.await??;
+    walker.await?;
+    link.send_message(&Msg::Done { entries }.encode()).await?;
+    let answered = answers.await??;
+    let mut outcome = Outcome {
+        digests: sent.digests,
+        ..Outcome::default()
+    };
+    for (index, verdict) in answered {
+        if let Err(reason) = verdict {
+            let name = names.get(&index).map(|p| tree::show(p)).unwrap_or_default();
+            outcome.failed.push((name, reason));
+        }
+    }
+    if outcome.failed.is_empty() && (outcome.digests.len() as u64) < stats.files && opts.verify {
+        bail!("internal: digests missing");
+    }
+    Ok((stats, outcome))
+}
+
+/// Steps for one walked item: its entry, reads of its data chunks (holes
+/// are skipped: sparse files stay sparse), its end.
+async fn plan(
+    item: Item,
+    chunk: usize,
+    verify: bool,
+    pool: &Arc<BufferPool>,
+    uring: &Uring,
+    steps: &mpsc::Sender<Step>,
+) -> anyhow::Result<()> {
+    let mut entry = item.entry;
+    let Some(file) = item.file else {
+        let _ = steps.send(Step::Msg(Msg::Entry(entry))).await;
+        return Ok(());
+    };
+    entry.chunk = chunk as u32;
+    let (index, size, path) = (entry.index, entry.size, entry.path.clone());
+    let _ = steps.send(Step::Msg(Msg::Entry(entry))).await;
+    let file = Arc::new(file);
+    for k in data_chunks(&file, size, chunk as u64)? {
+        let offset = k * chunk as u64;
+        let len = (size - offset).min(chunk as u64) as usize;
+        let buf = pool.acquire().await;
+        let (file, uring) = (Arc::clone(&file), uring.clone());
+        let shown = tree::show(&path);
+        let read = tokio::spawn(async move {
+            let buf = read_full(&uring, &file, offset, len, buf)
+                .await
+                .with_context(|| format!("reading {shown} at offset {offset}"))?;
+            let digest = if verify {
+                tokio::task::spawn_blocking(move || {
+                    let d: [u8; 32] = Sha256::digest(buf.data()).into();
+                    (buf, d)
+                })
+                .await?
+            } else {
+                (buf, [0; 32])
+            };
+            Ok(digest)
+        });
+        if steps
+            .send(Step::Chunk {
+                index,
+                k,
+                offset,
+                read,
+            })
+            .await
+            .is_err()
+        {
+            return Ok(());
+        }
+    }
+    let _ = steps
+        .send(Step::End {
+            index,
+            size,
+            chunk: chunk as u32,
+            path,
+        })
+        .await;
+    Ok(())
+}
+
+/// Reads exactly `len` bytes at `offset` (a file that shrank meanwhile is
+/// an error, not a short copy).
+async fn read_full(
+    uring: &Uring,
+    file: &OwnedFd,
+    offset: u64,
+    len: usize,
+    mut buf: PoolBuf,
+) -> anyhow::Result<PoolBuf> {
+    let mut got = 0usize;
+    while got < len {
+        let (b, r) = uring
+            .read(tree::raw(file), offset + got as u64, got, len - got, buf)
+            .await;
+        buf = b;
+        match r? {
+            0 => bail!("the file shrank while it was being copied"),
+            n => got += n,
+        }
+    }
+    buf.set_len(len);
+    Ok(buf)
+}
+
+/// Indices of the chunks of `[0, size)` that hold data (SEEK_DATA/SEEK_HOLE);
+/// every chunk when the filesystem cannot tell.
+fn data_chunks(file: &OwnedFd, size: u64, chunk: u64) -> anyhow::Result<Vec<u64>> {
+    let count = size.div_ceil(chunk);
+    let mut out = Vec::new();
+    let mut pos = 0u64;
+    while pos < size {
+        let start = match rustix::fs::seek(file, SeekFrom::Data(pos)) {
+            Ok(s) => s,
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(_) => return Ok((0..count).collect()),
+        };
+        let end = match rustix::fs::seek(file, SeekFrom::Hole(start)) {
+            Ok(e) => e.min(size),
+            Err(_) => size,
+        };
+        let first = start / chunk;
+        let last = end.saturating_sub(1) / chunk;
+        for k in first..=last {
+            if out.last() != Some(&k) {
+                out.push(k);
+            }
+        }
+        pos = end.max(start + 1);
+    }
+    Ok(out)
+}
+
+/// Reads the receiver's answers until it says goodbye; every entry gets one.
+async fn collect_answers(link: &Link) -> anyhow::Result<Vec<(u32, Result<(), String>)>> {
+    let mut answers = Vec::new();
+    while let Some(item) = link.recv().await? {
+        let Incoming::Message(bytes) = item else {
+            bail!("the receiver sent data during a push");
+        };
+        match Msg::decode(&bytes)? {
+            Msg::EntryOk { index } => answers.push((index, Ok(()))),
+            Msg::EntryFailed { index, reason } => answers.push((index, Err(reason))),
+            Msg::Fail { reason } => bail!("the receiver gave up: {reason}"),
+            other => bail!("unexpected {} from the receiver", other.name()),
+        }
+    }
+    Ok(answers)
+}

@@ -1,0 +1,445 @@
+//! The filesystem side of a copy, confined: every path a peer names is
+//! resolved component by component with `openat(O_NOFOLLOW)` beneath a
+//! directory opened once, so neither `..` nor a symlink (planted before or
+//! during the copy) can lead outside it.
+//!
+//! * [`relative`] checks a peer-supplied relative path.
+//! * [`walk`] lists what to send (files, directories, symlinks as symlinks).
+//! * [`Base`] is where received entries are created: under temporary names,
+//!   renamed into place only when complete.
+
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use anyhow::{Context, bail};
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Timespec, Timestamps};
+
+use crate::proto::{Entry, EntryKind};
+
+/// Splits a peer's relative path into checked components: not empty, not
+/// absolute, no `.` or `..`, no NUL, no empty component.
+pub fn relative(path: &[u8]) -> anyhow::Result<Vec<&[u8]>> {
+    if path.is_empty() || path[0] == b'/' {
+        bail!("path {:?} is not relative", String::from_utf8_lossy(path));
+    }
+    let parts: Vec<&[u8]> = path.split(|&b| b == b'/').collect();
+    for p in &parts {
+        if p.is_empty() || *p == b"." || *p == b".." || p.contains(&0) {
+            bail!(
+                "path {:?} has a forbidden component",
+                String::from_utf8_lossy(path)
+            );
+        }
+    }
+    Ok(parts)
+}
+
+fn cstr(name: &[u8]) -> anyhow::Result<CString> {
+    CString::new(name).context("name contains NUL")
+}
+
+/// Opens directory `dir` (already confined) then each component beneath it,
+/// never following symlinks.
+pub fn open_dir_beneath(dir: &OwnedFd, parts: &[&[u8]]) -> anyhow::Result<OwnedFd> {
+    let mut cur = rustix::io::dup(dir)?;
+    for p in parts {
+        cur = rustix::fs::openat(
+            &cur,
+            cstr(p)?.as_c_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .with_context(|| {
+            format!(
+                "cannot open directory {:?} (missing, not a directory, or a symlink)",
+                String::from_utf8_lossy(p)
+            )
+        })?;
+    }
+    Ok(cur)
+}
+
+/// An absolute path split into a root (one of `roots`, longest match) and
+/// the checked components below it. `roots` are absolute, normalized.
+pub fn under_roots<'a>(
+    path: &'a Path,
+    roots: &'a [PathBuf],
+) -> anyhow::Result<(&'a PathBuf, Vec<&'a [u8]>)> {
+    if !path.is_absolute() {
+        bail!("{} is not an absolute path", path.display());
+    }
+    if path
+        .components()
+        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+    {
+        bail!("{} contains `..` or `.`", path.display());
+    }
+    let root = roots
+        .iter()
+        .filter(|r| path.starts_with(r))
+        .max_by_key(|r| r.as_os_str().len())
+        .with_context(|| format!("{} is outside the served roots", path.display()))?;
+    let rest = path.strip_prefix(root).expect("prefix checked");
+    let parts = rest
+        .components()
+        .map(|c| c.as_os_str().as_bytes())
+        .collect();
+    Ok((root, parts))
+}
+
+/// Opens a root directory (trusted: given by the operator or the local user).
+pub fn open_root(path: &Path) -> anyhow::Result<OwnedFd> {
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .with_context(|| format!("cannot open directory {}", path.display()))
+}
+
+/// Something to send, in order: a directory comes before what it holds.
+#[derive(Debug)]
+pub struct Item {
+    pub entry: Entry,
+    /// Open file (files only).
+    pub file: Option<OwnedFd>,
+}
+
+fn entry_for(stat: &rustix::fs::Stat, index: u32, path: Vec<u8>, target: Vec<u8>) -> Option<Entry> {
+    let kind = match FileType::from_raw_mode(stat.st_mode) {
+        FileType::RegularFile => EntryKind::File,
+        FileType::Directory => EntryKind::Dir,
+        FileType::Symlink => EntryKind::Symlink,
+        // Devices, sockets, FIFOs: not copied (as scp -r does not).
+        _ => return None,
+    };
+    Some(Entry {
+        index,
+        kind,
+        mode: stat.st_mode & 0o7777,
+        mtime_sec: stat.st_mtime,
+        mtime_nsec: stat.st_mtime_nsec as u32,
+        size: if kind == EntryKind::File {
+            stat.st_size as u64
+        } else {
+            0
+        },
+        path,
+        target,
+        chunk: 0,
+    })
+}
+
+/// Lists `name` inside `parent` (recursively with `recursive`), without
+/// following symlinks, calling `emit` in order. `top` is the name the copy
+/// gets on the other side.
+pub fn walk(
+    parent: &OwnedFd,
+    name: &[u8],
+    top: &[u8],
+    recursive: bool,
+    next_index: &mut u32,
+    emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let shown = String::from_utf8_lossy(name).into_owned();
+    let stat = rustix::fs::statat(parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+        .with_context(|| format!("cannot stat {shown}"))?;
+    visit(
+        parent,
+        name,
+        top.to_vec(),
+        &stat,
+        recursive,
+        next_index,
+        emit,
+        &shown,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn visit(
+    parent: &OwnedFd,
+    name: &[u8],
+    path: Vec<u8>,
+    stat: &rustix::fs::Stat,
+    recursive: bool,
+    next_index: &mut u32,
+    emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
+    shown: &str,
+) -> anyhow::Result<()> {
+    let cname = cstr(name)?;
+    let target = if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink {
+        rustix::fs::readlinkat(parent, cname.as_c_str(), Vec::new())
+            .with_context(|| format!("cannot read symlink {shown}"))?
+            .into_bytes()
+    } else {
+        Vec::new()
+    };
+    let Some(entry) = entry_for(stat, *next_index, path.clone(), target) else {
+        eprintln!("rcp: skipping {shown}: not a regular file, directory or symlink");
+        return Ok(());
+    };
+    match entry.kind {
+        EntryKind::Dir if !recursive => {
+            bail!("{shown} is a directory (use -r to copy directories)")
+        }
+        EntryKind::File => {
+            let fd = rustix::fs::openat(
+                parent,
+                cname.as_c_str(),
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .with_context(|| format!("cannot open {shown}"))?;
+            *next_index += 1;
+            emit(Item {
+                entry,
+                file: Some(fd),
+            })
+        }
+        EntryKind::Symlink => {
+            *next_index += 1;
+            emit(Item { entry, file: None })
+        }
+        EntryKind::Dir => {
+            *next_index += 1;
+            emit(Item { entry, file: None })?;
+            let dir = open_dir_beneath(parent, &[name])?;
+            let mut names: Vec<Vec<u8>> = Vec::new();
+            for d in Dir::read_from(&dir).with_context(|| format!("cannot list {shown}"))? {
+                let d = d.with_context(|| format!("cannot list {shown}"))?;
+                let n = d.file_name().to_bytes();
+                if n != b"." && n != b".." {
+                    names.push(n.to_vec());
+                }
+            }
+            // A stable order: same tree, same entry numbers.
+            names.sort();
+            for n in names {
+                let st = rustix::fs::statat(&dir, cstr(&n)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+                    .with_context(|| {
+                        format!("cannot stat {shown}/{}", String::from_utf8_lossy(&n))
+                    })?;
+                let mut child = path.clone();
+                child.push(b'/');
+                child.extend_from_slice(&n);
+                let shown = format!("{shown}/{}", String::from_utf8_lossy(&n));
+                visit(&dir, &n, child, &st, recursive, next_index, emit, &shown)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Where received entries go: a directory opened once, and how the first
+/// path component maps (onto a new name when the destination is not an
+/// existing directory).
+#[derive(Debug)]
+pub struct Base {
+    dir: OwnedFd,
+    /// `Some(name)`: the entry tree's top component becomes `name`.
+    rename_top: Option<Vec<u8>>,
+}
+
+/// A file being received under a temporary name.
+#[derive(Debug)]
+pub struct Incoming {
+    pub fd: OwnedFd,
+    parent: OwnedFd,
+    temp: CString,
+    name: CString,
+}
+
+impl Base {
+    /// `dir` is opened (confined) already; `rename_top` as above.
+    pub fn new(dir: OwnedFd, rename_top: Option<Vec<u8>>) -> Base {
+        Base { dir, rename_top }
+    }
+
+    /// Parent directory fd and final name for a peer's entry path.
+    fn place(&self, path: &[u8]) -> anyhow::Result<(OwnedFd, CString)> {
+        let mut parts = relative(path)?;
+        if let Some(top) = &self.rename_top {
+            parts[0] = top;
+        }
+        let (name, dirs) = parts.split_last().expect("at least one component");
+        Ok((open_dir_beneath(&self.dir, dirs)?, cstr(name)?))
+    }
+
+    pub fn make_dir(&self, e: &Entry) -> anyhow::Result<()> {
+        let (parent, name) = self.place(&e.path)?;
+        match rustix::fs::mkdirat(&parent, name.as_c_str(), Mode::from_raw_mode(0o700)) {
+            Ok(()) => Ok(()),
+            Err(rustix::io::Errno::EXIST) => {
+                // Fine if it is a directory (not a symlink to one).
+                open_dir_beneath(&parent, &[name.as_bytes()]).map(|_| ())
+            }
+            Err(err) => {
+                Err(err).with_context(|| format!("cannot create directory {}", show(&e.path)))
+            }
+        }
+    }
+
+    /// Applies a directory's mode and times, after its contents arrived.
+    pub fn finish_dir(&self, e: &Entry, preserve: bool) -> anyhow::Result<()> {
+        let (parent, name) = self.place(&e.path)?;
+        let dir = open_dir_beneath(&parent, &[name.as_bytes()])?;
+        let mode = if preserve { e.mode } else { 0o755 & !umask() };
+        rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))?;
+        if preserve {
+            rustix::fs::futimens(&dir, &times(e))?;
+        }
+        Ok(())
+    }
+
+    pub fn make_symlink(&self, e: &Entry) -> anyhow::Result<()> {
+        let (parent, name) = self.place(&e.path)?;
+        let temp = temp_name(&name)?;
+        rustix::fs::symlinkat(cstr(&e.target)?.as_c_str(), &parent, temp.as_c_str())
+            .with_context(|| format!("cannot create symlink {}", show(&e.path)))?;
+        rustix::fs::renameat(&parent, temp.as_c_str(), &parent, name.as_c_str()).with_context(
+            || {
+                let _ = rustix::fs::unlinkat(&parent, temp.as_c_str(), AtFlags::empty());
+                format!("cannot put symlink {} in place", show(&e.path))
+            },
+        )
+    }
+
+    /// Creates the temporary file an entry's data goes to.
+    pub fn create_file(&self, e: &Entry) -> anyhow::Result<Incoming> {
+        let (parent, name) = self.place(&e.path)?;
+        let temp = temp_name(&name)?;
+        let fd = rustix::fs::openat(
+            &parent,
+            temp.as_c_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .with_context(|| format!("cannot create a temporary file for {}", show(&e.path)))?;
+        Ok(Incoming {
+            fd,
+            parent,
+            temp,
+            name,
+        })
+    }
+}
+
+impl Incoming {
+    /// Size, durability, metadata, then the rename that makes it visible.
+    pub fn commit(self, e: &Entry, preserve: bool) -> anyhow::Result<()> {
+        rustix::fs::ftruncate(&self.fd, e.size)?;
+        let mode = if preserve {
+            e.mode
+        } else {
+            e.mode & 0o777 & !umask()
+        };
+        rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode))?;
+        if preserve {
+            rustix::fs::futimens(&self.fd, &times(e))?;
+        }
+        rustix::fs::fdatasync(&self.fd).context("cannot sync the data to disk")?;
+        rustix::fs::renameat(
+            &self.parent,
+            self.temp.as_c_str(),
+            &self.parent,
+            self.name.as_c_str(),
+        )
+        .context("cannot rename into place")?;
+        // The rename itself must survive a crash too.
+        rustix::fs::fsync(&self.parent).context("cannot sync the directory")?;
+        Ok(())
+    }
+
+    /// Removes the temporary file: nothing false is left behind.
+    pub fn discard(self) {
+        let _ = rustix::fs::unlinkat(&self.parent, self.temp.as_c_str(), AtFlags::empty());
+    }
+}
+
+fn temp_name(name: &CString) -> anyhow::Result<CString> {
+    let mut r = [0u8; 6];
+    getrandom::fill(&mut r).expect("OS random source");
+    let tag: String = r.iter().map(|b| format!("{b:02x}")).collect();
+    // Keep within NAME_MAX (255) even for long names.
+    let base = &name.as_bytes()[..name.as_bytes().len().min(200)];
+    let mut t = b".rcp-".to_vec();
+    t.extend_from_slice(base);
+    t.extend_from_slice(format!(".{tag}.part").as_bytes());
+    cstr(&t)
+}
+
+fn times(e: &Entry) -> Timestamps {
+    let t = Timespec {
+        tv_sec: e.mtime_sec,
+        tv_nsec: e.mtime_nsec.into(),
+    };
+    Timestamps {
+        last_access: t,
+        last_modification: t,
+    }
+}
+
+fn umask() -> u32 {
+    // Read without changing it for good: set and restore.
+    let old = rustix::process::umask(Mode::from_raw_mode(0o022));
+    rustix::process::umask(old);
+    old.bits()
+}
+
+pub fn show(path: &[u8]) -> String {
+    String::from_utf8_lossy(path).into_owned()
+}
+
+/// The last component of a local path, as bytes.
+pub fn file_name(path: &Path) -> anyhow::Result<Vec<u8>> {
+    path.file_name()
+        .map(|n| n.as_bytes().to_vec())
+        .with_context(|| format!("{} has no file name", path.display()))
+}
+
+/// Borrowed fd helper for io_uring.
+pub fn raw(fd: &OwnedFd) -> std::os::fd::RawFd {
+    use std::os::fd::AsRawFd;
+    fd.as_fd().as_raw_fd()
+}
+
+pub fn os(b: &[u8]) -> &OsStr {
+    OsStr::from_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_are_checked() {
+        assert_eq!(relative("a/b c/ü".as_bytes()).unwrap().len(), 3);
+        for bad in [
+            &b""[..],
+            b"/a",
+            b"a/../b",
+            b"..",
+            b"a//b",
+            b"./a",
+            b"a/",
+            b"a\0b",
+        ] {
+            assert!(relative(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn roots_confine_absolute_paths() {
+        let roots = vec![PathBuf::from("/srv/a"), PathBuf::from("/srv/a/deep")];
+        let (r, parts) = under_roots(Path::new("/srv/a/deep/x/y"), &roots).unwrap();
+        assert_eq!(r, &roots[1]);
+        assert_eq!(parts, vec![&b"x"[..], b"y"]);
+        assert!(under_roots(Path::new("/srv/b/x"), &roots).is_err());
+        assert!(under_roots(Path::new("/srv/a/../b"), &roots).is_err());
+        assert!(under_roots(Path::new("srv/a/x"), &roots).is_err());
+        assert!(under_roots(Path::new("/srv/ab"), &roots).is_err());
+    }
+}
