@@ -288,6 +288,7 @@ async fn local_copy(
         roots: vec![PathBuf::from("/")],
         secret: secret.clone(),
         params: p,
+        log: false,
     };
     let server = tokio::spawn(async move {
         let conn = listener.accept().await?;
@@ -320,7 +321,7 @@ fn summarize(r: &Report, json: bool, quiet: bool) -> ExitCode {
             "transport": r.transport,
             "ok": !failed,
         });
-        if let Some(d) = &r.digest {
+        if let (Some(d), false) = (&r.digest, failed) {
             v["sha256"] = serde_json::Value::String(digest::hex(d));
         }
         println!("{v}");
@@ -333,8 +334,10 @@ fn summarize(r: &Report, json: bool, quiet: bool) -> ExitCode {
             rate / 1e6,
             r.transport
         );
-        if let Some(d) = &r.digest {
-            line += &format!(", sha256 {}", digest::hex(d));
+        match (&r.digest, failed) {
+            (_, true) => line = format!("FAILED: {line}; see the errors above"),
+            (Some(d), false) => line += &format!(", verified, sha256 {}", digest::hex(d)),
+            (None, false) => {}
         }
         eprintln!("{line}");
     }
@@ -359,6 +362,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         roots,
         secret,
         params: params(&a.tuning, false, false, true),
+        log: true,
     });
     let listener = Listener::bind(a.listen, a.tuning.transport).await?;
     eprintln!(
@@ -405,6 +409,7 @@ async fn server_once(a: ServerOnceArgs) -> anyhow::Result<ExitCode> {
         roots: vec![PathBuf::from("/")],
         secret: token.into_bytes(),
         params: params(&a.tuning, false, false, true),
+        log: true,
     };
     let conn = tokio::time::timeout(std::time::Duration::from_secs(60), listener.accept())
         .await

@@ -35,18 +35,30 @@ struct File {
     writes: Vec<JoinHandle<ChunkResult>>,
 }
 
+/// What arrived.
+#[derive(Debug, Default)]
+pub struct Received {
+    pub stats: Stats,
+    /// Digests of the files that arrived verified, by path.
+    pub digests: Vec<(String, [u8; 32])>,
+    /// Entries that failed, with the reason.
+    pub failed: Vec<(String, String)>,
+}
+
+type Verdict = Result<Option<(String, [u8; 32])>, (String, String)>;
+
 /// Receives entries into `base` until the sender's `Done`, answering each.
 pub async fn receive(
     link: &Link,
     base: Base,
     opts: RecvOptions,
     progress: &Progress,
-) -> anyhow::Result<Stats> {
+) -> anyhow::Result<Received> {
     let uring = Uring::start(None).context("cannot start io_uring")?;
     let base = Arc::new(base);
     let mut files: HashMap<u32, File> = HashMap::new();
     let mut dirs: Vec<Entry> = Vec::new();
-    let mut finals: Vec<JoinHandle<Result<u64, ()>>> = Vec::new();
+    let mut finals: Vec<JoinHandle<Verdict>> = Vec::new();
     let mut stats = Stats::default();
     let result = async {
         loop {
@@ -124,9 +136,16 @@ pub async fn receive(
     }
     .await;
     let mut ok = result.is_ok();
+    let mut digests = Vec::new();
+    let mut failed = Vec::new();
     for f in finals {
-        ok &= matches!(f.await, Ok(Ok(_)));
+        match f.await {
+            Ok(Ok(d)) => digests.extend(d),
+            Ok(Err(why)) => failed.push(why),
+            Err(e) => failed.push(("?".into(), e.to_string())),
+        }
     }
+    ok &= failed.is_empty();
     // Files still open were never finished: nothing of them stays.
     for (_, file) in files.drain() {
         for w in file.writes {
@@ -141,14 +160,18 @@ pub async fn receive(
     // them was possible and their times are not bumped afterwards.
     for d in dirs.iter().rev() {
         if let Err(e) = base.finish_dir(d, opts.preserve) {
-            eprintln!("rcp: {}: {e:#}", tree::show(&d.path));
+            failed.push((tree::show(&d.path), format!("{e:#}")));
             ok = false;
         }
     }
     if !ok {
         stats.failed = true;
     }
-    Ok(stats)
+    Ok(Received {
+        stats,
+        digests,
+        failed,
+    })
 }
 
 /// The chunk's number within its file, after checking it lies inside the
@@ -217,12 +240,7 @@ async fn write_chunk(
 }
 
 /// Waits for a file's writes, checks its digest, commits it, answers.
-async fn finish_file(
-    link: Link,
-    file: File,
-    digest: [u8; 32],
-    opts: RecvOptions,
-) -> Result<u64, ()> {
+async fn finish_file(link: Link, file: File, digest: [u8; 32], opts: RecvOptions) -> Verdict {
     let File { entry, out, writes } = file;
     let mut chunks: Vec<Option<[u8; 32]>> = Vec::new();
     let mut error: Option<String> = None;
@@ -268,12 +286,12 @@ async fn finish_file(
             }
         }
     };
-    if let Err(reason) = &result {
-        eprintln!("rcp: {}: {reason}", tree::show(&entry.path));
-    }
-    let failed = result.is_err();
+    let verdict = match &result {
+        Ok(()) => Ok(opts.verify.then(|| (tree::show(&entry.path), digest))),
+        Err(reason) => Err((tree::show(&entry.path), reason.clone())),
+    };
     let _ = answer(&link, entry.index, result).await;
-    if failed { Err(()) } else { Ok(entry.size) }
+    verdict
 }
 
 async fn answer(link: &Link, index: u32, result: Result<(), String>) -> anyhow::Result<()> {

@@ -42,13 +42,6 @@ impl Progress {
         }
     }
 
-    pub fn say(&self, msg: String) {
-        match &self.bar {
-            Some(b) => b.set_message(msg),
-            None => {}
-        }
-    }
-
     pub fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish_and_clear();

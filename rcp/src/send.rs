@@ -130,6 +130,11 @@ pub async fn send(
 
     let mut stats = Stats::default();
     let mut entries = 0u32;
+    // Test hook (integration tests): corrupt the Nth chunk sent.
+    let corrupt: Option<u64> = std::env::var("RCP_TEST_CORRUPT_CHUNK")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let mut chunks_sent = 0u64;
     let mut names: HashMap<u32, Vec<u8>> = HashMap::new();
     let mut digests: Vec<Option<[u8; 32]>> = Vec::new();
     let mut sent = Outcome::default();
@@ -152,8 +157,14 @@ pub async fn send(
                 offset,
                 read,
             } => {
-                let (buf, digest) = read.await??;
+                let (mut buf, digest) = read.await??;
                 let len = buf.len() as u64;
+                if corrupt == Some(chunks_sent) && len > 0 {
+                    // Test hook: damage the bytes after they were hashed, as
+                    // a fault between the two ends would.
+                    buf.spare()[0] ^= 0xff;
+                }
+                chunks_sent += 1;
                 if digests.len() <= k as usize {
                     digests.resize(k as usize + 1, None);
                 }

@@ -182,14 +182,13 @@ async fn client_session(
             };
             link.send_message(&pull.encode()).await?;
             expect_ready(link).await?;
-            let stats = recv::receive(link, base, params.recv_options(), progress).await?;
+            let got = recv::receive(link, base, params.recv_options(), progress).await?;
             link.finish().await?;
-            let mut outcome = send::Outcome::default();
-            if stats.failed {
-                outcome
-                    .failed
-                    .push(("(see above)".into(), "some entries failed".into()));
-            }
+            let outcome = send::Outcome {
+                digests: got.digests,
+                failed: got.failed,
+            };
+            let stats = got.stats;
             (stats, outcome)
         }
     };
@@ -255,6 +254,9 @@ pub struct ServeConfig {
     pub roots: Vec<PathBuf>,
     pub secret: Vec<u8>,
     pub params: Params,
+    /// Report failed entries on stderr (a daemon's log); off when the
+    /// client shares the process and reports them itself.
+    pub log: bool,
 }
 
 /// The server side of one session.
@@ -306,7 +308,13 @@ async fn server_session(link: &Link, config: &ServeConfig) -> anyhow::Result<Sta
             let base = confined_base(&config.roots, &dest, sources as usize)?;
             link.send_message(&Msg::Ready { dest_is_dir: true }.encode())
                 .await?;
-            let stats = recv::receive(link, base, params.recv_options(), &progress).await?;
+            let got = recv::receive(link, base, params.recv_options(), &progress).await?;
+            if config.log {
+                for (name, why) in &got.failed {
+                    eprintln!("rcp serve: {name}: {why}");
+                }
+            }
+            let stats = got.stats;
             link.finish().await?;
             stats
         }
