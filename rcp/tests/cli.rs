@@ -1,0 +1,501 @@
+//! rcp end to end: the real binary, real processes, loopback only.
+
+use std::net::TcpListener;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
+
+const RCP: &str = env!("CARGO_BIN_EXE_rcp");
+
+/// A scratch directory removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let p = std::env::temp_dir().join(format!("rcp-test-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+    fn path(&self, rel: &str) -> PathBuf {
+        self.0.join(rel)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn rcp(args: &[&str]) -> Output {
+    Command::new(RCP).args(args).output().expect("rcp runs")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "rcp failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The digest rcp defines: SHA-256 over the SHA-256 of each chunk.
+fn file_digest(data: &[u8], chunk: usize) -> String {
+    let mut h = Sha256::new();
+    for c in data.chunks(chunk) {
+        h.update(Sha256::digest(c));
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out.trim()).expect("one JSON object")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// No temporary `.rcp-*.part` files anywhere under `dir`.
+fn no_leftovers(dir: &Path) -> bool {
+    walk(dir).iter().all(|p| {
+        !p.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(".rcp-")
+    })
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        if meta.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+#[test]
+fn sizes_around_the_chunk_arrive_identical_with_the_documented_digest() {
+    let t = Scratch::new("sizes");
+    let chunk = 64 * 1024;
+    for (i, size) in [0, 1, chunk - 1, chunk, chunk + 1, 5 * chunk + 17]
+        .into_iter()
+        .enumerate()
+    {
+        let src = t.path(&format!("src{i}"));
+        let data = pattern(size, i as u64 + 1);
+        std::fs::write(&src, &data).unwrap();
+        let dst = t.path(&format!("dst{i}"));
+        let out = ok(&rcp(&["--json", "--chunk-size", "64K", s(&src), s(&dst)]));
+        let v = json(&out);
+        assert_eq!(std::fs::read(&dst).unwrap(), data, "size {size}");
+        assert_eq!(v["bytes"], size as u64);
+        assert_eq!(v["files"], 1);
+        assert_eq!(v["transport"], "tcp");
+        assert_eq!(v["sha256"], file_digest(&data, chunk), "size {size}");
+        assert!(v["seconds"].as_f64().unwrap() >= 0.0);
+    }
+    assert!(no_leftovers(&t.0));
+}
+
+#[test]
+fn into_an_existing_directory_and_several_sources() {
+    let t = Scratch::new("dirs");
+    std::fs::write(t.path("a"), b"aaa").unwrap();
+    std::fs::write(t.path("b"), b"bb").unwrap();
+    std::fs::create_dir(t.path("d")).unwrap();
+    ok(&rcp(&[
+        "-q",
+        s(&t.path("a")),
+        s(&t.path("b")),
+        s(&t.path("d")),
+    ]));
+    assert_eq!(std::fs::read(t.path("d/a")).unwrap(), b"aaa");
+    assert_eq!(std::fs::read(t.path("d/b")).unwrap(), b"bb");
+    // Several sources into something that is not a directory: refused.
+    let out = rcp(&[s(&t.path("a")), s(&t.path("b")), s(&t.path("nodir"))]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
+    // A directory without -r: refused with a hint.
+    let out = rcp(&[s(&t.path("d")), s(&t.path("e"))]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use -r"));
+}
+
+#[test]
+fn sparse_files_stay_sparse() {
+    let t = Scratch::new("sparse");
+    let src = t.path("sparse");
+    let f = std::fs::File::create(&src).unwrap();
+    f.set_len(64 << 20).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"middle", 32 << 20).unwrap();
+    f.write_all_at(b"end", (64 << 20) - 3).unwrap();
+    drop(f);
+    let dst = t.path("copy");
+    let v = json(&ok(&rcp(&["--json", s(&src), s(&dst)])));
+    assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
+    // Only the chunks with data travelled, and the copy has holes.
+    assert!(v["bytes"].as_u64().unwrap() <= 2 << 20, "{v}");
+    assert!(std::fs::metadata(&dst).unwrap().blocks() * 512 < 8 << 20);
+}
+
+#[test]
+fn a_tree_of_ten_thousand_files_with_odd_names_and_symlinks() {
+    let t = Scratch::new("tree");
+    let src = t.path("src");
+    for i in 0..10_000 {
+        let d = src
+            .join(format!("d{} sp", i % 40))
+            .join(format!("ü{}", i % 7));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f {i} ☃.txt")), pattern(i % 500, i as u64)).unwrap();
+    }
+    std::os::unix::fs::symlink("d0 sp/ü0", src.join("rel-link")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", src.join("abs-link")).unwrap();
+    let dst = t.path("dst");
+    let v = json(&ok(&rcp(&["-r", "--json", s(&src), s(&dst)])));
+    assert_eq!(v["files"], 10_000);
+    let (a, b) = (walk(&src), walk(&dst));
+    assert_eq!(a.len(), b.len());
+    for p in a {
+        let q = dst.join(p.strip_prefix(&src).unwrap());
+        let (m, n) = (
+            std::fs::symlink_metadata(&p).unwrap(),
+            std::fs::symlink_metadata(&q).unwrap(),
+        );
+        assert_eq!(m.file_type(), n.file_type(), "{}", q.display());
+        if m.is_symlink() {
+            assert_eq!(
+                std::fs::read_link(&p).unwrap(),
+                std::fs::read_link(&q).unwrap()
+            );
+        } else if m.is_file() {
+            assert_eq!(std::fs::read(&p).unwrap(), std::fs::read(&q).unwrap());
+        }
+    }
+    assert!(no_leftovers(&dst));
+}
+
+#[test]
+fn preserve_keeps_modes_and_times() {
+    let t = Scratch::new("preserve");
+    std::fs::create_dir_all(t.path("src/sub")).unwrap();
+    std::fs::write(t.path("src/sub/f"), b"data").unwrap();
+    std::fs::set_permissions(t.path("src/sub/f"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::set_permissions(t.path("src/sub"), std::fs::Permissions::from_mode(0o710)).unwrap();
+    let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(t.path("src/sub/f"))
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    ok(&rcp(&[
+        "-r",
+        "-p",
+        "-q",
+        s(&t.path("src")),
+        s(&t.path("dst")),
+    ]));
+    let f = std::fs::metadata(t.path("dst/sub/f")).unwrap();
+    assert_eq!(f.mode() & 0o7777, 0o640);
+    assert_eq!(f.modified().unwrap(), when);
+    assert_eq!(
+        std::fs::metadata(t.path("dst/sub")).unwrap().mode() & 0o7777,
+        0o710
+    );
+}
+
+#[test]
+fn a_chunk_corrupted_in_flight_fails_the_copy_and_leaves_nothing() {
+    let t = Scratch::new("corrupt");
+    let src = t.path("src");
+    std::fs::write(&src, pattern(300_000, 9)).unwrap();
+    let dst = t.path("dst");
+    let out = Command::new(RCP)
+        .args(["--chunk-size", "64K", s(&src), s(&dst)])
+        .env("RCP_TEST_CORRUPT_CHUNK", "2")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("offset 131072") && err.contains("corrupted"),
+        "{err}"
+    );
+    assert!(
+        !dst.exists(),
+        "a corrupted copy appeared under its final name"
+    );
+    assert!(no_leftovers(&t.0));
+    // Without verification nobody notices: the documented trade-off.
+    let out = Command::new(RCP)
+        .args(["--no-verify", "-q", "--chunk-size", "64K", s(&src), s(&dst)])
+        .env("RCP_TEST_CORRUPT_CHUNK", "2")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_ne!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `rcp serve` on loopback, stopped on drop.
+struct Daemon {
+    child: Child,
+    port: u16,
+}
+
+impl Daemon {
+    fn start(roots: &[&Path], secret: &Path) -> Daemon {
+        let port = free_port();
+        let mut cmd = Command::new(RCP);
+        cmd.args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--transport",
+            "tcp",
+        ]);
+        cmd.args(["--secret-file", s(secret)]);
+        for r in roots {
+            cmd.args(["--root", s(r)]);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Daemon { child, port };
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("rcp serve did not start");
+    }
+
+    fn url(&self, path: &Path) -> String {
+        format!("rcp://127.0.0.1:{}{}", self.port, path.display())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn secret(t: &Scratch, name: &str) -> PathBuf {
+    let p = t.path(name);
+    std::fs::write(&p, format!("{name}-0123456789abcdef-secret")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+#[test]
+fn daemon_push_and_pull_with_a_shared_secret() {
+    let t = Scratch::new("daemon");
+    let root = t.path("root");
+    std::fs::create_dir(&root).unwrap();
+    let key = secret(&t, "key");
+    let d = Daemon::start(&[&root], &key);
+    let data = pattern(3_000_000, 5);
+    std::fs::write(t.path("up"), &data).unwrap();
+    let v = json(&ok(&rcp(&[
+        "--json",
+        "--secret-file",
+        s(&key),
+        s(&t.path("up")),
+        &d.url(&root),
+    ])));
+    assert_eq!(std::fs::read(root.join("up")).unwrap(), data);
+    assert_eq!(v["sha256"], file_digest(&data, 1 << 20));
+    let v = json(&ok(&rcp(&[
+        "--json",
+        "--secret-file",
+        s(&key),
+        &d.url(&root.join("up")),
+        s(&t.path("down")),
+    ])));
+    assert_eq!(std::fs::read(t.path("down")).unwrap(), data);
+    assert_eq!(v["sha256"], file_digest(&data, 1 << 20));
+}
+
+#[test]
+fn the_daemon_refuses_wrong_secrets_and_escapes() {
+    let t = Scratch::new("refuse");
+    let root = t.path("root");
+    let outside = t.path("outside");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("secret.txt"), b"private").unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("escape")).unwrap();
+    let key = secret(&t, "key");
+    let wrong = secret(&t, "wrong");
+    let d = Daemon::start(&[&root], &key);
+    std::fs::write(t.path("f"), b"payload").unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "--secret-file".into(),
+                s(&wrong).into(),
+                s(&t.path("f")).into(),
+                d.url(&root),
+            ],
+            "authentication failed",
+        ),
+        (
+            vec![
+                "--secret-file".into(),
+                s(&key).into(),
+                s(&t.path("f")).into(),
+                d.url(&outside),
+            ],
+            "outside the served roots",
+        ),
+        (
+            vec![
+                "--secret-file".into(),
+                s(&key).into(),
+                s(&t.path("f")).into(),
+                format!(
+                    "rcp://127.0.0.1:{}{}/sub/../../outside",
+                    d.port,
+                    root.display()
+                ),
+            ],
+            "`..`",
+        ),
+        (
+            vec![
+                "--secret-file".into(),
+                s(&key).into(),
+                s(&t.path("f")).into(),
+                d.url(&root.join("escape/planted")),
+            ],
+            "symlink",
+        ),
+        (
+            vec![
+                "--secret-file".into(),
+                s(&key).into(),
+                d.url(&root.join("escape/secret.txt")),
+                s(&t.path("stolen")).into(),
+            ],
+            "symlink",
+        ),
+    ];
+    for (args, says) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = rcp(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert!(!outside.join("planted").exists());
+    assert!(!t.path("stolen").exists());
+    // And no secret file readable by others is accepted.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = rcp(&["--secret-file", s(&key), s(&t.path("f")), &d.url(&root)]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("readable by others"));
+}
+
+#[test]
+fn remote_shell_mode_push_and_pull() {
+    let t = Scratch::new("rsh");
+    // Stands in for ssh: drops the host, runs the command here.
+    let rsh = t.path("fake-rsh");
+    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
+    std::fs::set_permissions(&rsh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin_dir = Path::new(RCP).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let data = pattern(2_500_000, 3);
+    std::fs::write(t.path("src"), &data).unwrap();
+    let run = |args: &[&str]| {
+        Command::new(RCP)
+            .args(["--rsh", s(&rsh), "--json"])
+            .args(args)
+            .env("PATH", &path)
+            .output()
+            .unwrap()
+    };
+    let dest = format!("localhost:{}", t.path("pushed").display());
+    let v = json(&ok(&run(&[s(&t.path("src")), &dest])));
+    assert_eq!(std::fs::read(t.path("pushed")).unwrap(), data);
+    assert_eq!(v["sha256"], file_digest(&data, 1 << 20));
+    let src = format!("me@localhost:{}", t.path("src").display());
+    ok(&run(&[&src, s(&t.path("pulled"))]));
+    assert_eq!(std::fs::read(t.path("pulled")).unwrap(), data);
+}
+
+#[test]
+fn a_full_destination_is_a_clear_error_and_leaves_nothing() {
+    let t = Scratch::new("full");
+    let mnt = t.path("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs", s(&mnt)])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        mounted,
+        "this test mounts a small tmpfs: run the suite as root"
+    );
+    std::fs::write(t.path("big"), pattern(3_000_000, 1)).unwrap();
+    let out = rcp(&[s(&t.path("big")), s(&mnt.join("big"))]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let listing = walk(&mnt);
+    let _ = Command::new("umount").arg(&mnt).status();
+    assert!(!out.status.success());
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(listing.is_empty(), "left behind: {listing:?}");
+}
+
+#[test]
+fn usage_errors_exit_two() {
+    let out = rcp(&["only-one"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = rcp(&["--chunk-size", "1", "a", "b"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("chunk size"));
+}
