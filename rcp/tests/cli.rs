@@ -299,9 +299,11 @@ impl Daemon {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        // Owned by the guard from here on: killed and reaped on drop.
+        let daemon = Daemon { child, port };
         for _ in 0..200 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Daemon { child, port };
+                return daemon;
             }
             std::thread::sleep(Duration::from_millis(25));
         }
