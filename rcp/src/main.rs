@@ -69,6 +69,11 @@ struct CopyArgs {
     /// Skip the SHA-256 checks (faster; a corrupted chunk goes unnoticed).
     #[arg(long)]
     no_verify: bool,
+    /// Finish an interrupted copy: keep what reached the destination and
+    /// send only the chunks that are missing or differ (also updates an
+    /// existing destination file that way).
+    #[arg(long)]
+    resume: bool,
     /// Remote shell for host:path operands.
     #[arg(long, default_value = "ssh", value_name = "CMD")]
     rsh: String,
@@ -130,6 +135,7 @@ fn params(t: &Tuning, recursive: bool, preserve: bool, verify: bool) -> Params {
         recursive,
         preserve,
         verify,
+        resume: false,
         chunk: t.chunk_size,
         window: t.window,
     }
@@ -171,7 +177,10 @@ async fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
         .map(|s| Operand::parse(s))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (dest, sources) = operands.split_last().expect("clap asks for two or more");
-    let p = params(&a.tuning, a.recursive, a.preserve, !a.no_verify);
+    let p = Params {
+        resume: a.resume,
+        ..params(&a.tuning, a.recursive, a.preserve, !a.no_verify)
+    };
     let progress = Progress::new(!a.quiet && !a.json);
     let remote_sources = sources.iter().filter(|s| !s.is_local()).count();
     let report = match (dest, remote_sources) {

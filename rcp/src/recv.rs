@@ -25,7 +25,12 @@ use crate::uring::Uring;
 pub struct RecvOptions {
     pub preserve: bool,
     pub verify: bool,
+    /// Keep what an interrupted copy left, tell the sender what is there.
+    pub resume: bool,
 }
+
+/// Digests per `Have` message; a shorter one is the last for its entry.
+pub const HAVE_BATCH: usize = 256;
 
 type ChunkResult = anyhow::Result<(u64, [u8; 32])>;
 
@@ -33,6 +38,8 @@ struct File {
     entry: Entry,
     out: Arc<Incoming>,
     writes: Vec<JoinHandle<ChunkResult>>,
+    /// Digests of chunks already on disk (resume): those the sender skips.
+    known: Vec<Option<[u8; 32]>>,
 }
 
 /// What arrived.
@@ -85,15 +92,22 @@ pub async fn receive(
                             bail!("entry {} announced twice", e.index);
                         }
                         match e.kind {
-                            EntryKind::File => match base.create_file(&e) {
+                            EntryKind::File => match base.create_file(&e, opts.resume) {
                                 Ok(out) => {
                                     stats.files += 1;
+                                    let out = Arc::new(out);
+                                    let known = if opts.resume {
+                                        tell_what_is_there(link, &e, &out).await?
+                                    } else {
+                                        Vec::new()
+                                    };
                                     files.insert(
                                         e.index,
                                         File {
                                             entry: e,
-                                            out: Arc::new(out),
+                                            out,
                                             writes: Vec::new(),
+                                            known,
                                         },
                                     );
                                 }
@@ -246,8 +260,13 @@ async fn write_chunk(
 
 /// Waits for a file's writes, checks its digest, commits it, answers.
 async fn finish_file(link: Link, file: File, digest: [u8; 32], opts: RecvOptions) -> Verdict {
-    let File { entry, out, writes } = file;
-    let mut chunks: Vec<Option<[u8; 32]>> = Vec::new();
+    let File {
+        entry,
+        out,
+        writes,
+        known,
+    } = file;
+    let mut chunks = known;
     let mut error: Option<String> = None;
     for w in writes {
         match w.await {
@@ -297,6 +316,32 @@ async fn finish_file(link: Link, file: File, digest: [u8; 32], opts: RecvOptions
     };
     let _ = answer(&link, entry.index, result).await;
     verdict
+}
+
+/// Resume: hashes the whole chunks already in the temporary file and sends
+/// their digests; returns them as the file's known chunks.
+async fn tell_what_is_there(
+    link: &Link,
+    e: &Entry,
+    out: &Arc<Incoming>,
+) -> anyhow::Result<Vec<Option<[u8; 32]>>> {
+    let (o, size, chunk) = (Arc::clone(out), e.size, e.chunk);
+    let digests = tokio::task::spawn_blocking(move || o.existing_digests(size, chunk)).await??;
+    let mut first = 0usize;
+    loop {
+        let part = &digests[first..(first + HAVE_BATCH).min(digests.len())];
+        let msg = Msg::Have {
+            index: e.index,
+            first: first as u64,
+            digests: part.to_vec(),
+        };
+        link.send_message(&msg.encode()).await?;
+        first += part.len();
+        if part.len() < HAVE_BATCH {
+            break;
+        }
+    }
+    Ok(digests.into_iter().map(Some).collect())
 }
 
 async fn answer(link: &Link, index: u32, result: Result<(), String>) -> anyhow::Result<()> {

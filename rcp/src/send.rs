@@ -37,6 +37,8 @@ pub struct Source {
 pub struct SendOptions {
     pub recursive: bool,
     pub verify: bool,
+    /// Ask the receiver what it has of each file; send only what differs.
+    pub resume: bool,
     pub chunk: usize,
     /// Buffers read ahead.
     pub buffers: usize,
@@ -116,17 +118,20 @@ pub async fn send(
         tokio::spawn(async move {
             while let Some(item) = items.recv().await {
                 let item = item?;
-                plan(item, chunk, opts.verify, &pool, &uring, &steps_tx).await?;
+                plan(item, chunk, opts, &pool, &uring, &steps_tx).await?;
             }
             anyhow::Ok(())
         })
     };
 
     // Answers from the receiver, concurrently.
+    let haves: Haves = Arc::default();
     let answers = {
         let link = link.clone();
-        tokio::spawn(async move { collect_answers(&link).await })
+        let haves = Arc::clone(&haves);
+        tokio::spawn(async move { collect_answers(&link, &haves).await })
     };
+    let mut have: Vec<[u8; 32]> = Vec::new();
 
     let mut stats = Stats::default();
     let mut entries = 0u32;
@@ -141,15 +146,27 @@ pub async fn send(
     while let Some(step) = steps.recv().await {
         match step {
             Step::Msg(m) => {
+                let mut waiting = None;
                 if let Msg::Entry(e) = &m {
                     entries += 1;
                     names.insert(e.index, e.path.clone());
                     digests.clear();
                     if e.kind == EntryKind::File {
                         stats.files += 1;
+                        if opts.resume {
+                            let (tx, rx) = tokio::sync::oneshot::channel();
+                            haves
+                                .lock()
+                                .expect("haves lock")
+                                .insert(e.index, (Vec::new(), tx));
+                            waiting = Some(rx);
+                        }
                     }
                 }
                 link.send_message(&m.encode()).await?;
+                if let Some(rx) = waiting {
+                    have = rx.await.context("the receiver did not say what it has")?;
+                }
             }
             Step::Chunk {
                 index,
@@ -169,6 +186,11 @@ pub async fn send(
                     digests.resize(k as usize + 1, None);
                 }
                 digests[k as usize] = Some(digest);
+                if opts.resume && have.get(k as usize) == Some(&digest) {
+                    // Already there: nothing to send.
+                    drop(buf);
+                    continue;
+                }
                 let meta = ChunkMeta {
                     stream: u64::from(index),
                     offset,
@@ -223,7 +245,7 @@ pub async fn send(
 async fn plan(
     item: Item,
     chunk: usize,
-    verify: bool,
+    opts: SendOptions,
     pool: &Arc<BufferPool>,
     uring: &Uring,
     steps: &mpsc::Sender<Step>,
@@ -237,7 +259,14 @@ async fn plan(
     let (index, size, path) = (entry.index, entry.size, entry.path.clone());
     let _ = steps.send(Step::Msg(Msg::Entry(entry))).await;
     let file = Arc::new(file);
-    for k in data_chunks(&file, size, chunk as u64)? {
+    // Resuming compares every chunk (a hole now may be data at the other end).
+    let chunks = if opts.resume {
+        (0..size.div_ceil(chunk as u64)).collect()
+    } else {
+        data_chunks(&file, size, chunk as u64)?
+    };
+    let hash = opts.verify || opts.resume;
+    for k in chunks {
         let offset = k * chunk as u64;
         let len = (size - offset).min(chunk as u64) as usize;
         let buf = pool.acquire().await;
@@ -247,7 +276,7 @@ async fn plan(
             let buf = read_full(&uring, &file, offset, len, buf)
                 .await
                 .with_context(|| format!("reading {shown} at offset {offset}"))?;
-            let digest = if verify {
+            let digest = if hash {
                 tokio::task::spawn_blocking(move || {
                     let d: [u8; 32] = Sha256::digest(buf.data()).into();
                     (buf, d)
@@ -334,14 +363,42 @@ fn data_chunks(file: &OwnedFd, size: u64, chunk: u64) -> anyhow::Result<Vec<u64>
     Ok(out)
 }
 
+/// Digests the receiver has of a file being resumed, gathered from its
+/// `Have` messages until the last, then handed to the waiting sender.
+type Haves = Arc<
+    std::sync::Mutex<HashMap<u32, (Vec<[u8; 32]>, tokio::sync::oneshot::Sender<Vec<[u8; 32]>>)>>,
+>;
+
 /// Reads the receiver's answers until it says goodbye; every entry gets one.
-async fn collect_answers(link: &Link) -> anyhow::Result<Vec<(u32, Result<(), String>)>> {
+async fn collect_answers(
+    link: &Link,
+    haves: &Haves,
+) -> anyhow::Result<Vec<(u32, Result<(), String>)>> {
     let mut answers = Vec::new();
     while let Some(item) = link.recv().await? {
         let Incoming::Message(bytes) = item else {
             bail!("the receiver sent data during a push");
         };
         match Msg::decode(&bytes)? {
+            Msg::Have {
+                index,
+                first,
+                digests,
+            } => {
+                let mut map = haves.lock().expect("haves lock");
+                let Some((got, _)) = map.get_mut(&index) else {
+                    bail!("the receiver sent digests for an entry nobody asked about");
+                };
+                if first != got.len() as u64 {
+                    bail!("the receiver's digests are out of order");
+                }
+                let last = digests.len() < crate::recv::HAVE_BATCH;
+                got.extend(digests);
+                if last {
+                    let (got, tx) = map.remove(&index).expect("present");
+                    let _ = tx.send(got);
+                }
+            }
             Msg::EntryOk { index } => answers.push((index, Ok(()))),
             Msg::EntryFailed { index, reason } => answers.push((index, Err(reason))),
             Msg::Fail { reason } => bail!("the receiver gave up: {reason}"),

@@ -24,6 +24,7 @@ pub struct Params {
     pub recursive: bool,
     pub preserve: bool,
     pub verify: bool,
+    pub resume: bool,
     pub chunk: usize,
     pub window: u32,
 }
@@ -40,6 +41,9 @@ impl Params {
         if !self.verify {
             f |= flags::NO_VERIFY;
         }
+        if self.resume {
+            f |= flags::RESUME;
+        }
         f
     }
 
@@ -49,6 +53,7 @@ impl Params {
             recursive: f & flags::RECURSIVE != 0,
             preserve: f & flags::PRESERVE != 0,
             verify: f & flags::NO_VERIFY == 0,
+            resume: f & flags::RESUME != 0,
             ..self
         }
     }
@@ -57,6 +62,7 @@ impl Params {
         SendOptions {
             recursive: self.recursive,
             verify: self.verify,
+            resume: self.resume,
             chunk: self.chunk,
             buffers: (self.window as usize).clamp(4, 64),
         }
@@ -66,6 +72,7 @@ impl Params {
         RecvOptions {
             preserve: self.preserve,
             verify: self.verify,
+            resume: self.resume,
         }
     }
 }

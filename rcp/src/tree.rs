@@ -307,27 +307,103 @@ impl Base {
         )
     }
 
-    /// Creates the temporary file an entry's data goes to.
-    pub fn create_file(&self, e: &Entry) -> anyhow::Result<Incoming> {
+    /// Opens the temporary file an entry's data goes to: `.rcp-NAME.part`
+    /// next to the final name. Without `resume` it starts empty. With
+    /// `resume` what an interrupted copy left there is kept, or, if nothing
+    /// was left, the current file under the final name is taken as the
+    /// starting point (a kernel-side copy): the sender then sends only the
+    /// chunks that differ.
+    pub fn create_file(&self, e: &Entry, resume: bool) -> anyhow::Result<Incoming> {
         let (parent, name) = self.place(&e.path)?;
-        let temp = temp_name(&name)?;
-        let fd = rustix::fs::openat(
-            &parent,
-            temp.as_c_str(),
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .with_context(|| format!("cannot create a temporary file for {}", show(&e.path)))?;
-        Ok(Incoming {
+        let temp = part_name(&name)?;
+        let mut flags = OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        if !resume {
+            flags |= OFlags::TRUNC;
+        }
+        let fd = rustix::fs::openat(&parent, temp.as_c_str(), flags, Mode::from_raw_mode(0o600))
+            .with_context(|| format!("cannot create a temporary file for {}", show(&e.path)))?;
+        if FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != FileType::RegularFile {
+            bail!(
+                "{} is in the way and not a regular file",
+                temp.to_string_lossy()
+            );
+        }
+        let incoming = Incoming {
             fd,
             parent,
             temp,
             name,
-        })
+        };
+        if resume && rustix::fs::fstat(&incoming.fd)?.st_size == 0 {
+            incoming.start_from_final()?;
+        }
+        Ok(incoming)
     }
 }
 
 impl Incoming {
+    /// Copies the file under the final name (if it is a regular file) into
+    /// the temporary one.
+    fn start_from_final(&self) -> anyhow::Result<()> {
+        let Ok(old) = rustix::fs::openat(
+            &self.parent,
+            self.name.as_c_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            return Ok(());
+        };
+        let st = rustix::fs::fstat(&old)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Ok(());
+        }
+        let mut left = st.st_size as u64;
+        while left > 0 {
+            let n = rustix::fs::copy_file_range(
+                &old,
+                None,
+                &self.fd,
+                None,
+                left.min(1 << 30) as usize,
+            )?;
+            if n == 0 {
+                break;
+            }
+            left -= n as u64;
+        }
+        Ok(())
+    }
+
+    /// Digests of the whole chunks already in the temporary file, for a
+    /// resumed copy of a file of `size` bytes cut into `chunk`-byte chunks.
+    pub fn existing_digests(&self, size: u64, chunk: u32) -> anyhow::Result<Vec<[u8; 32]>> {
+        use sha2::{Digest, Sha256};
+        let have = (rustix::fs::fstat(&self.fd)?.st_size as u64).min(size);
+        let chunk = u64::from(chunk);
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; chunk as usize];
+        let mut k = 0u64;
+        loop {
+            let start = k * chunk;
+            let len = (size - start.min(size)).min(chunk);
+            if len == 0 || start + len > have {
+                break;
+            }
+            let b = &mut buf[..len as usize];
+            let mut got = 0;
+            while got < b.len() {
+                let n = rustix::io::pread(&self.fd, &mut b[got..], start + got as u64)?;
+                if n == 0 {
+                    bail!("temporary file shrank");
+                }
+                got += n;
+            }
+            out.push(Sha256::digest(&*b).into());
+            k += 1;
+        }
+        Ok(out)
+    }
+
     /// Size, durability, metadata, then the rename that makes it visible.
     pub fn commit(self, e: &Entry, preserve: bool) -> anyhow::Result<()> {
         rustix::fs::ftruncate(&self.fd, e.size)?;
@@ -357,6 +433,17 @@ impl Incoming {
     pub fn discard(self) {
         let _ = rustix::fs::unlinkat(&self.parent, self.temp.as_c_str(), AtFlags::empty());
     }
+}
+
+/// The temporary name of a file being received: fixed, so that an
+/// interrupted copy can be resumed.
+fn part_name(name: &CString) -> anyhow::Result<CString> {
+    // Keep within NAME_MAX (255) even for long names.
+    let base = &name.as_bytes()[..name.as_bytes().len().min(240)];
+    let mut t = b".rcp-".to_vec();
+    t.extend_from_slice(base);
+    t.extend_from_slice(b".part");
+    cstr(&t)
 }
 
 fn temp_name(name: &CString) -> anyhow::Result<CString> {

@@ -501,3 +501,85 @@ fn usage_errors_exit_two() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("chunk size"));
 }
+
+#[test]
+fn resume_after_the_receiver_is_killed_sends_less_and_ends_identical() {
+    let t = Scratch::new("resume");
+    let root = t.path("root");
+    std::fs::create_dir(&root).unwrap();
+    let key = secret(&t, "key");
+    let data = pattern(24 << 20, 11);
+    std::fs::write(t.path("big"), &data).unwrap();
+    let part = root.join(".rcp-big.part");
+    let mut d = Daemon::start(&[&root], &key);
+    let client = Command::new(RCP)
+        .args([
+            "-q",
+            "--chunk-size",
+            "256K",
+            "--window",
+            "4",
+            "--secret-file",
+            s(&key),
+        ])
+        .args([s(&t.path("big")), &d.url(&root)])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill the receiving daemon once a few MiB reached its disk.
+    let mut killed = false;
+    for _ in 0..5000 {
+        if std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0) >= 4 << 20 {
+            d.child.kill().unwrap();
+            d.child.wait().unwrap();
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let out = client.wait_with_output().unwrap();
+    assert!(
+        killed,
+        "the copy finished before the daemon could be killed"
+    );
+    assert!(
+        !out.status.success(),
+        "a copy whose receiver died reported success"
+    );
+    assert!(
+        !root.join("big").exists(),
+        "an interrupted copy has the final name"
+    );
+    let kept = std::fs::metadata(&part).unwrap().len();
+    assert!(kept >= 4 << 20);
+
+    let d2 = Daemon::start(&[&root], &key);
+    let v = json(&ok(&rcp(&[
+        "--json",
+        "--resume",
+        "--chunk-size",
+        "256K",
+        "--secret-file",
+        s(&key),
+        s(&t.path("big")),
+        &d2.url(&root),
+    ])));
+    assert_eq!(std::fs::read(root.join("big")).unwrap(), data);
+    assert_eq!(v["sha256"], file_digest(&data, 256 << 10));
+    let sent = v["bytes"].as_u64().unwrap();
+    assert!(sent < data.len() as u64, "sent {sent} of {}", data.len());
+    assert!(!part.exists());
+    // Resuming onto an identical file sends nothing at all.
+    let v = json(&ok(&rcp(&[
+        "--json",
+        "--resume",
+        "--chunk-size",
+        "256K",
+        "--secret-file",
+        s(&key),
+        s(&t.path("big")),
+        &d2.url(&root),
+    ])));
+    assert_eq!(v["bytes"], 0);
+    assert_eq!(std::fs::read(root.join("big")).unwrap(), data);
+}
