@@ -5,10 +5,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use rfabric::credit::SPARE_RECEIVES;
 use rfabric::link::LinkConfig;
 use rfabric::transport::tcp::{self, TcpListener};
 use rfabric::transport::verbs::{self, VerbsListener, VerbsOptions};
-use rfabric::transport::{Connection, TransportError};
+use rfabric::transport::{Connection, Limits, TransportError};
+use rfabric::wire::CHUNK_HEADER_LEN;
 use rfabric::wire::Role;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -122,11 +124,19 @@ impl Listener {
     }
 }
 
+/// Control receives of an rcp link.
+const CONTROL_DEPTH: u32 = 32;
+
 /// The link shape of an rcp session: a landing ring of `window` slots of
-/// `chunk` bytes each way, control messages big enough for any path.
-pub fn link_config(role: Role, window: u32, chunk: usize) -> LinkConfig {
-    let mut c = LinkConfig::new(role, window, chunk as u32);
+/// `chunk` bytes each way, control messages big enough for any path; both
+/// cut down to what the connection's device allows (one receive per slot
+/// besides the control ones, one transfer within the largest message).
+pub fn link_config(role: Role, window: u32, chunk: usize, limits: &Limits) -> LinkConfig {
+    let spare = CONTROL_DEPTH + SPARE_RECEIVES;
+    let window = window.min(limits.max_recv_wr.saturating_sub(spare)).max(1);
+    let max_chunk = (limits.max_msg as usize).saturating_sub(CHUNK_HEADER_LEN);
+    let mut c = LinkConfig::new(role, window, chunk.min(max_chunk) as u32);
     c.control_size = 16 * 1024;
-    c.control_depth = 32;
+    c.control_depth = CONTROL_DEPTH;
     c
 }

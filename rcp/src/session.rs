@@ -122,7 +122,8 @@ pub async fn client(
     progress: &Progress,
 ) -> anyhow::Result<Report> {
     let transport = conn.backend();
-    let link = Link::establish(conn, link_config(Role::Client, params.window, params.chunk))
+    let config = link_config(Role::Client, params.window, params.chunk, &conn.limits());
+    let link = Link::establish(conn, config)
         .await
         .context("cannot set up the session")?;
     let result = client_session(&link, secret, request, params, progress).await;
@@ -269,7 +270,8 @@ pub struct ServeConfig {
 /// The server side of one session.
 pub async fn server(conn: Arc<dyn Connection>, config: &ServeConfig) -> anyhow::Result<Stats> {
     let p = config.params;
-    let link = Link::establish(conn, link_config(Role::Server, p.window, p.chunk))
+    let shape = link_config(Role::Server, p.window, p.chunk, &conn.limits());
+    let link = Link::establish(conn, shape)
         .await
         .context("session set-up failed")?;
     let result = server_session(&link, config).await;

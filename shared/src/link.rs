@@ -513,7 +513,10 @@ impl Link {
                 }
                 let next_header =
                     (st.outbound.sent() % u64::from(inner.peer.ring.slot_count.max(1))) as usize;
-                if st.outbound.slots_available() > 0 && !st.header_busy[next_header] {
+                // Two send-queue entries per chunk at most (write, then note
+                // send, on devices without write-with-immediate).
+                let queue_room = st.in_flight.len() + 2 <= inner.conn.limits().max_send_wr as usize;
+                if queue_room && st.outbound.slots_available() > 0 && !st.header_busy[next_header] {
                     let ticket = st.outbound.try_slot().expect("credit checked");
                     let header = ChunkHeader {
                         payload_len: buf.len() as u32,
