@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use crate::digest;
 use crate::proto::{Entry, EntryKind, Msg};
 use crate::report::{Progress, Stats};
-use crate::tree::{self, Base, Incoming};
+use crate::tree::{self, Base, DirSyncs, Incoming};
 use crate::uring::Uring;
 
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +28,10 @@ pub struct RecvOptions {
     /// Keep what an interrupted copy left, tell the sender what is there.
     pub resume: bool,
 }
+
+/// Chunks up to this size are hashed in place: a hand-off to a worker
+/// thread would cost more than the hash.
+pub const INLINE_HASH: usize = 64 * 1024;
 
 /// Digests per `Have` message; a shorter one is the last for its entry.
 pub const HAVE_BATCH: usize = 256;
@@ -52,6 +56,7 @@ pub struct Received {
     pub failed: Vec<(String, String)>,
 }
 
+/// A finished file's digest (verified copies), or what went wrong.
 type Verdict = Result<Option<(String, [u8; 32])>, (String, String)>;
 
 /// Receives entries into `base` until the sender's `Done`, answering each.
@@ -66,6 +71,7 @@ pub async fn receive(
     let mut files: HashMap<u32, File> = HashMap::new();
     let mut dirs: Vec<Entry> = Vec::new();
     let mut finals: Vec<JoinHandle<Verdict>> = Vec::new();
+    let dirs_to_sync = Arc::new(std::sync::Mutex::new(DirSyncs::default()));
     let mut stats = Stats::default();
     let result = async {
         loop {
@@ -138,7 +144,13 @@ pub async fn receive(
                         let file = files
                             .remove(&index)
                             .with_context(|| format!("end of unknown entry {index}"))?;
-                        finals.push(tokio::spawn(finish_file(link.clone(), file, digest, opts)));
+                        finals.push(tokio::spawn(finish_file(
+                            link.clone(),
+                            file,
+                            digest,
+                            opts,
+                            Arc::clone(&dirs_to_sync),
+                        )));
                     }
                     Msg::Done { .. } => break,
                     Msg::Fail { reason } => bail!("the sender gave up: {reason}"),
@@ -178,6 +190,9 @@ pub async fn receive(
             ok = false;
         }
     }
+    // Every rename is durable before the sender can report success.
+    let dirs = std::mem::take(&mut *dirs_to_sync.lock().expect("dir lock"));
+    tokio::task::spawn_blocking(move || dirs.sync()).await??;
     if !ok {
         stats.failed = true;
     }
@@ -213,12 +228,17 @@ async fn write_chunk(
 ) -> ChunkResult {
     let h = *chunk.header();
     let (chunk, digest) = if verify {
-        // Hash off the I/O path; the chunk (and its slot) moves along.
-        let (chunk, digest) = tokio::task::spawn_blocking(move || {
+        let (chunk, digest) = if chunk.payload().len() <= INLINE_HASH {
             let d: [u8; 32] = Sha256::digest(chunk.payload()).into();
             (chunk, d)
-        })
-        .await?;
+        } else {
+            // Hash off the I/O path; the chunk (and its slot) moves along.
+            tokio::task::spawn_blocking(move || {
+                let d: [u8; 32] = Sha256::digest(chunk.payload()).into();
+                (chunk, d)
+            })
+            .await?
+        };
         if h.flags & chunk_flags::DIGEST == 0 || digest != h.digest {
             bail!(
                 "chunk at offset {} arrived corrupted (digest mismatch)",
@@ -259,7 +279,13 @@ async fn write_chunk(
 }
 
 /// Waits for a file's writes, checks its digest, commits it, answers.
-async fn finish_file(link: Link, file: File, digest: [u8; 32], opts: RecvOptions) -> Verdict {
+async fn finish_file(
+    link: Link,
+    file: File,
+    digest: [u8; 32],
+    opts: RecvOptions,
+    syncs: Arc<std::sync::Mutex<DirSyncs>>,
+) -> Verdict {
     let File {
         entry,
         out,
@@ -304,18 +330,30 @@ async fn finish_file(link: Link, file: File, digest: [u8; 32], opts: RecvOptions
             let preserve = opts.preserve;
             let e2 = entry.clone();
             match tokio::task::spawn_blocking(move || out.commit(&e2, preserve)).await {
-                Ok(Ok(())) => Ok(()),
+                Ok(Ok(dir)) => Ok(dir),
                 Ok(Err(e)) => Err(format!("{e:#}")),
                 Err(e) => Err(e.to_string()),
             }
         }
     };
-    let verdict = match &result {
-        Ok(()) => Ok(opts.verify.then(|| (tree::show(&entry.path), digest))),
-        Err(reason) => Err((tree::show(&entry.path), reason.clone())),
-    };
-    let _ = answer(&link, entry.index, result).await;
-    verdict
+    let result = result.and_then(|dir| {
+        // One open fd per distinct directory, not per file.
+        syncs
+            .lock()
+            .expect("dir lock")
+            .add(dir)
+            .map_err(|e| format!("{e:#}"))
+    });
+    match result {
+        Ok(()) => {
+            let _ = answer(&link, entry.index, Ok(())).await;
+            Ok(opts.verify.then(|| (tree::show(&entry.path), digest)))
+        }
+        Err(reason) => {
+            let _ = answer(&link, entry.index, Err(reason.clone())).await;
+            Err((tree::show(&entry.path), reason))
+        }
+    }
 }
 
 /// Resume: hashes the whole chunks already in the temporary file and sends

@@ -276,7 +276,10 @@ async fn plan(
             let buf = read_full(&uring, &file, offset, len, buf)
                 .await
                 .with_context(|| format!("reading {shown} at offset {offset}"))?;
-            let digest = if hash {
+            let digest = if hash && buf.len() <= crate::recv::INLINE_HASH {
+                let d: [u8; 32] = Sha256::digest(buf.data()).into();
+                (buf, d)
+            } else if hash {
                 tokio::task::spawn_blocking(move || {
                     let d: [u8; 32] = Sha256::digest(buf.data()).into();
                     (buf, d)

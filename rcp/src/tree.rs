@@ -405,7 +405,10 @@ impl Incoming {
     }
 
     /// Size, durability, metadata, then the rename that makes it visible.
-    pub fn commit(self, e: &Entry, preserve: bool) -> anyhow::Result<()> {
+    /// Returns the directory it was renamed in: the caller syncs each such
+    /// directory once, before the copy is reported complete (a sync per file
+    /// would cost a journal commit per file).
+    pub fn commit(self, e: &Entry, preserve: bool) -> anyhow::Result<OwnedFd> {
         rustix::fs::ftruncate(&self.fd, e.size)?;
         let mode = if preserve {
             e.mode
@@ -424,9 +427,7 @@ impl Incoming {
             self.name.as_c_str(),
         )
         .context("cannot rename into place")?;
-        // The rename itself must survive a crash too.
-        rustix::fs::fsync(&self.parent).context("cannot sync the directory")?;
-        Ok(())
+        Ok(self.parent)
     }
 
     /// Removes the temporary file: nothing false is left behind.
@@ -495,6 +496,26 @@ pub fn raw(fd: &OwnedFd) -> std::os::fd::RawFd {
 
 pub fn os(b: &[u8]) -> &OsStr {
     OsStr::from_bytes(b)
+}
+
+/// Directories whose entries changed, each kept once, synced at the end so
+/// that every rename survives a crash before success is reported.
+#[derive(Debug, Default)]
+pub struct DirSyncs(std::collections::HashMap<(u64, u64), OwnedFd>);
+
+impl DirSyncs {
+    pub fn add(&mut self, dir: OwnedFd) -> anyhow::Result<()> {
+        let st = rustix::fs::fstat(&dir)?;
+        self.0.entry((st.st_dev, st.st_ino)).or_insert(dir);
+        Ok(())
+    }
+
+    pub fn sync(self) -> anyhow::Result<()> {
+        for dir in self.0.into_values() {
+            rustix::fs::fsync(&dir).context("cannot sync a directory")?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
