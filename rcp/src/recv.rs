@@ -67,6 +67,8 @@ pub async fn receive(
     progress: &Progress,
 ) -> anyhow::Result<Received> {
     let uring = Uring::start(None).context("cannot start io_uring")?;
+    // Read the umask before any file is created here.
+    tree::umask();
     let base = Arc::new(base);
     let mut files: HashMap<u32, File> = HashMap::new();
     let mut dirs: Vec<Entry> = Vec::new();

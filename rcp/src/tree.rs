@@ -470,11 +470,15 @@ fn times(e: &Entry) -> Timestamps {
     }
 }
 
-fn umask() -> u32 {
-    // Read without changing it for good: set and restore.
-    let old = rustix::process::umask(Mode::from_raw_mode(0o022));
-    rustix::process::umask(old);
-    old.bits()
+/// The process umask, read once (reading it means setting and restoring
+/// it, which must not race with file creation on other threads later on).
+pub fn umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        let old = rustix::process::umask(Mode::from_raw_mode(0o022));
+        rustix::process::umask(old);
+        old.bits()
+    })
 }
 
 pub fn show(path: &[u8]) -> String {
