@@ -822,14 +822,20 @@ async fn receive_read_response(
         .expect("read lock")
         .pop_front()
         .ok_or_else(|| violation("read response nobody asked for"))?;
+    // Whatever happens, the read completes: with its data or flushed.
+    let flush = |end: ReaderEnd| {
+        shared.send_outstanding.fetch_sub(1, Ordering::AcqRel);
+        shared.complete(read.wr_id, Op::Read, Err(WcError::Flushed), 0);
+        end
+    };
     if read.tag != header.note || read.local.len() != header.len as usize {
-        return Err(violation(format!(
+        return Err(flush(violation(format!(
             "read response (tag {}, {} bytes) does not match the request (tag {}, {} bytes)",
             header.note,
             header.len,
             read.tag,
             read.local.len()
-        )));
+        ))));
     }
     // SAFETY: posted with the promise that nothing touches `local` until the
     // read completes, just below.
@@ -839,7 +845,9 @@ async fn receive_read_response(
             .memory()
             .slice_mut(read.local.offset(), read.local.len())
     };
-    socket.read_exact(target).await.map_err(io_end)?;
+    if let Err(e) = socket.read_exact(target).await {
+        return Err(flush(io_end(e)));
+    }
     shared.send_outstanding.fetch_sub(1, Ordering::AcqRel);
     shared.complete(read.wr_id, Op::Read, Ok(()), header.len as usize);
     Ok(())
