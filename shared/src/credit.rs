@@ -219,6 +219,12 @@ impl Inbound {
         self.slots.len() as u64
     }
 
+    /// The sequence number a 32-bit note stands for: the first at or after
+    /// `base` with those low bits (the window is far below 2^32).
+    fn seq_of(&self, note: u32) -> u64 {
+        self.base + u64::from(note.wrapping_sub(self.base as u32))
+    }
+
     fn index(&self, seq: u64) -> usize {
         (seq % self.ring()) as usize
     }
@@ -234,8 +240,7 @@ impl Inbound {
         offset: Option<u64>,
         len: u64,
     ) -> Result<Landing, CreditError> {
-        let ahead = u64::from(note.wrapping_sub(self.base as u32));
-        let seq = self.base + ahead;
+        let seq = self.seq_of(note);
         if self.slots.is_empty() || seq >= self.granted {
             return Err(CreditError::NoCredit {
                 note,
@@ -266,7 +271,7 @@ impl Inbound {
 
     /// The sequence number of the landed chunk that `note` announced.
     pub fn landed_seq(&self, note: u32) -> Option<u64> {
-        let seq = self.base + u64::from(note.wrapping_sub(self.base as u32));
+        let seq = self.seq_of(note);
         (seq < self.granted && self.slots[self.index(seq)] == Slot::Landed).then_some(seq)
     }
 

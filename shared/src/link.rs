@@ -30,7 +30,7 @@ use crate::credit::{CreditError, Inbound, Outbound, SPARE_RECEIVES};
 use crate::memory::{Memory, MemoryError, PoolBuf};
 use crate::transport::{
     Access, Completion, Connection, Op, Region, RemoteAddr, Segment, TransportError, WcError,
-    WriteGate, completions,
+    WriteGate, closed_reason, completions,
 };
 use crate::wire::{
     self, Body, CHUNK_HEADER_LEN, ChunkHeader, CreditUpdate, ErrorCode, FRAME_HEADER_LEN, Frame,
@@ -856,17 +856,6 @@ fn send_standalone_credit(inner: &Inner) {
                 fail(inner, e);
             }
         }
-    }
-}
-
-/// Drains a connection that is going down and returns why it went.
-async fn closed_reason(conn: &dyn Connection) -> TransportError {
-    let mut sink = Vec::new();
-    loop {
-        if let Err(e) = completions(conn, &mut sink).await {
-            return e;
-        }
-        sink.clear();
     }
 }
 

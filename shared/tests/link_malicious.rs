@@ -140,12 +140,7 @@ impl RawPeer {
 
     /// Waits until the connection is down and returns why.
     async fn closed_reason(&self) -> TransportError {
-        loop {
-            let mut out = Vec::new();
-            if let Err(e) = completions(&*self.conn, &mut out).await {
-                return e;
-            }
-        }
+        rfabric::transport::closed_reason(&*self.conn).await
     }
 }
 

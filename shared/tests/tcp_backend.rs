@@ -4,7 +4,7 @@
 mod common;
 
 use rfabric::transport::tcp::{self, FrameHeader, FrameOp, HEADER_LEN, PREFACE, TcpListener};
-use rfabric::transport::{TransportError, completions};
+use rfabric::transport::{TransportError, closed_reason, completions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -44,12 +44,7 @@ async fn an_oversized_frame_header_is_refused_and_explained() {
         note: 0,
     };
     stream.write_all(&header.encode()).await.unwrap();
-    let mut out = Vec::new();
-    let err = loop {
-        if let Err(e) = completions(&conn, &mut out).await {
-            break e;
-        }
-    };
+    let err = closed_reason(&conn).await;
     assert!(
         matches!(err, TransportError::Protocol(ref t) if t.contains("exceeds the limit")),
         "{err}"
@@ -108,12 +103,7 @@ async fn a_send_with_no_receive_posted_fails_after_the_rnr_wait() {
     };
     stream.write_all(&header.encode()).await.unwrap();
     stream.write_all(b"ping").await.unwrap();
-    let mut out = Vec::new();
-    let err = loop {
-        if let Err(e) = completions(&conn, &mut out).await {
-            break e;
-        }
-    };
+    let err = closed_reason(&conn).await;
     assert!(
         matches!(err, TransportError::Protocol(ref t) if t.contains("no receive was posted")),
         "{err}"

@@ -359,6 +359,18 @@ pub trait Connection: Send + Sync + 'static {
     fn close(&self);
 }
 
+/// Drains a connection that is going down (every remaining completion is
+/// dropped) and returns why it went.
+pub async fn closed_reason(conn: &dyn Connection) -> TransportError {
+    let mut sink = Vec::new();
+    loop {
+        if let Err(e) = completions(conn, &mut sink).await {
+            return e;
+        }
+        sink.clear();
+    }
+}
+
 /// Waits for completions (see [`Connection::poll_completions`]).
 pub async fn completions(
     conn: &dyn Connection,

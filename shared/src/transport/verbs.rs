@@ -411,16 +411,16 @@ struct Inner {
     state: Mutex<State>,
     registrations: Mutex<Vec<Registration>>,
     gate: Mutex<Option<Arc<dyn WriteGate>>>,
-    cq_fd: AsyncFd<ChannelFd>,
+    cq_fd: AsyncFd<ChannelFd<CompletionChannel>>,
     cm_id: Arc<Identifier>,
     _cm: Arc<CmChannel>,
 }
 
-/// The completion channel's fd for tokio; holding the channel keeps the fd
-/// open for as long as it is registered.
-struct ChannelFd(Arc<CompletionChannel>);
+/// A channel's fd for tokio (completion channel, rdma_cm event channel):
+/// holding the channel keeps the fd open for as long as it is registered.
+struct ChannelFd<T>(Arc<T>);
 
-impl AsRawFd for ChannelFd {
+impl<T: AsRawFd> AsRawFd for ChannelFd<T> {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }

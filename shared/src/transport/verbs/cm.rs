@@ -10,7 +10,6 @@
 //! an id can always be destroyed.
 #![allow(unsafe_code)]
 
-use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, Weak};
 
 use sideway::rdmacm::communication_manager::{
@@ -20,6 +19,7 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, mpsc};
 
+use super::ChannelFd;
 use crate::transport::TransportError;
 
 /// What a routed event says; `Event` itself is not `Send`, this is.
@@ -41,16 +41,6 @@ impl std::fmt::Debug for CmEvent {
             .field("kind", &self.kind)
             .field("status", &self.status)
             .finish()
-    }
-}
-
-/// The channel's fd for tokio; holding the channel keeps the fd open for as
-/// long as it is registered.
-struct ChannelFd(Arc<EventChannel>);
-
-impl AsRawFd for ChannelFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
     }
 }
 
@@ -146,7 +136,7 @@ impl CmChannel {
     }
 }
 
-async fn dispatch(cm: Weak<CmChannel>, fd: AsyncFd<ChannelFd>, stop: Arc<Notify>) {
+async fn dispatch(cm: Weak<CmChannel>, fd: AsyncFd<ChannelFd<EventChannel>>, stop: Arc<Notify>) {
     loop {
         let ready = tokio::select! {
             r = fd.readable() => r,
