@@ -11,7 +11,8 @@
 //! Rooms: [`operand`] (what the user typed), [`proto`] (control messages,
 //! sans I/O), [`auth`] (challenge-response), [`tree`] (confined filesystem
 //! work), [`uring`] (the io_uring thread), [`send`] and [`recv`] (the two
-//! pipelines), [`session`] (auth, request, pipelines), [`connect`]
+//! pipelines), [`session`] (auth, request, pipelines), [`streams`]
+//! (striping a session over several links), [`connect`]
 //! (transport choice), [`shell`] (remote-shell mode), [`report`] (progress
 //! and summary), [`digest`] (the digest definition).
 #![deny(unsafe_code)]
@@ -26,5 +27,6 @@ pub mod report;
 pub mod send;
 pub mod session;
 pub mod shell;
+pub mod streams;
 pub mod tree;
 pub mod uring;

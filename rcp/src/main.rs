@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use rcp::connect::{self, Listener, Transport};
 use rcp::operand::Operand;
 use rcp::report::Progress;
-use rcp::session::{self, Params, Report, Request, ServeConfig};
+use rcp::session::{self, Params, Report, Request, ServeConfig, Served, Target};
 use rcp::{auth, digest, shell};
 
 /// Copy files between nodes over RDMA (or TCP), pipelined and verified end
@@ -86,6 +86,12 @@ struct CopyArgs {
     /// Print nothing but errors.
     #[arg(short, long)]
     quiet: bool,
+    /// Connections (queue pairs) to stripe the data over; more than one
+    /// helps when a single connection is the bottleneck (one core per
+    /// connection on tcp, a NIC's per-QP limit on RDMA).
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=rcp::proto::MAX_STREAMS as i64))]
+    streams: u32,
     #[command(flatten)]
     tuning: Tuning,
 }
@@ -138,6 +144,7 @@ fn params(t: &Tuning, recursive: bool, preserve: bool, verify: bool) -> Params {
         resume: false,
         chunk: t.chunk_size,
         window: t.window,
+        streams: 1,
     }
 }
 
@@ -179,6 +186,7 @@ async fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
     let (dest, sources) = operands.split_last().expect("clap asks for two or more");
     let p = Params {
         resume: a.resume,
+        streams: a.streams,
         ..params(&a.tuning, a.recursive, a.preserve, !a.no_verify)
     };
     let progress = Progress::new(!a.quiet && !a.json);
@@ -253,16 +261,20 @@ async fn remote_copy(
                 .as_ref()
                 .context("rcp:// operands need --secret-file (the daemon's shared secret)")?;
             let secret = auth::read_secret(secret_file)?;
-            let addr = connect::resolve(host, *port)?;
-            let conn = connect::connect(addr, a.tuning.transport).await?;
-            session::client(conn, &secret, request, p, progress).await
+            let target = Target {
+                addr: connect::resolve(host, *port)?,
+                transport: a.tuning.transport,
+            };
+            session::client(target, &secret, request, p, progress).await
         }
         Operand::Shell { login, host, .. } => {
             let mut remote =
                 shell::start(&a.rsh, login, a.tuning.transport, p.chunk, p.window).await?;
-            let addr = connect::resolve(host, remote.port)?;
-            let conn = connect::connect(addr, a.tuning.transport).await?;
-            let report = session::client(conn, &remote.token, request, p, progress).await;
+            let target = Target {
+                addr: connect::resolve(host, remote.port)?,
+                transport: a.tuning.transport,
+            };
+            let report = session::client(target, &remote.token, request, p, progress).await;
             let status = remote.child.wait().await?;
             let report = report?;
             if !status.success() && report.failed.is_empty() {
@@ -298,17 +310,22 @@ async fn local_copy(
         secret: secret.clone(),
         params: p,
         log: false,
+        sessions: Arc::default(),
     };
-    let server = tokio::spawn(async move {
-        let conn = listener.accept().await?;
-        session::server(conn, &config).await
-    });
-    let conn = connect::connect(addr, Transport::Tcp).await?;
+    let server = tokio::spawn(session::serve_one(
+        listener,
+        config,
+        std::time::Duration::from_secs(10),
+    ));
+    let target = Target {
+        addr,
+        transport: Transport::Tcp,
+    };
     let request = Request::Push {
         sources: paths,
         dest: dest.as_os_str().as_encoded_bytes().to_vec(),
     };
-    let report = session::client(conn, &secret, request, p, progress).await;
+    let report = session::client(target, &secret, request, p, progress).await;
     let served = server.await?;
     let report = report?;
     served?;
@@ -328,6 +345,8 @@ fn summarize(r: &Report, json: bool, quiet: bool) -> ExitCode {
             "seconds": r.seconds,
             "bytes_per_second": rate,
             "transport": r.transport,
+            "streams": r.streams,
+            "stream_bytes": r.stats.stream_bytes,
             "ok": !failed,
         });
         if let (Some(d), false) = (&r.digest, failed) {
@@ -372,6 +391,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         secret,
         params: params(&a.tuning, false, false, true),
         log: true,
+        sessions: Arc::default(),
     });
     let listener = Listener::bind(a.listen, a.tuning.transport).await?;
     eprintln!(
@@ -398,8 +418,9 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         };
         let config = Arc::clone(&config);
         tokio::spawn(async move {
-            if let Err(e) = session::server(conn, &config).await {
-                eprintln!("rcp serve: session failed: {e:#}");
+            match session::server(conn, &config).await {
+                Ok(Served::Session(_) | Served::Joined) => {}
+                Err(e) => eprintln!("rcp serve: session failed: {e:#}"),
             }
             drop(permit);
         });
@@ -419,11 +440,9 @@ async fn server_once(a: ServerOnceArgs) -> anyhow::Result<ExitCode> {
         secret: token.into_bytes(),
         params: params(&a.tuning, false, false, true),
         log: true,
+        sessions: Arc::default(),
     };
-    let conn = tokio::time::timeout(std::time::Duration::from_secs(60), listener.accept())
-        .await
-        .context("no client connected within 60 s")??;
-    let stats = session::server(conn, &config).await?;
+    let stats = session::serve_one(listener, config, std::time::Duration::from_secs(60)).await?;
     Ok(if stats.failed {
         ExitCode::FAILURE
     } else {

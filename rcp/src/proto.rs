@@ -13,6 +13,8 @@ pub const MAX_PATH: usize = 4096;
 pub const MAX_SOURCES: usize = 256;
 /// Longest error text.
 pub const MAX_TEXT: usize = 1024;
+/// Most links one session may stripe its data over.
+pub const MAX_STREAMS: u32 = 16;
 
 /// Request flags.
 pub mod flags {
@@ -65,25 +67,38 @@ pub enum Msg {
     AuthOk {
         mac: [u8; 32],
     },
-    /// Client → server: I send, you receive into `dest`.
+    /// Client → server: I send, you receive into `dest`; the data is
+    /// striped over `streams` links (this one and `streams - 1` that join).
     Push {
         flags: u32,
+        streams: u32,
         sources: u32,
         dest: Vec<u8>,
     },
     /// Client → server: you send `sources`, I receive.
     Pull {
         flags: u32,
+        streams: u32,
         sources: Vec<Vec<u8>>,
     },
-    /// Receiver → sender: the request is accepted; entries may come.
+    /// Server → client: the request is accepted; entries may come once
+    /// the other streams joined `session`. Also the answer to a `Join`.
     Ready {
         dest_is_dir: bool,
+        session: [u8; 16],
+    },
+    /// Client → server, on a further connection after authenticating: this
+    /// link carries data of `session` as its stream number `stream`.
+    Join {
+        session: [u8; 16],
+        stream: u32,
     },
     Entry(Entry),
-    /// Sender → receiver: all chunks of `index` were sent.
+    /// Sender → receiver: all `chunks` chunks of `index` were sent (on
+    /// whichever streams; the file is complete once that many landed).
     EntryEnd {
         index: u32,
+        chunks: u64,
         digest: [u8; 32],
     },
     /// Receiver → sender: `index` is in place under its final name.
@@ -127,7 +142,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 13] = [
+const TAGS: [&str; 14] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -141,6 +156,7 @@ const TAGS: [&str; 13] = [
     "Have",
     "Done",
     "Fail",
+    "Join",
 ];
 
 impl Msg {
@@ -159,6 +175,7 @@ impl Msg {
             Msg::Have { .. } => 11,
             Msg::Done { .. } => 12,
             Msg::Fail { .. } => 13,
+            Msg::Join { .. } => 14,
         }
     }
 
@@ -179,21 +196,38 @@ impl Msg {
             Msg::AuthOk { mac } => w.extend_from_slice(mac),
             Msg::Push {
                 flags,
+                streams,
                 sources,
                 dest,
             } => {
                 put_u32(&mut w, *flags);
+                put_u32(&mut w, *streams);
                 put_u32(&mut w, *sources);
                 put_bytes(&mut w, dest);
             }
-            Msg::Pull { flags, sources } => {
+            Msg::Pull {
+                flags,
+                streams,
+                sources,
+            } => {
                 put_u32(&mut w, *flags);
+                put_u32(&mut w, *streams);
                 put_u32(&mut w, sources.len() as u32);
                 for s in sources {
                     put_bytes(&mut w, s);
                 }
             }
-            Msg::Ready { dest_is_dir } => w.push(u8::from(*dest_is_dir)),
+            Msg::Ready {
+                dest_is_dir,
+                session,
+            } => {
+                w.push(u8::from(*dest_is_dir));
+                w.extend_from_slice(session);
+            }
+            Msg::Join { session, stream } => {
+                w.extend_from_slice(session);
+                put_u32(&mut w, *stream);
+            }
             Msg::Entry(e) => {
                 put_u32(&mut w, e.index);
                 w.push(e.kind as u8);
@@ -205,8 +239,13 @@ impl Msg {
                 put_bytes(&mut w, &e.target);
                 put_u32(&mut w, e.chunk);
             }
-            Msg::EntryEnd { index, digest } => {
+            Msg::EntryEnd {
+                index,
+                chunks,
+                digest,
+            } => {
                 put_u32(&mut w, *index);
+                w.extend_from_slice(&chunks.to_le_bytes());
                 w.extend_from_slice(digest);
             }
             Msg::EntryOk { index } => put_u32(&mut w, *index),
@@ -244,18 +283,21 @@ impl Msg {
             3 => Msg::AuthOk { mac: r.array()? },
             4 => {
                 let flags = r.flags()?;
+                let streams = r.streams()?;
                 let sources = r.u32()?;
                 if sources == 0 || sources as usize > 1 << 30 {
                     return Err(ProtoError::BadField("push.sources"));
                 }
                 Msg::Push {
                     flags,
+                    streams,
                     sources,
                     dest: r.bytes(MAX_PATH, "push.dest")?,
                 }
             }
             5 => {
                 let flags = r.flags()?;
+                let streams = r.streams()?;
                 let n = r.u32()? as usize;
                 if n == 0 || n > MAX_SOURCES {
                     return Err(ProtoError::BadField("pull.sources"));
@@ -264,7 +306,11 @@ impl Msg {
                 for _ in 0..n {
                     sources.push(r.bytes(MAX_PATH, "pull.source")?);
                 }
-                Msg::Pull { flags, sources }
+                Msg::Pull {
+                    flags,
+                    streams,
+                    sources,
+                }
             }
             6 => Msg::Ready {
                 dest_is_dir: match r.u8()? {
@@ -272,6 +318,7 @@ impl Msg {
                     1 => true,
                     _ => return Err(ProtoError::BadField("ready.dest_is_dir")),
                 },
+                session: r.array()?,
             },
             7 => {
                 let index = r.u32()?;
@@ -320,6 +367,7 @@ impl Msg {
             }
             8 => Msg::EntryEnd {
                 index: r.u32()?,
+                chunks: r.u64()?,
                 digest: r.array()?,
             },
             9 => Msg::EntryOk { index: r.u32()? },
@@ -347,6 +395,14 @@ impl Msg {
             }
             12 => Msg::Done { entries: r.u32()? },
             13 => Msg::Fail { reason: r.text()? },
+            14 => {
+                let session = r.array()?;
+                let stream = r.u32()?;
+                if stream == 0 || stream >= MAX_STREAMS {
+                    return Err(ProtoError::BadField("join.stream"));
+                }
+                Msg::Join { session, stream }
+            }
             other => return Err(ProtoError::UnknownTag(other)),
         };
         if !r.0.is_empty() {
@@ -403,6 +459,13 @@ impl<'a> Reader<'a> {
         }
         Ok(f)
     }
+    fn streams(&mut self) -> Result<u32, ProtoError> {
+        let n = self.u32()?;
+        if n == 0 || n > MAX_STREAMS {
+            return Err(ProtoError::BadField("streams"));
+        }
+        Ok(n)
+    }
     fn bytes(&mut self, max: usize, field: &'static str) -> Result<Vec<u8>, ProtoError> {
         let n = u16::from_le_bytes(self.array()?) as usize;
         if n > max {
@@ -432,14 +495,19 @@ mod tests {
             Msg::AuthOk { mac: [4; 32] },
             Msg::Push {
                 flags: flags::RECURSIVE | flags::PRESERVE,
+                streams: 4,
                 sources: 2,
                 dest: b"/data/x".to_vec(),
             },
             Msg::Pull {
                 flags: 0,
+                streams: 1,
                 sources: vec![b"a".to_vec(), "ü b".as_bytes().to_vec()],
             },
-            Msg::Ready { dest_is_dir: true },
+            Msg::Ready {
+                dest_is_dir: true,
+                session: [3; 16],
+            },
             Msg::Entry(Entry {
                 index: 7,
                 kind: EntryKind::File,
@@ -464,6 +532,7 @@ mod tests {
             }),
             Msg::EntryEnd {
                 index: 7,
+                chunks: 1 << 20,
                 digest: [9; 32],
             },
             Msg::EntryOk { index: 7 },
@@ -479,6 +548,10 @@ mod tests {
             Msg::Done { entries: 9 },
             Msg::Fail {
                 reason: "no such file".into(),
+            },
+            Msg::Join {
+                session: [8; 16],
+                stream: 15,
             },
         ]
     }
@@ -497,13 +570,36 @@ mod tests {
         let mut b = Msg::EntryOk { index: 1 }.encode();
         b.push(0);
         assert_eq!(Msg::decode(&b), Err(ProtoError::Trailing(1)));
-        let b = Msg::Push {
-            flags: 1 << 20,
-            sources: 1,
-            dest: vec![],
+        let push = |flags, streams| {
+            Msg::Push {
+                flags,
+                streams,
+                sources: 1,
+                dest: vec![],
+            }
+            .encode()
+        };
+        assert_eq!(
+            Msg::decode(&push(1 << 20, 1)),
+            Err(ProtoError::BadField("flags"))
+        );
+        for streams in [0, MAX_STREAMS + 1] {
+            assert_eq!(
+                Msg::decode(&push(0, streams)),
+                Err(ProtoError::BadField("streams"))
+            );
         }
-        .encode();
-        assert_eq!(Msg::decode(&b), Err(ProtoError::BadField("flags")));
+        // Stream 0 is the session's own link; it cannot join again.
+        let join = |stream| Msg::Join {
+            session: [0; 16],
+            stream,
+        };
+        for stream in [0, MAX_STREAMS] {
+            assert_eq!(
+                Msg::decode(&join(stream).encode()),
+                Err(ProtoError::BadField("join.stream"))
+            );
+        }
         // A declared digest count beyond the bytes present allocates nothing.
         let mut b = vec![11];
         b.extend_from_slice(&1u32.to_le_bytes());
@@ -561,6 +657,7 @@ mod tests {
         );
         let mut long = vec![4];
         long.extend_from_slice(&0u32.to_le_bytes());
+        long.extend_from_slice(&1u32.to_le_bytes());
         long.extend_from_slice(&1u32.to_le_bytes());
         long.extend_from_slice(&((MAX_PATH + 1) as u16).to_le_bytes());
         long.extend(vec![b'a'; MAX_PATH + 1]);

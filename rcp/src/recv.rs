@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use crate::digest;
 use crate::proto::{Entry, EntryKind, Msg};
 use crate::report::{Progress, Stats};
+use crate::streams::Merged;
 use crate::tree::{self, Base, DirSyncs, Incoming};
 use crate::uring::Uring;
 
@@ -44,6 +45,25 @@ struct File {
     writes: Vec<JoinHandle<ChunkResult>>,
     /// Digests of chunks already on disk (resume): those the sender skips.
     known: Vec<Option<[u8; 32]>>,
+    /// The sender's end of the file: how many chunks it sent, the digest.
+    end: Option<(u64, [u8; 32])>,
+}
+
+impl File {
+    /// Every chunk the sender announced has landed.
+    fn complete(&self) -> anyhow::Result<bool> {
+        let Some((sent, _)) = self.end else {
+            return Ok(false);
+        };
+        let landed = self.writes.len() as u64;
+        if landed > sent {
+            bail!(
+                "{}: more chunks arrived than were sent",
+                tree::show(&self.entry.path)
+            );
+        }
+        Ok(landed == sent)
+    }
 }
 
 /// What arrived.
@@ -59,13 +79,16 @@ pub struct Received {
 /// A finished file's digest (verified copies), or what went wrong.
 type Verdict = Result<Option<(String, [u8; 32])>, (String, String)>;
 
-/// Receives entries into `base` until the sender's `Done`, answering each.
+/// Receives entries into `base` until the sender's `Done` and the last
+/// file is complete, answering each. `links[0]` carries the messages; data
+/// arrives on all of them, in any order across links.
 pub async fn receive(
-    link: &Link,
+    links: &[Link],
     base: Base,
     opts: RecvOptions,
     progress: &Progress,
 ) -> anyhow::Result<Received> {
+    let link = &links[0];
     let uring = Uring::start(None).context("cannot start io_uring")?;
     // Read the umask before any file is created here.
     tree::umask();
@@ -74,95 +97,137 @@ pub async fn receive(
     let mut dirs: Vec<Entry> = Vec::new();
     let mut finals: Vec<JoinHandle<Verdict>> = Vec::new();
     let dirs_to_sync = Arc::new(std::sync::Mutex::new(DirSyncs::default()));
-    let mut stats = Stats::default();
+    let mut stats = Stats {
+        stream_bytes: vec![0; links.len()],
+        ..Stats::default()
+    };
+    let mut incoming = Merged::new(links);
+    // Chunks that overtook their entry's announcement on another stream
+    // (they hold their slots, so the window bounds them).
+    let mut early: HashMap<u32, Vec<Chunk>> = HashMap::new();
+    // Entry indices grow; anything at or below this was announced.
+    let mut announced: Option<u32> = None;
+    let mut done = false;
+    let start_finish = |file: File| {
+        tokio::spawn(finish_file(
+            link.clone(),
+            file,
+            opts,
+            Arc::clone(&dirs_to_sync),
+        ))
+    };
     let result = async {
-        loop {
-            let item = link
-                .recv()
-                .await?
+        while !(done && files.is_empty()) {
+            let (stream, item) = incoming
+                .next()
+                .await
                 .context("the sender went away before it was done")?;
-            match item {
+            let item = item?.context("the sender went away before it was done")?;
+            let bytes = match item {
                 LinkIncoming::Chunk(chunk) => {
-                    let stream = u32::try_from(chunk.header().stream).context("bad stream")?;
+                    stats.stream_bytes[stream as usize] += u64::from(chunk.header().payload_len);
+                    let index = u32::try_from(chunk.header().stream).context("bad stream")?;
+                    if announced.is_none_or(|a| index > a) {
+                        early.entry(index).or_default().push(chunk);
+                        continue;
+                    }
                     let file = files
-                        .get_mut(&stream)
-                        .with_context(|| format!("data for unknown entry {stream}"))?;
-                    let k = check_place(&file.entry, &chunk)?;
-                    stats.bytes += u64::from(chunk.header().payload_len);
-                    progress.add(u64::from(chunk.header().payload_len));
-                    let task =
-                        write_chunk(uring.clone(), Arc::clone(&file.out), chunk, k, opts.verify);
-                    file.writes.push(tokio::spawn(task));
+                        .get_mut(&index)
+                        .with_context(|| format!("data for unknown entry {index}"))?;
+                    land(file, chunk, &uring, opts, &mut stats, progress)?;
+                    if file.complete()? {
+                        finals.push(start_finish(files.remove(&index).expect("present")));
+                    }
+                    continue;
                 }
-                LinkIncoming::Message(bytes) => match Msg::decode(&bytes)? {
-                    Msg::Entry(e) => {
-                        if files.contains_key(&e.index) {
-                            bail!("entry {} announced twice", e.index);
+                LinkIncoming::Message(_) if stream != 0 => {
+                    bail!("a message arrived on data stream {stream}")
+                }
+                LinkIncoming::Message(bytes) => bytes,
+            };
+            match Msg::decode(&bytes)? {
+                Msg::Entry(e) => {
+                    let index = e.index;
+                    if announced.is_some_and(|a| index <= a) {
+                        bail!("entry {index} announced out of order");
+                    }
+                    announced = Some(index);
+                    match e.kind {
+                        EntryKind::File => match base.create_file(&e, opts.resume) {
+                            Ok(out) => {
+                                stats.files += 1;
+                                let out = Arc::new(out);
+                                let known = if opts.resume {
+                                    tell_what_is_there(link, &e, &out).await?
+                                } else {
+                                    Vec::new()
+                                };
+                                let mut file = File {
+                                    entry: e,
+                                    out,
+                                    writes: Vec::new(),
+                                    known,
+                                    end: None,
+                                };
+                                for chunk in early.remove(&index).unwrap_or_default() {
+                                    land(&mut file, chunk, &uring, opts, &mut stats, progress)?;
+                                }
+                                files.insert(index, file);
+                            }
+                            Err(err) => {
+                                answer(link, e.index, Err(format!("{err:#}"))).await?;
+                                bail!("{}: {err:#}", tree::show(&e.path));
+                            }
+                        },
+                        EntryKind::Dir => {
+                            let r = base.make_dir(&e).map_err(|err| format!("{err:#}"));
+                            let failed = r.is_err();
+                            answer(link, e.index, r).await?;
+                            if failed {
+                                bail!("cannot create directory {}", tree::show(&e.path));
+                            }
+                            dirs.push(e);
                         }
-                        match e.kind {
-                            EntryKind::File => match base.create_file(&e, opts.resume) {
-                                Ok(out) => {
-                                    stats.files += 1;
-                                    let out = Arc::new(out);
-                                    let known = if opts.resume {
-                                        tell_what_is_there(link, &e, &out).await?
-                                    } else {
-                                        Vec::new()
-                                    };
-                                    files.insert(
-                                        e.index,
-                                        File {
-                                            entry: e,
-                                            out,
-                                            writes: Vec::new(),
-                                            known,
-                                        },
-                                    );
-                                }
-                                Err(err) => {
-                                    // The sender still sends its chunks: a
-                                    // sink that drops them keeps the stream
-                                    // in step.
-                                    answer(link, e.index, Err(format!("{err:#}"))).await?;
-                                    bail!("{}: {err:#}", tree::show(&e.path));
-                                }
-                            },
-                            EntryKind::Dir => {
-                                let r = base.make_dir(&e).map_err(|err| format!("{err:#}"));
-                                let failed = r.is_err();
-                                answer(link, e.index, r).await?;
-                                if failed {
-                                    bail!("cannot create directory {}", tree::show(&e.path));
-                                }
-                                dirs.push(e);
-                            }
-                            EntryKind::Symlink => {
-                                let r = base.make_symlink(&e).map_err(|err| format!("{err:#}"));
-                                answer(link, e.index, r).await?;
-                            }
+                        EntryKind::Symlink => {
+                            let r = base.make_symlink(&e).map_err(|err| format!("{err:#}"));
+                            answer(link, e.index, r).await?;
                         }
                     }
-                    Msg::EntryEnd { index, digest } => {
-                        let file = files
-                            .remove(&index)
-                            .with_context(|| format!("end of unknown entry {index}"))?;
-                        finals.push(tokio::spawn(finish_file(
-                            link.clone(),
-                            file,
-                            digest,
-                            opts,
-                            Arc::clone(&dirs_to_sync),
-                        )));
+                    // Early data for anything announced by now, other than
+                    // a file, belongs to nothing.
+                    if let Some(stray) = early.keys().find(|&&k| k <= index) {
+                        bail!("data for unknown entry {stray}");
                     }
-                    Msg::Done { .. } => break,
-                    Msg::Fail { reason } => bail!("the sender gave up: {reason}"),
-                    other => bail!("unexpected {} from the sender", other.name()),
-                },
+                }
+                Msg::EntryEnd {
+                    index,
+                    chunks,
+                    digest,
+                } => {
+                    let file = files
+                        .get_mut(&index)
+                        .with_context(|| format!("end of unknown entry {index}"))?;
+                    if file.end.is_some() {
+                        bail!("entry {index} ended twice");
+                    }
+                    file.end = Some((chunks, digest));
+                    if file.complete()? {
+                        finals.push(start_finish(files.remove(&index).expect("present")));
+                    }
+                }
+                Msg::Done { .. } => done = true,
+                Msg::Fail { reason } => bail!("the sender gave up: {reason}"),
+                other => bail!("unexpected {} from the sender", other.name()),
             }
+        }
+        if let Some(stray) = early.keys().next() {
+            bail!("data for unknown entry {stray}");
         }
         anyhow::Ok(())
     }
     .await;
+    drop(incoming);
+    early.clear();
     let mut ok = result.is_ok();
     let mut digests = Vec::new();
     let mut failed = Vec::new();
@@ -219,6 +284,24 @@ fn check_place(e: &Entry, chunk: &Chunk) -> anyhow::Result<u64> {
         );
     }
     Ok(h.offset / c)
+}
+
+/// Checks where a landed chunk belongs and starts its hash and write.
+fn land(
+    file: &mut File,
+    chunk: Chunk,
+    uring: &Uring,
+    opts: RecvOptions,
+    stats: &mut Stats,
+    progress: &Progress,
+) -> anyhow::Result<()> {
+    let k = check_place(&file.entry, &chunk)?;
+    let len = u64::from(chunk.header().payload_len);
+    stats.bytes += len;
+    progress.add(len);
+    let task = write_chunk(uring.clone(), Arc::clone(&file.out), chunk, k, opts.verify);
+    file.writes.push(tokio::spawn(task));
+    Ok(())
 }
 
 async fn write_chunk(
@@ -284,7 +367,6 @@ async fn write_chunk(
 async fn finish_file(
     link: Link,
     file: File,
-    digest: [u8; 32],
     opts: RecvOptions,
     syncs: Arc<std::sync::Mutex<DirSyncs>>,
 ) -> Verdict {
@@ -293,7 +375,9 @@ async fn finish_file(
         out,
         writes,
         known,
+        end,
     } = file;
+    let (_, digest) = end.expect("finished files have ended");
     let mut chunks = known;
     let mut error: Option<String> = None;
     for w in writes {

@@ -4,10 +4,12 @@
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Totals of one copy.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct Stats {
     pub bytes: u64,
     pub files: u64,
+    /// Data bytes carried by each stream (link) of the session.
+    pub stream_bytes: Vec<u64>,
     /// Some entry failed.
     pub failed: bool,
 }

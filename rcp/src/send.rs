@@ -68,21 +68,26 @@ pub struct Outcome {
     pub digests: Vec<(String, [u8; 32])>,
 }
 
-/// Sends `sources` over `link` and waits for the receiver's verdict on
-/// every entry.
+/// Sends `sources` over the session's `links` (the first carries the
+/// messages, all carry data) and waits for the receiver's verdict on every
+/// entry.
 pub async fn send(
-    link: &Link,
+    links: &[Link],
     sources: Vec<Source>,
     opts: SendOptions,
     progress: &Progress,
 ) -> anyhow::Result<(Stats, Outcome)> {
-    let chunk = opts.chunk.min(link.max_chunk());
+    let link = &links[0];
+    let chunk = links
+        .iter()
+        .map(Link::max_chunk)
+        .fold(opts.chunk, usize::min);
     if chunk == 0 {
         bail!("the receiver offers no landing ring");
     }
     let pool = BufferPool::new(opts.buffers, chunk)?;
-    let region = link.register(pool.memory())?;
     let uring = Uring::start(Some(&pool)).context("cannot start io_uring")?;
+    let (data, stripers) = stripe(links, &pool)?;
 
     // Walk on a blocking thread, a bounded number of items (and open
     // files) ahead.
@@ -142,6 +147,8 @@ pub async fn send(
     let mut chunks_sent = 0u64;
     let mut names: HashMap<u32, Vec<u8>> = HashMap::new();
     let mut digests: Vec<Option<[u8; 32]>> = Vec::new();
+    // Chunks of the current file handed to the stripers.
+    let mut file_chunks = 0u64;
     let mut outcome = Outcome::default();
     while let Some(step) = steps.recv().await {
         match step {
@@ -151,6 +158,7 @@ pub async fn send(
                     entries += 1;
                     names.insert(e.index, e.path.clone());
                     digests.clear();
+                    file_chunks = 0;
                     if e.kind == EntryKind::File {
                         stats.files += 1;
                         if opts.resume {
@@ -197,7 +205,10 @@ pub async fn send(
                     flags: if opts.verify { chunk_flags::DIGEST } else { 0 },
                     digest,
                 };
-                link.send_chunk(meta, &region, buf).await?;
+                data.send((meta, buf))
+                    .await
+                    .map_err(|_| anyhow::anyhow!("every stream failed"))?;
+                file_chunks += 1;
                 stats.bytes += len;
                 progress.add(len);
             }
@@ -215,14 +226,22 @@ pub async fn send(
                 if opts.verify {
                     outcome.digests.push((tree::show(&path), digest));
                 }
-                link.send_message(&Msg::EntryEnd { index, digest }.encode())
-                    .await?;
+                let end = Msg::EntryEnd {
+                    index,
+                    chunks: file_chunks,
+                    digest,
+                };
+                link.send_message(&end.encode()).await?;
             }
         }
     }
     planner.await??;
     walker.await?;
     link.send_message(&Msg::Done { entries }.encode()).await?;
+    drop(data);
+    for s in stripers {
+        stats.stream_bytes.push(s.await??);
+    }
     for (index, verdict) in answers.await?? {
         if let Err(reason) = verdict {
             let name = names.get(&index).map(|p| tree::show(p)).unwrap_or_default();
@@ -230,6 +249,43 @@ pub async fn send(
         }
     }
     Ok((stats, outcome))
+}
+
+/// A chunk ready to go out: where it belongs, and its bytes.
+type Outgoing = (ChunkMeta, PoolBuf);
+
+/// Where chunks are handed to the stripers, and the stripers (each ends
+/// with the bytes it sent).
+type Stripers = (
+    async_channel::Sender<Outgoing>,
+    Vec<JoinHandle<anyhow::Result<u64>>>,
+);
+
+/// One task per link that takes the next chunk as soon as its link has
+/// posted the previous one, so chunks flow to whichever stream has credit.
+/// A striper that fails fails every link, so that nothing waits on it.
+/// Each returns the bytes it sent.
+fn stripe(links: &[Link], pool: &Arc<BufferPool>) -> anyhow::Result<Stripers> {
+    let (tx, rx) = async_channel::bounded::<Outgoing>(links.len());
+    let mut tasks = Vec::with_capacity(links.len());
+    for link in links {
+        // Each connection has its own registration of the pool.
+        let region = link.register(pool.memory())?;
+        let (link, rx, all) = (link.clone(), rx.clone(), links.to_vec());
+        tasks.push(tokio::spawn(async move {
+            let mut bytes = 0u64;
+            while let Ok((meta, buf)) = rx.recv().await {
+                let len = buf.len() as u64;
+                if let Err(e) = link.send_chunk(meta, &region, buf).await {
+                    crate::streams::abort_all(&all, "a data stream failed");
+                    return Err(e.into());
+                }
+                bytes += len;
+            }
+            Ok(bytes)
+        }));
+    }
+    Ok((tx, tasks))
 }
 
 /// Steps for one walked item: its entry, reads of its data chunks (holes

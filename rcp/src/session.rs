@@ -1,6 +1,7 @@
 //! One copy session over a link: authentication, the request, then the
 //! sender and receiver pipelines, for the client and the server side.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,11 +12,12 @@ use rfabric::transport::Connection;
 use rfabric::wire::Role;
 
 use crate::auth;
-use crate::connect::link_config;
+use crate::connect::{self, Listener, Transport, link_config};
 use crate::proto::{Msg, flags};
 use crate::recv::{self, RecvOptions};
 use crate::report::{Progress, Stats};
 use crate::send::{self, SendOptions, Source};
+use crate::streams::{self, Sessions};
 use crate::tree::{self, Base};
 
 /// How to copy.
@@ -26,7 +28,10 @@ pub struct Params {
     pub verify: bool,
     pub resume: bool,
     pub chunk: usize,
+    /// Landing slots per stream.
     pub window: u32,
+    /// Links the data is striped over (the client's choice).
+    pub streams: u32,
 }
 
 impl Params {
@@ -48,12 +53,13 @@ impl Params {
     }
 
     /// The client's choices as the server applies them.
-    fn with_flags(self, f: u32) -> Params {
+    fn with_request(self, f: u32, streams: u32) -> Params {
         Params {
             recursive: f & flags::RECURSIVE != 0,
             preserve: f & flags::PRESERVE != 0,
             verify: f & flags::NO_VERIFY == 0,
             resume: f & flags::RESUME != 0,
+            streams,
             ..self
         }
     }
@@ -64,7 +70,7 @@ impl Params {
             verify: self.verify,
             resume: self.resume,
             chunk: self.chunk,
-            buffers: (self.window as usize).clamp(4, 64),
+            buffers: (self.window as usize * self.streams as usize).clamp(4, 64),
         }
     }
 
@@ -98,6 +104,8 @@ pub struct Report {
     pub stats: Stats,
     pub seconds: f64,
     pub transport: &'static str,
+    /// Links the data went over.
+    pub streams: usize,
     /// Digest of the one file copied, when exactly one was and it was
     /// verified.
     pub digest: Option<[u8; 32]>,
@@ -113,24 +121,45 @@ async fn next_msg(link: &Link) -> anyhow::Result<Msg> {
     }
 }
 
-/// The client side: authenticate, ask, copy.
+/// Where the client connects.
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    pub addr: SocketAddr,
+    pub transport: Transport,
+}
+
+impl Target {
+    async fn open(&self, secret: &[u8], params: &Params) -> anyhow::Result<Link> {
+        let conn = connect::connect(self.addr, self.transport).await?;
+        let config = link_config(Role::Client, params.window, params.chunk, &conn.limits());
+        let link = Link::establish(conn, config)
+            .await
+            .context("cannot set up the session")?;
+        if let Err(e) = authenticate(&link, secret).await {
+            link.abort("client gave up");
+            return Err(e);
+        }
+        Ok(link)
+    }
+}
+
+/// The client side: connect, authenticate, ask, copy.
 pub async fn client(
-    conn: Arc<dyn Connection>,
+    target: Target,
     secret: &[u8],
     request: Request,
     params: Params,
     progress: &Progress,
 ) -> anyhow::Result<Report> {
-    let transport = conn.backend();
-    let config = link_config(Role::Client, params.window, params.chunk, &conn.limits());
-    let link = Link::establish(conn, config)
-        .await
-        .context("cannot set up the session")?;
-    let result = client_session(&link, secret, request, params, progress).await;
+    let first = target.open(secret, &params).await?;
+    let transport = first.backend();
+    let mut links = vec![first];
+    let result = client_session(target, &mut links, secret, request, params, progress).await;
     if result.is_err() {
-        link.abort("client gave up");
+        streams::abort_all(&links, "client gave up");
     }
     let (stats, outcome, seconds) = result?;
+    let streams = links.len();
     let digest = match outcome.digests.as_slice() {
         [(_, d)] if stats.files == 1 => Some(*d),
         _ => None,
@@ -139,18 +168,14 @@ pub async fn client(
         stats,
         seconds,
         transport,
+        streams,
         digest,
         failed: outcome.failed,
     })
 }
 
-async fn client_session(
-    link: &Link,
-    secret: &[u8],
-    request: Request,
-    params: Params,
-    progress: &Progress,
-) -> anyhow::Result<(Stats, send::Outcome, f64)> {
+/// Proves the secret to the server and checks the server's proof.
+async fn authenticate(link: &Link, secret: &[u8]) -> anyhow::Result<()> {
     let Msg::Challenge {
         nonce: server_nonce,
     } = next_msg(link).await?
@@ -162,50 +187,108 @@ async fn client_session(
     link.send_message(&Msg::Auth { nonce, mac }.encode())
         .await?;
     match next_msg(link).await? {
-        Msg::AuthOk { mac } if auth::check_server(secret, &server_nonce, &nonce, &mac) => {}
+        Msg::AuthOk { mac } if auth::check_server(secret, &server_nonce, &nonce, &mac) => Ok(()),
         Msg::AuthOk { .. } => bail!("the server could not prove it knows the secret"),
         Msg::Fail { reason } => bail!("refused by the server: {reason}"),
         other => bail!("unexpected {} during authentication", other.name()),
     }
+}
+
+/// Opens the session's further streams (the first is `links[0]`).
+async fn join_streams(
+    target: Target,
+    links: &mut Vec<Link>,
+    secret: &[u8],
+    session: [u8; 16],
+    params: Params,
+) -> anyhow::Result<()> {
+    // Every stream over the transport the first one got.
+    let target = Target {
+        transport: match links[0].backend() {
+            "tcp" => Transport::Tcp,
+            _ => Transport::Rdma,
+        },
+        ..target
+    };
+    let opening: Vec<_> = (1..params.streams)
+        .map(|stream| {
+            let secret = secret.to_vec();
+            tokio::spawn(async move {
+                let link = target.open(&secret, &params).await?;
+                let join = Msg::Join { session, stream };
+                link.send_message(&join.encode()).await?;
+                expect_ready(&link)
+                    .await
+                    .with_context(|| format!("stream {stream} could not join"))?;
+                anyhow::Ok(link)
+            })
+        })
+        .collect();
+    let mut first_error = None;
+    for o in opening {
+        match o.await? {
+            Ok(link) => links.push(link),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+async fn client_session(
+    target: Target,
+    links: &mut Vec<Link>,
+    secret: &[u8],
+    request: Request,
+    params: Params,
+    progress: &Progress,
+) -> anyhow::Result<(Stats, send::Outcome, f64)> {
     let started = Instant::now();
+    let control = links[0].clone();
     let (stats, outcome) = match request {
         Request::Push { sources, dest } => {
             let local = local_sources(&sources)?;
             let push = Msg::Push {
                 flags: params.flags(),
+                streams: params.streams,
                 sources: sources.len() as u32,
                 dest,
             };
-            link.send_message(&push.encode()).await?;
-            expect_ready(link).await?;
-            let (stats, outcome) = send::send(link, local, params.send_options(), progress).await?;
-            link.finish().await?;
+            control.send_message(&push.encode()).await?;
+            let session = expect_ready(&control).await?;
+            join_streams(target, links, secret, session, params).await?;
+            let (stats, outcome) =
+                send::send(links, local, params.send_options(), progress).await?;
+            streams::finish_all(links).await?;
             (stats, outcome)
         }
         Request::Pull { sources, dest } => {
             let base = local_base(&dest, sources.len())?;
             let pull = Msg::Pull {
                 flags: params.flags(),
+                streams: params.streams,
                 sources,
             };
-            link.send_message(&pull.encode()).await?;
-            expect_ready(link).await?;
-            let got = recv::receive(link, base, params.recv_options(), progress).await?;
-            link.finish().await?;
+            control.send_message(&pull.encode()).await?;
+            let session = expect_ready(&control).await?;
+            join_streams(target, links, secret, session, params).await?;
+            let got = recv::receive(links, base, params.recv_options(), progress).await?;
+            streams::finish_all(links).await?;
             let outcome = send::Outcome {
                 digests: got.digests,
                 failed: got.failed,
             };
-            let stats = got.stats;
-            (stats, outcome)
+            (got.stats, outcome)
         }
     };
     Ok((stats, outcome, started.elapsed().as_secs_f64()))
 }
 
-async fn expect_ready(link: &Link) -> anyhow::Result<()> {
+/// Waits for the server's `Ready`; returns the session id in it.
+async fn expect_ready(link: &Link) -> anyhow::Result<[u8; 16]> {
     match next_msg(link).await? {
-        Msg::Ready { .. } => Ok(()),
+        Msg::Ready { session, .. } => Ok(session),
         Msg::Fail { reason } => bail!("{reason}"),
         other => bail!(
             "unexpected {} instead of an answer to the request",
@@ -265,38 +348,48 @@ pub struct ServeConfig {
     /// Report failed entries on stderr (a daemon's log); off when the
     /// client shares the process and reports them itself.
     pub log: bool,
+    /// Sessions waiting for their further streams.
+    pub sessions: Arc<Sessions>,
 }
 
-/// The server side of one session.
-pub async fn server(conn: Arc<dyn Connection>, config: &ServeConfig) -> anyhow::Result<Stats> {
+/// What one accepted connection turned out to be.
+#[derive(Debug)]
+pub enum Served {
+    /// A whole session, copied.
+    Session(Stats),
+    /// A further stream, handed to its session.
+    Joined,
+}
+
+/// The server side of one connection: a session, or a stream joining one.
+pub async fn server(conn: Arc<dyn Connection>, config: &ServeConfig) -> anyhow::Result<Served> {
     let p = config.params;
     let shape = link_config(Role::Server, p.window, p.chunk, &conn.limits());
     let link = Link::establish(conn, shape)
         .await
         .context("session set-up failed")?;
-    let result = server_session(&link, config).await;
+    let mut links = vec![link.clone()];
+    let result = server_session(&mut links, config).await;
     if let Err(e) = &result {
-        let _ = link
-            .send_message(
-                &Msg::Fail {
-                    reason: format!("{e:#}"),
-                }
-                .encode(),
-            )
-            .await;
+        let why = Msg::Fail {
+            reason: format!("{e:#}"),
+        };
+        let _ = link.send_message(&why.encode()).await;
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), link.finish()).await;
+        streams::abort_all(links.get(1..).unwrap_or_default(), "the session failed");
     }
     result
 }
 
-async fn server_session(link: &Link, config: &ServeConfig) -> anyhow::Result<Stats> {
+async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::Result<Served> {
+    let link = links[0].clone();
     let nonce = auth::nonce();
     link.send_message(&Msg::Challenge { nonce }.encode())
         .await?;
     let Msg::Auth {
         nonce: client_nonce,
         mac,
-    } = next_msg(link).await?
+    } = next_msg(&link).await?
     else {
         bail!("authentication failed: no answer to the challenge");
     };
@@ -307,41 +400,108 @@ async fn server_session(link: &Link, config: &ServeConfig) -> anyhow::Result<Sta
     link.send_message(&Msg::AuthOk { mac: proof }.encode())
         .await?;
     let progress = Progress::hidden();
-    let stats = match next_msg(link).await? {
+    let stats = match next_msg(&link).await? {
         Msg::Push {
             flags,
+            streams,
             sources,
             dest,
         } => {
-            let params = config.params.with_flags(flags);
+            let params = config.params.with_request(flags, streams);
             let base = confined_base(&config.roots, &dest, sources as usize)?;
-            link.send_message(&Msg::Ready { dest_is_dir: true }.encode())
-                .await?;
-            let got = recv::receive(link, base, params.recv_options(), &progress).await?;
+            *links = ready(&link, config, true, streams).await?;
+            let got = recv::receive(links, base, params.recv_options(), &progress).await?;
             if config.log {
                 for (name, why) in &got.failed {
                     eprintln!("rcp serve: {name}: {why}");
                 }
             }
-            let stats = got.stats;
-            link.finish().await?;
-            stats
+            streams::finish_all(links).await?;
+            got.stats
         }
-        Msg::Pull { flags, sources } => {
-            let params = config.params.with_flags(flags);
+        Msg::Pull {
+            flags,
+            streams,
+            sources,
+        } => {
+            let params = config.params.with_request(flags, streams);
             let local = sources
                 .iter()
                 .map(|s| confined_source(&config.roots, s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            link.send_message(&Msg::Ready { dest_is_dir: false }.encode())
-                .await?;
-            let (stats, _) = send::send(link, local, params.send_options(), &progress).await?;
-            link.finish().await?;
+            *links = ready(&link, config, false, streams).await?;
+            let (stats, _) = send::send(links, local, params.send_options(), &progress).await?;
+            streams::finish_all(links).await?;
             stats
+        }
+        Msg::Join { session, stream } => {
+            // Acknowledge before handing over: from then on the session
+            // may send data on this link.
+            let ack = Msg::Ready {
+                dest_is_dir: false,
+                session,
+            };
+            link.send_message(&ack.encode()).await?;
+            config.sessions.join(&session, stream, link)?;
+            links.clear();
+            return Ok(Served::Joined);
         }
         other => bail!("expected a request, got {}", other.name()),
     };
-    Ok(stats)
+    Ok(Served::Session(stats))
+}
+
+/// Accepts the request: tells the client the session id, waits for the
+/// session's further streams; returns all its links.
+async fn ready(
+    link: &Link,
+    config: &ServeConfig,
+    dest_is_dir: bool,
+    streams: u32,
+) -> anyhow::Result<Vec<Link>> {
+    let waiting = config.sessions.open(streams);
+    let msg = Msg::Ready {
+        dest_is_dir,
+        session: waiting.id(),
+    };
+    link.send_message(&msg.encode()).await?;
+    waiting.gather(link.clone()).await
+}
+
+/// Serves one session on `listener` and the streams that join it: the far
+/// side of remote-shell mode, and the in-process server of a local copy.
+/// The first connection must arrive within `first_within`.
+pub async fn serve_one(
+    listener: Listener,
+    config: ServeConfig,
+    first_within: std::time::Duration,
+) -> anyhow::Result<Stats> {
+    let conn = tokio::time::timeout(first_within, listener.accept())
+        .await
+        .with_context(|| format!("no client connected within {first_within:?}"))??;
+    let config = Arc::new(config);
+    let main = {
+        let config = Arc::clone(&config);
+        tokio::spawn(async move { server(conn, &config).await })
+    };
+    tokio::pin!(main);
+    let mut joins = 0;
+    loop {
+        tokio::select! {
+            served = &mut main => {
+                return match served?? {
+                    Served::Session(stats) => Ok(stats),
+                    Served::Joined => bail!("the first connection joined no session"),
+                };
+            }
+            conn = listener.accept(), if joins < crate::proto::MAX_STREAMS => {
+                joins += 1;
+                let config = Arc::clone(&config);
+                let conn = conn?;
+                tokio::spawn(async move { server(conn, &config).await });
+            }
+        }
+    }
 }
 
 fn requested_path(raw: &[u8]) -> anyhow::Result<PathBuf> {

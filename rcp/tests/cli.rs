@@ -182,10 +182,26 @@ fn a_tree_of_ten_thousand_files_with_odd_names_and_symlinks() {
     let dst = t.path("dst");
     let v = json(&ok(&rcp(&["-r", "--json", s(&src), s(&dst)])));
     assert_eq!(v["files"], 10_000);
-    let (a, b) = (walk(&src), walk(&dst));
+    assert_same_tree(&src, &dst);
+}
+
+/// The copy went over `n` streams and each of them carried data.
+fn assert_every_stream_carried_data(v: &serde_json::Value, n: usize) {
+    assert_eq!(v["streams"], n);
+    let per = v["stream_bytes"].as_array().expect("stream_bytes");
+    assert_eq!(per.len(), n);
+    assert!(per.iter().all(|b| b.as_u64().unwrap() > 0), "{per:?}");
+    let sum: u64 = per.iter().map(|b| b.as_u64().unwrap()).sum();
+    assert_eq!(v["bytes"].as_u64(), Some(sum));
+}
+
+/// `dst` holds what `src` holds: the same names, types, bytes and link
+/// targets, and no temporary files.
+fn assert_same_tree(src: &Path, dst: &Path) {
+    let (a, b) = (walk(src), walk(dst));
     assert_eq!(a.len(), b.len());
     for p in a {
-        let q = dst.join(p.strip_prefix(&src).unwrap());
+        let q = dst.join(p.strip_prefix(src).unwrap());
         let (m, n) = (
             std::fs::symlink_metadata(&p).unwrap(),
             std::fs::symlink_metadata(&q).unwrap(),
@@ -197,10 +213,14 @@ fn a_tree_of_ten_thousand_files_with_odd_names_and_symlinks() {
                 std::fs::read_link(&q).unwrap()
             );
         } else if m.is_file() {
-            assert_eq!(std::fs::read(&p).unwrap(), std::fs::read(&q).unwrap());
+            assert!(
+                std::fs::read(&p).unwrap() == std::fs::read(&q).unwrap(),
+                "{} differs",
+                q.display()
+            );
         }
     }
-    assert!(no_leftovers(&dst));
+    assert!(no_leftovers(dst));
 }
 
 #[test]
@@ -359,6 +379,69 @@ fn daemon_push_and_pull_with_a_shared_secret() {
 }
 
 #[test]
+fn streams_stripe_trees_both_ways_through_the_daemon_and_locally() {
+    let t = Scratch::new("streams");
+    let src = t.path("src");
+    std::fs::create_dir_all(src.join("sub/deeper")).unwrap();
+    // Files of many chunks (they spread over every stream), small ones,
+    // empty ones, a symlink.
+    for i in 0..6 {
+        std::fs::write(
+            src.join(format!("big{i}")),
+            pattern(700_000 + i * 4099, i as u64),
+        )
+        .unwrap();
+    }
+    for i in 0..300 {
+        let d = if i % 2 == 0 { "sub" } else { "sub/deeper" };
+        std::fs::write(src.join(d).join(format!("s{i}")), pattern(i * 37, i as u64)).unwrap();
+    }
+    std::fs::write(src.join("empty"), b"").unwrap();
+    std::os::unix::fs::symlink("sub/s2", src.join("link")).unwrap();
+    let chunked = ["--chunk-size", "16K", "--window", "4"];
+
+    let local = t.path("local");
+    let mut args = vec!["-r", "--json", "--streams", "4"];
+    args.extend(chunked);
+    args.extend([s(&src), s(&local)]);
+    let v = json(&ok(&rcp(&args)));
+    assert_every_stream_carried_data(&v, 4);
+    assert_same_tree(&src, &local);
+
+    let root = t.path("root");
+    std::fs::create_dir(&root).unwrap();
+    let key = secret(&t, "key");
+    let d = Daemon::start(&[&root], &key);
+    let up = d.url(&root.join("up"));
+    let mut args = vec!["-r", "--json", "--streams", "5", "--secret-file", s(&key)];
+    args.extend(chunked);
+    args.extend([s(&src), &up]);
+    let v = json(&ok(&rcp(&args)));
+    assert_every_stream_carried_data(&v, 5);
+    assert_same_tree(&src, &root.join("up"));
+
+    let down = t.path("down");
+    let mut args = vec!["-r", "--json", "--streams", "3", "--secret-file", s(&key)];
+    args.extend(chunked);
+    args.extend([&up, s(&down)]);
+    let v = json(&ok(&rcp(&args)));
+    assert_every_stream_carried_data(&v, 3);
+    assert_same_tree(&src, &down);
+
+    // A corrupted chunk is caught whichever stream carried it.
+    let bad = t.path("bad");
+    let out = Command::new(RCP)
+        .args(["--streams", "4", "--chunk-size", "16K"])
+        .args([s(&src.join("big3")), s(&bad)])
+        .env("RCP_TEST_CORRUPT_CHUNK", "30")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("corrupted"));
+    assert!(!bad.exists());
+}
+
+#[test]
 fn the_daemon_refuses_wrong_secrets_and_escapes() {
     let t = Scratch::new("refuse");
     let root = t.path("root");
@@ -465,8 +548,17 @@ fn remote_shell_mode_push_and_pull() {
     assert_eq!(std::fs::read(t.path("pushed")).unwrap(), data);
     assert_eq!(v["sha256"], file_digest(&data, 1 << 20));
     let src = format!("me@localhost:{}", t.path("src").display());
-    ok(&run(&[&src, s(&t.path("pulled"))]));
+    // Further streams join the one-session server too.
+    let v = json(&ok(&run(&[
+        "--streams",
+        "3",
+        "--chunk-size",
+        "64K",
+        &src,
+        s(&t.path("pulled")),
+    ])));
     assert_eq!(std::fs::read(t.path("pulled")).unwrap(), data);
+    assert_eq!(v["streams"], 3);
 }
 
 #[test]
