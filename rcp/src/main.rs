@@ -161,12 +161,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The work runs as a task on the workers, not on this thread: a future
+    // polled by `block_on` is woken across threads at every step.
     let result = rt.block_on(async {
-        match cli.command {
-            Some(Cmd::Serve(a)) => serve(a).await,
-            Some(Cmd::ServerOnce(a)) => server_once(a).await,
-            None => copy(cli.copy).await,
-        }
+        tokio::spawn(async move {
+            match cli.command {
+                Some(Cmd::Serve(a)) => serve(a).await,
+                Some(Cmd::ServerOnce(a)) => server_once(a).await,
+                None => copy(cli.copy).await,
+            }
+        })
+        .await
+        .unwrap_or_else(|e| Err(anyhow::anyhow!("internal error: {e}")))
     });
     match result {
         Ok(code) => code,

@@ -15,6 +15,8 @@ pub const MAX_SOURCES: usize = 256;
 pub const MAX_TEXT: usize = 1024;
 /// Most links one session may stripe its data over.
 pub const MAX_STREAMS: u32 = 16;
+/// Most entries one `EntriesOk` answers.
+pub const MAX_OKS: usize = 2048;
 
 /// Request flags.
 pub mod flags {
@@ -126,6 +128,17 @@ pub enum Msg {
     Fail {
         reason: String,
     },
+    /// Sender → receiver: an entry and its end in one (a file of at most
+    /// one chunk, read before it is announced); its `chunks` chunks follow.
+    Whole {
+        entry: Entry,
+        chunks: u64,
+        digest: [u8; 32],
+    },
+    /// Receiver → sender: these entries are in place (`EntryOk` for many).
+    EntriesOk {
+        indices: Vec<u32>,
+    },
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -142,7 +155,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 14] = [
+const TAGS: [&str; 16] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -157,6 +170,8 @@ const TAGS: [&str; 14] = [
     "Done",
     "Fail",
     "Join",
+    "Whole",
+    "EntriesOk",
 ];
 
 impl Msg {
@@ -176,6 +191,8 @@ impl Msg {
             Msg::Done { .. } => 12,
             Msg::Fail { .. } => 13,
             Msg::Join { .. } => 14,
+            Msg::Whole { .. } => 15,
+            Msg::EntriesOk { .. } => 16,
         }
     }
 
@@ -228,16 +245,21 @@ impl Msg {
                 w.extend_from_slice(session);
                 put_u32(&mut w, *stream);
             }
-            Msg::Entry(e) => {
-                put_u32(&mut w, e.index);
-                w.push(e.kind as u8);
-                put_u32(&mut w, e.mode);
-                w.extend_from_slice(&e.mtime_sec.to_le_bytes());
-                put_u32(&mut w, e.mtime_nsec);
-                w.extend_from_slice(&e.size.to_le_bytes());
-                put_bytes(&mut w, &e.path);
-                put_bytes(&mut w, &e.target);
-                put_u32(&mut w, e.chunk);
+            Msg::Entry(e) => put_entry(&mut w, e),
+            Msg::Whole {
+                entry,
+                chunks,
+                digest,
+            } => {
+                put_entry(&mut w, entry);
+                w.extend_from_slice(&chunks.to_le_bytes());
+                w.extend_from_slice(digest);
+            }
+            Msg::EntriesOk { indices } => {
+                put_u32(&mut w, indices.len() as u32);
+                for i in indices {
+                    put_u32(&mut w, *i);
+                }
             }
             Msg::EntryEnd {
                 index,
@@ -320,51 +342,7 @@ impl Msg {
                 },
                 session: r.array()?,
             },
-            7 => {
-                let index = r.u32()?;
-                let kind = match r.u8()? {
-                    1 => EntryKind::File,
-                    2 => EntryKind::Dir,
-                    3 => EntryKind::Symlink,
-                    _ => return Err(ProtoError::BadField("entry.kind")),
-                };
-                let mode = r.u32()?;
-                if mode & !0o7777 != 0 {
-                    return Err(ProtoError::BadField("entry.mode"));
-                }
-                let mtime_sec = i64::from_le_bytes(r.array()?);
-                let mtime_nsec = r.u32()?;
-                if mtime_nsec >= 1_000_000_000 {
-                    return Err(ProtoError::BadField("entry.mtime_nsec"));
-                }
-                let size = r.u64()?;
-                let path = r.bytes(MAX_PATH, "entry.path")?;
-                let target = r.bytes(MAX_PATH, "entry.target")?;
-                let chunk = r.u32()?;
-                if (kind == EntryKind::File) != (chunk > 0) {
-                    return Err(ProtoError::BadField("entry.chunk"));
-                }
-                if path.is_empty() {
-                    return Err(ProtoError::BadField("entry.path"));
-                }
-                if (kind == EntryKind::Symlink) == target.is_empty() {
-                    return Err(ProtoError::BadField("entry.target"));
-                }
-                if kind != EntryKind::File && size != 0 {
-                    return Err(ProtoError::BadField("entry.size"));
-                }
-                Msg::Entry(Entry {
-                    index,
-                    kind,
-                    mode,
-                    mtime_sec,
-                    mtime_nsec,
-                    size,
-                    path,
-                    target,
-                    chunk,
-                })
-            }
+            7 => Msg::Entry(r.entry()?),
             8 => Msg::EntryEnd {
                 index: r.u32()?,
                 chunks: r.u64()?,
@@ -395,6 +373,28 @@ impl Msg {
             }
             12 => Msg::Done { entries: r.u32()? },
             13 => Msg::Fail { reason: r.text()? },
+            15 => {
+                let entry = r.entry()?;
+                if entry.kind != EntryKind::File {
+                    return Err(ProtoError::BadField("whole.kind"));
+                }
+                Msg::Whole {
+                    entry,
+                    chunks: r.u64()?,
+                    digest: r.array()?,
+                }
+            }
+            16 => {
+                let n = r.u32()? as usize;
+                if n == 0 || n > MAX_OKS {
+                    return Err(ProtoError::BadField("entries_ok.count"));
+                }
+                let mut indices = Vec::with_capacity(n);
+                for _ in 0..n {
+                    indices.push(r.u32()?);
+                }
+                Msg::EntriesOk { indices }
+            }
             14 => {
                 let session = r.array()?;
                 let stream = r.u32()?;
@@ -418,6 +418,18 @@ fn truncate(text: &str) -> &str {
         end -= 1;
     }
     &text[..end]
+}
+
+fn put_entry(w: &mut Vec<u8>, e: &Entry) {
+    put_u32(w, e.index);
+    w.push(e.kind as u8);
+    put_u32(w, e.mode);
+    w.extend_from_slice(&e.mtime_sec.to_le_bytes());
+    put_u32(w, e.mtime_nsec);
+    w.extend_from_slice(&e.size.to_le_bytes());
+    put_bytes(w, &e.path);
+    put_bytes(w, &e.target);
+    put_u32(w, e.chunk);
 }
 
 fn put_u32(w: &mut Vec<u8>, v: u32) {
@@ -458,6 +470,51 @@ impl<'a> Reader<'a> {
             return Err(ProtoError::BadField("flags"));
         }
         Ok(f)
+    }
+    fn entry(&mut self) -> Result<Entry, ProtoError> {
+        let index = self.u32()?;
+        let kind = match self.u8()? {
+            1 => EntryKind::File,
+            2 => EntryKind::Dir,
+            3 => EntryKind::Symlink,
+            _ => return Err(ProtoError::BadField("entry.kind")),
+        };
+        let mode = self.u32()?;
+        if mode & !0o7777 != 0 {
+            return Err(ProtoError::BadField("entry.mode"));
+        }
+        let mtime_sec = i64::from_le_bytes(self.array()?);
+        let mtime_nsec = self.u32()?;
+        if mtime_nsec >= 1_000_000_000 {
+            return Err(ProtoError::BadField("entry.mtime_nsec"));
+        }
+        let size = self.u64()?;
+        let path = self.bytes(MAX_PATH, "entry.path")?;
+        let target = self.bytes(MAX_PATH, "entry.target")?;
+        let chunk = self.u32()?;
+        if (kind == EntryKind::File) != (chunk > 0) {
+            return Err(ProtoError::BadField("entry.chunk"));
+        }
+        if path.is_empty() {
+            return Err(ProtoError::BadField("entry.path"));
+        }
+        if (kind == EntryKind::Symlink) == target.is_empty() {
+            return Err(ProtoError::BadField("entry.target"));
+        }
+        if kind != EntryKind::File && size != 0 {
+            return Err(ProtoError::BadField("entry.size"));
+        }
+        Ok(Entry {
+            index,
+            kind,
+            mode,
+            mtime_sec,
+            mtime_nsec,
+            size,
+            path,
+            target,
+            chunk,
+        })
     }
     fn streams(&mut self) -> Result<u32, ProtoError> {
         let n = self.u32()?;
@@ -552,6 +609,24 @@ mod tests {
             Msg::Join {
                 session: [8; 16],
                 stream: 15,
+            },
+            Msg::Whole {
+                entry: Entry {
+                    index: 9,
+                    kind: EntryKind::File,
+                    mode: 0o600,
+                    mtime_sec: 1,
+                    mtime_nsec: 2,
+                    size: 4096,
+                    path: b"small".to_vec(),
+                    target: vec![],
+                    chunk: 1 << 20,
+                },
+                chunks: 1,
+                digest: [7; 32],
+            },
+            Msg::EntriesOk {
+                indices: vec![1, 5, 2],
             },
         ]
     }
@@ -655,6 +730,28 @@ mod tests {
             })
             .is_err()
         );
+        // A Whole is a file; EntriesOk answers 1..=MAX_OKS entries.
+        let Msg::Entry(dir) = samples()[7].clone() else {
+            unreachable!()
+        };
+        let whole = Msg::Whole {
+            entry: dir,
+            chunks: 0,
+            digest: [0; 32],
+        };
+        assert_eq!(
+            Msg::decode(&whole.encode()),
+            Err(ProtoError::BadField("whole.kind"))
+        );
+        for n in [0, MAX_OKS + 1] {
+            let oks = Msg::EntriesOk {
+                indices: vec![1; n],
+            };
+            assert_eq!(
+                Msg::decode(&oks.encode()),
+                Err(ProtoError::BadField("entries_ok.count"))
+            );
+        }
         let mut long = vec![4];
         long.extend_from_slice(&0u32.to_le_bytes());
         long.extend_from_slice(&1u32.to_le_bytes());

@@ -13,10 +13,11 @@ use anyhow::{Context, bail};
 use rfabric::link::{Chunk, Incoming as LinkIncoming, Link};
 use rfabric::wire::chunk_flags;
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::digest;
-use crate::proto::{Entry, EntryKind, Msg};
+use crate::proto::{Entry, EntryKind, MAX_OKS, Msg};
 use crate::report::{Progress, Stats};
 use crate::streams::Merged;
 use crate::tree::{self, Base, DirSyncs, Incoming};
@@ -108,9 +109,11 @@ pub async fn receive(
     // Entry indices grow; anything at or below this was announced.
     let mut announced: Option<u32> = None;
     let mut done = false;
+    let (answers, answerer) = Answers::start(link.clone());
     let start_finish = |file: File| {
         tokio::spawn(finish_file(
-            link.clone(),
+            answers.clone(),
+            uring.clone(),
             file,
             opts,
             Arc::clone(&dirs_to_sync),
@@ -145,60 +148,13 @@ pub async fn receive(
                 }
                 LinkIncoming::Message(bytes) => bytes,
             };
-            match Msg::decode(&bytes)? {
-                Msg::Entry(e) => {
-                    let index = e.index;
-                    if announced.is_some_and(|a| index <= a) {
-                        bail!("entry {index} announced out of order");
-                    }
-                    announced = Some(index);
-                    match e.kind {
-                        EntryKind::File => match base.create_file(&e, opts.resume) {
-                            Ok(out) => {
-                                stats.files += 1;
-                                let out = Arc::new(out);
-                                let known = if opts.resume {
-                                    tell_what_is_there(link, &e, &out).await?
-                                } else {
-                                    Vec::new()
-                                };
-                                let mut file = File {
-                                    entry: e,
-                                    out,
-                                    writes: Vec::new(),
-                                    known,
-                                    end: None,
-                                };
-                                for chunk in early.remove(&index).unwrap_or_default() {
-                                    land(&mut file, chunk, &uring, opts, &mut stats, progress)?;
-                                }
-                                files.insert(index, file);
-                            }
-                            Err(err) => {
-                                answer(link, e.index, Err(format!("{err:#}"))).await?;
-                                bail!("{}: {err:#}", tree::show(&e.path));
-                            }
-                        },
-                        EntryKind::Dir => {
-                            let r = base.make_dir(&e).map_err(|err| format!("{err:#}"));
-                            let failed = r.is_err();
-                            answer(link, e.index, r).await?;
-                            if failed {
-                                bail!("cannot create directory {}", tree::show(&e.path));
-                            }
-                            dirs.push(e);
-                        }
-                        EntryKind::Symlink => {
-                            let r = base.make_symlink(&e).map_err(|err| format!("{err:#}"));
-                            answer(link, e.index, r).await?;
-                        }
-                    }
-                    // Early data for anything announced by now, other than
-                    // a file, belongs to nothing.
-                    if let Some(stray) = early.keys().find(|&&k| k <= index) {
-                        bail!("data for unknown entry {stray}");
-                    }
-                }
+            let (e, end) = match Msg::decode(&bytes)? {
+                Msg::Entry(e) => (e, None),
+                Msg::Whole {
+                    entry,
+                    chunks,
+                    digest,
+                } => (entry, Some((chunks, digest))),
                 Msg::EntryEnd {
                     index,
                     chunks,
@@ -214,10 +170,69 @@ pub async fn receive(
                     if file.complete()? {
                         finals.push(start_finish(files.remove(&index).expect("present")));
                     }
+                    continue;
                 }
-                Msg::Done { .. } => done = true,
+                Msg::Done { .. } => {
+                    done = true;
+                    continue;
+                }
                 Msg::Fail { reason } => bail!("the sender gave up: {reason}"),
                 other => bail!("unexpected {} from the sender", other.name()),
+            };
+            let index = e.index;
+            if announced.is_some_and(|a| index <= a) {
+                bail!("entry {index} announced out of order");
+            }
+            announced = Some(index);
+            match e.kind {
+                EntryKind::File => match base.create_file(&e, opts.resume) {
+                    Ok(out) => {
+                        stats.files += 1;
+                        let out = Arc::new(out);
+                        let known = if opts.resume {
+                            tell_what_is_there(link, &e, &out).await?
+                        } else {
+                            Vec::new()
+                        };
+                        let mut file = File {
+                            entry: e,
+                            out,
+                            writes: Vec::new(),
+                            known,
+                            end,
+                        };
+                        for chunk in early.remove(&index).unwrap_or_default() {
+                            land(&mut file, chunk, &uring, opts, &mut stats, progress)?;
+                        }
+                        if file.complete()? {
+                            finals.push(start_finish(file));
+                        } else {
+                            files.insert(index, file);
+                        }
+                    }
+                    Err(err) => {
+                        answers.send(e.index, Err(format!("{err:#}")));
+                        bail!("{}: {err:#}", tree::show(&e.path));
+                    }
+                },
+                EntryKind::Dir => {
+                    let r = base.make_dir(&e).map_err(|err| format!("{err:#}"));
+                    let failed = r.is_err();
+                    answers.send(e.index, r);
+                    if failed {
+                        bail!("cannot create directory {}", tree::show(&e.path));
+                    }
+                    dirs.push(e);
+                }
+                EntryKind::Symlink => {
+                    let r = base.make_symlink(&e).map_err(|err| format!("{err:#}"));
+                    answers.send(e.index, r);
+                }
+            }
+            // Early data for anything announced by now, other than
+            // a file, belongs to nothing.
+            if let Some(stray) = early.keys().find(|&&k| k <= index) {
+                bail!("data for unknown entry {stray}");
             }
         }
         if let Some(stray) = early.keys().next() {
@@ -260,6 +275,8 @@ pub async fn receive(
     // Every rename is durable before the sender can report success.
     let dirs = std::mem::take(&mut *dirs_to_sync.lock().expect("dir lock"));
     tokio::task::spawn_blocking(move || dirs.sync()).await??;
+    drop(answers);
+    answerer.await??;
     if !ok {
         stats.failed = true;
     }
@@ -365,7 +382,8 @@ async fn write_chunk(
 
 /// Waits for a file's writes, checks its digest, commits it, answers.
 async fn finish_file(
-    link: Link,
+    answers: Answers,
+    uring: Uring,
     file: File,
     opts: RecvOptions,
     syncs: Arc<std::sync::Mutex<DirSyncs>>,
@@ -412,15 +430,10 @@ async fn finish_file(
             out.discard();
             Err(e)
         }
-        None => {
-            let preserve = opts.preserve;
-            let e2 = entry.clone();
-            match tokio::task::spawn_blocking(move || out.commit(&e2, preserve)).await {
-                Ok(Ok(dir)) => Ok(dir),
-                Ok(Err(e)) => Err(format!("{e:#}")),
-                Err(e) => Err(e.to_string()),
-            }
-        }
+        None => out
+            .commit(&entry, opts.preserve, &uring)
+            .await
+            .map_err(|e| format!("{e:#}")),
     };
     let result = result.and_then(|dir| {
         // One open fd per distinct directory, not per file.
@@ -432,11 +445,11 @@ async fn finish_file(
     });
     match result {
         Ok(()) => {
-            let _ = answer(&link, entry.index, Ok(())).await;
+            answers.send(entry.index, Ok(()));
             Ok(opts.verify.then(|| (tree::show(&entry.path), digest)))
         }
         Err(reason) => {
-            let _ = answer(&link, entry.index, Err(reason.clone())).await;
+            answers.send(entry.index, Err(reason.clone()));
             Err((tree::show(&entry.path), reason))
         }
     }
@@ -468,11 +481,46 @@ async fn tell_what_is_there(
     Ok(digests.into_iter().map(Some).collect())
 }
 
-async fn answer(link: &Link, index: u32, result: Result<(), String>) -> anyhow::Result<()> {
-    let msg = match result {
-        Ok(()) => Msg::EntryOk { index },
-        Err(reason) => Msg::EntryFailed { index, reason },
-    };
-    link.send_message(&msg.encode()).await?;
-    Ok(())
+/// The receiver's answers about entries, sent by a task of their own:
+/// successes that pile up while it sends go out together in one
+/// `EntriesOk`.
+#[derive(Debug, Clone)]
+struct Answers(mpsc::UnboundedSender<(u32, Result<(), String>)>);
+
+impl Answers {
+    fn start(link: Link) -> (Answers, JoinHandle<anyhow::Result<()>>) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Result<(), String>)>();
+        let task = tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                // Let the finishing files that are running add theirs.
+                tokio::task::yield_now().await;
+                let mut oks = Vec::new();
+                let mut next = Some(first);
+                while let Some((index, result)) = next {
+                    match result {
+                        Ok(()) => oks.push(index),
+                        Err(reason) => {
+                            let m = Msg::EntryFailed { index, reason };
+                            link.send_message(&m.encode()).await?;
+                        }
+                    }
+                    if oks.len() == MAX_OKS {
+                        break;
+                    }
+                    next = rx.try_recv().ok();
+                }
+                if !oks.is_empty() {
+                    let m = Msg::EntriesOk { indices: oks };
+                    link.send_message(&m.encode()).await?;
+                }
+            }
+            Ok(())
+        });
+        (Answers(tx), task)
+    }
+
+    fn send(&self, index: u32, result: Result<(), String>) {
+        // The task outlives every sender; a failed link shows up there.
+        let _ = self.0.send((index, result));
+    }
 }

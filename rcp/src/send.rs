@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::digest;
-use crate::proto::{EntryKind, Msg};
+use crate::proto::{Entry, EntryKind, Msg};
 use crate::report::{Progress, Stats};
 use crate::tree::{self, Item};
 use crate::uring::Uring;
@@ -44,6 +44,11 @@ pub struct SendOptions {
     pub buffers: usize,
 }
 
+/// Walked items per batch at most, and batches queued: together they
+/// bound the files held open ahead of the sender.
+const WALK_BATCH: usize = 32;
+const WALK_BATCHES: usize = 4;
+
 enum Step {
     Msg(Msg),
     Chunk {
@@ -51,6 +56,9 @@ enum Step {
         k: u64,
         offset: u64,
         read: JoinHandle<anyhow::Result<(PoolBuf, [u8; 32])>>,
+        /// A file of this one chunk, announced (with its end) once the
+        /// chunk is read and hashed.
+        whole: Option<Entry>,
     },
     End {
         index: u32,
@@ -90,11 +98,13 @@ pub async fn send(
     let (data, stripers) = stripe(links, &pool)?;
 
     // Walk on a blocking thread, a bounded number of items (and open
-    // files) ahead.
-    let (items_tx, mut items) = mpsc::channel::<anyhow::Result<Item>>(64);
+    // files) ahead. Items go over in batches when the planner is behind, so
+    // that the two threads do not wake each other for every file.
+    let (items_tx, mut items) = mpsc::channel::<Vec<anyhow::Result<Item>>>(WALK_BATCHES);
     let recursive = opts.recursive;
     let walker = tokio::task::spawn_blocking(move || {
         let mut index = 0u32;
+        let mut batch = Vec::new();
         for s in sources {
             let r = tree::walk(
                 &s.parent,
@@ -103,15 +113,34 @@ pub async fn send(
                 recursive,
                 &mut index,
                 &mut |item| {
-                    items_tx
-                        .blocking_send(Ok(item))
-                        .map_err(|_| anyhow::anyhow!("copy stopped"))
+                    batch.push(Ok(item));
+                    let full = std::mem::take(&mut batch);
+                    let sent = if full.len() >= WALK_BATCH {
+                        items_tx.blocking_send(full).is_ok()
+                    } else {
+                        match items_tx.try_send(full) {
+                            Ok(()) => true,
+                            Err(mpsc::error::TrySendError::Full(back)) => {
+                                batch = back;
+                                true
+                            }
+                            Err(mpsc::error::TrySendError::Closed(_)) => false,
+                        }
+                    };
+                    if sent {
+                        Ok(())
+                    } else {
+                        Err(anyhow::anyhow!("copy stopped"))
+                    }
                 },
             );
             if let Err(e) = r {
-                let _ = items_tx.blocking_send(Err(e));
-                return;
+                batch.push(Err(e));
+                break;
             }
+        }
+        if !batch.is_empty() {
+            let _ = items_tx.blocking_send(batch);
         }
     });
 
@@ -121,9 +150,10 @@ pub async fn send(
         let pool = Arc::clone(&pool);
         let uring = uring.clone();
         tokio::spawn(async move {
-            while let Some(item) = items.recv().await {
-                let item = item?;
-                plan(item, chunk, opts, &pool, &uring, &steps_tx).await?;
+            while let Some(batch) = items.recv().await {
+                for item in batch {
+                    plan(item?, chunk, opts, &pool, &uring, &steps_tx).await?;
+                }
             }
             anyhow::Ok(())
         })
@@ -154,6 +184,14 @@ pub async fn send(
         match step {
             Step::Msg(m) => {
                 let mut waiting = None;
+                if let Msg::Whole { entry, digest, .. } = &m {
+                    entries += 1;
+                    names.insert(entry.index, entry.path.clone());
+                    stats.files += 1;
+                    if opts.verify {
+                        outcome.digests.push((tree::show(&entry.path), *digest));
+                    }
+                }
                 if let Msg::Entry(e) = &m {
                     entries += 1;
                     names.insert(e.index, e.path.clone());
@@ -181,8 +219,28 @@ pub async fn send(
                 k,
                 offset,
                 read,
+                whole,
             } => {
                 let (mut buf, digest) = read.await??;
+                if let Some(entry) = whole {
+                    let file = if opts.verify {
+                        digest::file_digest(entry.size, entry.chunk, &[Some(digest)])
+                    } else {
+                        [0; 32]
+                    };
+                    entries += 1;
+                    names.insert(entry.index, entry.path.clone());
+                    stats.files += 1;
+                    if opts.verify {
+                        outcome.digests.push((tree::show(&entry.path), file));
+                    }
+                    let m = Msg::Whole {
+                        entry,
+                        chunks: 1,
+                        digest: file,
+                    };
+                    link.send_message(&m.encode()).await?;
+                }
                 let len = buf.len() as u64;
                 if corrupt == Some(chunks_sent) && len > 0 {
                     // Test hook: damage the bytes after they were hashed, as
@@ -305,14 +363,38 @@ async fn plan(
     };
     entry.chunk = chunk as u32;
     let (index, size, path) = (entry.index, entry.size, entry.path.clone());
-    let _ = steps.send(Step::Msg(Msg::Entry(entry))).await;
-    let file = Arc::new(file);
-    // Resuming compares every chunk (a hole now may be data at the other end).
-    let chunks = if opts.resume {
+    // Resuming compares every chunk (a hole now may be data at the other
+    // end); a file with storage for every byte has no holes to skip.
+    let chunks = if opts.resume || item.dense {
         (0..size.div_ceil(chunk as u64)).collect()
     } else {
         data_chunks(&file, size, chunk as u64)?
     };
+    // Small files go out as one message and their chunk: no separate end.
+    // (Resuming needs the receiver's answer between entry and data.)
+    let mut whole = None;
+    match chunks.len() {
+        0 if !opts.resume => {
+            let digest = if opts.verify {
+                digest::file_digest(size, chunk as u32, &[])
+            } else {
+                [0; 32]
+            };
+            let m = Msg::Whole {
+                entry,
+                chunks: 0,
+                digest,
+            };
+            let _ = steps.send(Step::Msg(m)).await;
+            return Ok(());
+        }
+        1 if !opts.resume => whole = Some(entry),
+        _ => {
+            let _ = steps.send(Step::Msg(Msg::Entry(entry))).await;
+        }
+    }
+    let one_message = whole.is_some();
+    let file = Arc::new(file);
     let hash = opts.verify || opts.resume;
     for k in chunks {
         let offset = k * chunk as u64;
@@ -338,18 +420,19 @@ async fn plan(
             };
             Ok(digest)
         });
-        if steps
-            .send(Step::Chunk {
-                index,
-                k,
-                offset,
-                read,
-            })
-            .await
-            .is_err()
-        {
+        let step = Step::Chunk {
+            index,
+            k,
+            offset,
+            read,
+            whole: whole.take(),
+        };
+        if steps.send(step).await.is_err() {
             return Ok(());
         }
+    }
+    if one_message {
+        return Ok(());
     }
     let _ = steps
         .send(Step::End {
@@ -451,6 +534,7 @@ async fn collect_answers(
                 }
             }
             Msg::EntryOk { index } => answers.push((index, Ok(()))),
+            Msg::EntriesOk { indices } => answers.extend(indices.into_iter().map(|i| (i, Ok(())))),
             Msg::EntryFailed { index, reason } => answers.push((index, Err(reason))),
             Msg::Fail { reason } => bail!("the receiver gave up: {reason}"),
             other => bail!("unexpected {} from the receiver", other.name()),

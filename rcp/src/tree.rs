@@ -12,6 +12,7 @@ use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Timespec, Timestamps};
@@ -105,6 +106,8 @@ pub struct Item {
     pub entry: Entry,
     /// Open file (files only).
     pub file: Option<OwnedFd>,
+    /// Every byte of the file has storage: it has no holes to look for.
+    pub dense: bool,
 }
 
 fn entry_for(stat: &rustix::fs::Stat, index: u32, path: Vec<u8>, target: Vec<u8>) -> Option<Entry> {
@@ -194,18 +197,28 @@ fn visit(
             )
             .with_context(|| format!("cannot open {shown}"))?;
             *next_index += 1;
+            let dense = stat.st_blocks as u64 * 512 >= entry.size;
             emit(Item {
                 entry,
                 file: Some(fd),
+                dense,
             })
         }
         EntryKind::Symlink => {
             *next_index += 1;
-            emit(Item { entry, file: None })
+            emit(Item {
+                entry,
+                file: None,
+                dense: true,
+            })
         }
         EntryKind::Dir => {
             *next_index += 1;
-            emit(Item { entry, file: None })?;
+            emit(Item {
+                entry,
+                file: None,
+                dense: true,
+            })?;
             let dir = open_dir_beneath(parent, &[name])?;
             let mut names: Vec<Vec<u8>> = Vec::new();
             for d in Dir::read_from(&dir).with_context(|| format!("cannot list {shown}"))? {
@@ -241,13 +254,20 @@ pub struct Base {
     dir: OwnedFd,
     /// `Some(name)`: the entry tree's top component becomes `name`.
     rename_top: Option<Vec<u8>>,
+    /// The directory the last entry went into, by its components: entries
+    /// of a tree arrive directory by directory, so most reuse it instead of
+    /// opening every component again.
+    last_dir: std::sync::Mutex<Option<OpenDir>>,
 }
+
+/// A directory held open: its components beneath the base, its fd.
+type OpenDir = (Vec<Vec<u8>>, Arc<OwnedFd>);
 
 /// A file being received under a temporary name.
 #[derive(Debug)]
 pub struct Incoming {
     pub fd: OwnedFd,
-    parent: OwnedFd,
+    parent: Arc<OwnedFd>,
     temp: CString,
     name: CString,
 }
@@ -255,17 +275,30 @@ pub struct Incoming {
 impl Base {
     /// `dir` is opened (confined) already; `rename_top` as above.
     pub fn new(dir: OwnedFd, rename_top: Option<Vec<u8>>) -> Base {
-        Base { dir, rename_top }
+        Base {
+            dir,
+            rename_top,
+            last_dir: std::sync::Mutex::default(),
+        }
     }
 
     /// Parent directory fd and final name for a peer's entry path.
-    fn place(&self, path: &[u8]) -> anyhow::Result<(OwnedFd, CString)> {
+    fn place(&self, path: &[u8]) -> anyhow::Result<(Arc<OwnedFd>, CString)> {
         let mut parts = relative(path)?;
         if let Some(top) = &self.rename_top {
             parts[0] = top;
         }
         let (name, dirs) = parts.split_last().expect("at least one component");
-        Ok((open_dir_beneath(&self.dir, dirs)?, cstr(name)?))
+        let name = cstr(name)?;
+        let mut last = self.last_dir.lock().expect("dir cache lock");
+        if let Some((at, fd)) = &*last
+            && at.iter().map(Vec::as_slice).eq(dirs.iter().copied())
+        {
+            return Ok((Arc::clone(fd), name));
+        }
+        let fd = Arc::new(open_dir_beneath(&self.dir, dirs)?);
+        *last = Some((dirs.iter().map(|d| d.to_vec()).collect(), Arc::clone(&fd)));
+        Ok((fd, name))
     }
 
     pub fn make_dir(&self, e: &Entry) -> anyhow::Result<()> {
@@ -408,7 +441,14 @@ impl Incoming {
     /// Returns the directory it was renamed in: the caller syncs each such
     /// directory once, before the copy is reported complete (a sync per file
     /// would cost a journal commit per file).
-    pub fn commit(self, e: &Entry, preserve: bool) -> anyhow::Result<OwnedFd> {
+    /// Puts a complete, verified file in place: its size (trailing hole),
+    /// mode and times, its data synced, then the rename.
+    pub async fn commit(
+        self,
+        e: &Entry,
+        preserve: bool,
+        uring: &crate::uring::Uring,
+    ) -> anyhow::Result<Arc<OwnedFd>> {
         rustix::fs::ftruncate(&self.fd, e.size)?;
         let mode = if preserve {
             e.mode
@@ -419,14 +459,9 @@ impl Incoming {
         if preserve {
             rustix::fs::futimens(&self.fd, &times(e))?;
         }
-        rustix::fs::fdatasync(&self.fd).context("cannot sync the data to disk")?;
-        rustix::fs::renameat(
-            &self.parent,
-            self.temp.as_c_str(),
-            &self.parent,
-            self.name.as_c_str(),
-        )
-        .context("cannot rename into place")?;
+        uring
+            .sync_and_rename(raw(&self.fd), raw(&self.parent), &self.temp, &self.name)
+            .await?;
         Ok(self.parent)
     }
 
@@ -505,10 +540,10 @@ pub fn os(b: &[u8]) -> &OsStr {
 /// Directories whose entries changed, each kept once, synced at the end so
 /// that every rename survives a crash before success is reported.
 #[derive(Debug, Default)]
-pub struct DirSyncs(std::collections::HashMap<(u64, u64), OwnedFd>);
+pub struct DirSyncs(std::collections::HashMap<(u64, u64), Arc<OwnedFd>>);
 
 impl DirSyncs {
-    pub fn add(&mut self, dir: OwnedFd) -> anyhow::Result<()> {
+    pub fn add(&mut self, dir: Arc<OwnedFd>) -> anyhow::Result<()> {
         let st = rustix::fs::fstat(&dir)?;
         self.0.entry((st.st_dev, st.st_ino)).or_insert(dir);
         Ok(())

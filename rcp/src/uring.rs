@@ -1,60 +1,102 @@
-//! io_uring on a thread of its own: reads into registered pool buffers
-//! (fixed buffers) and writes from landed slots, with many in flight.
+//! io_uring for the pipelines: reads into registered pool buffers (fixed
+//! buffers), writes from landed slots, data syncs and renames, many in
+//! flight.
 //!
-//! Async callers submit jobs over a channel and get the buffer (and the
-//! result) back over a oneshot. The thread blocks on the channel only when
-//! nothing is in flight; otherwise it takes new jobs between completions.
+//! Submission happens on the calling task: it pushes the entry, enters the
+//! kernel without waiting, and reaps whatever completed. Reads and writes of
+//! cached data complete right there, so the caller's answer is ready before
+//! it awaits it and no thread is woken. What the kernel finishes later (disk
+//! I/O, syncs and renames, which it runs on its own workers) is announced on
+//! an eventfd that a reaper task watches. The eventfd stays quiet while a
+//! submitter reaps (`IORING_CQ_EVENTFD_DISABLED`), so inline completions
+//! cost no wake-up either.
 #![allow(unsafe_code)]
 
-use std::os::fd::RawFd;
-use std::sync::{Arc, mpsc};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, Weak};
 
-use io_uring::{IoUring, opcode, types};
+use anyhow::Context;
+use io_uring::{IoUring, opcode, squeue, types};
 use rfabric::memory::{BufferPool, PoolBuf};
-use tokio::sync::oneshot;
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{Semaphore, oneshot};
 
-enum Job {
-    Read {
-        fd: RawFd,
-        offset: u64,
-        at: usize,
-        len: u32,
-        buf: PoolBuf,
-        reply: oneshot::Sender<(PoolBuf, std::io::Result<usize>)>,
-    },
-    Write {
-        fd: RawFd,
-        offset: u64,
-        ptr: usize,
-        len: u32,
-        reply: oneshot::Sender<std::io::Result<usize>>,
-    },
-}
-
-/// Handle to the I/O thread; clone freely.
-#[derive(Clone, Debug)]
-pub struct Uring {
-    jobs: mpsc::Sender<Job>,
-}
-
+/// Operations in flight at most (the completion queue holds twice this, so
+/// it never overflows).
 const DEPTH: u32 = 64;
 
+/// Handle to one ring; clone freely. Needs a tokio runtime to start.
+#[derive(Clone, Debug)]
+pub struct Uring {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// One permit per operation that may still go in flight.
+    room: Semaphore,
+    /// Signalled by the kernel for completions nobody reaped inline.
+    eventfd: OwnedFd,
+}
+
+struct State {
+    ring: IoUring,
+    waiting: Vec<Option<Waiting>>,
+    free: Vec<usize>,
+    in_flight: usize,
+    /// The fixed buffers' memory stays registered as long as the ring.
+    _pool: Option<Arc<BufferPool>>,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("in_flight", &self.in_flight)
+            .finish()
+    }
+}
+
+enum Waiting {
+    Read(PoolBuf, oneshot::Sender<(PoolBuf, std::io::Result<usize>)>),
+    Done(oneshot::Sender<std::io::Result<usize>>),
+}
+
 impl Uring {
-    /// Starts the thread; `pool`'s buffers become its fixed buffers.
+    /// Sets up a ring; `pool`'s buffers become its fixed buffers.
     pub fn start(pool: Option<&Arc<BufferPool>>) -> std::io::Result<Uring> {
         let ring = IoUring::new(DEPTH)?;
         if let Some(pool) = pool {
-            // SAFETY: the pool's memory lives as long as the thread holds the
-            // `Arc` below, and buffers are handed to the kernel only with an
-            // exclusive lease that the thread keeps until completion.
+            // SAFETY: the pool's memory lives as long as the ring (the state
+            // holds the `Arc`), and buffers are handed to the kernel only
+            // with an exclusive lease kept until completion.
             unsafe { ring.submitter().register_buffers(&pool.iovecs())? };
         }
-        let keep = pool.cloned();
-        let (jobs, rx) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("rcp-uring".into())
-            .spawn(move || run(ring, rx, keep))?;
-        Ok(Uring { jobs })
+        let eventfd = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?;
+        ring.submitter().register_eventfd(eventfd.as_raw_fd())?;
+        // SAFETY: the registered fd is an `OwnedFd` the AsyncFd owns: it
+        // stays open and unchanged while registered.
+        let watch = unsafe {
+            AsyncFd::register_with_interest(rustix::io::dup(&eventfd)?, Interest::READABLE)
+        }?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                ring,
+                waiting: Vec::new(),
+                free: Vec::new(),
+                in_flight: 0,
+                _pool: pool.cloned(),
+            }),
+            room: Semaphore::new(DEPTH as usize),
+            eventfd,
+        });
+        tokio::spawn(reap_announced(watch, Arc::downgrade(&shared)));
+        Ok(Uring { shared })
     }
 
     /// Reads up to `len` bytes at file `offset` into `buf` (a buffer of the
@@ -66,22 +108,28 @@ impl Uring {
         offset: u64,
         at: usize,
         len: usize,
-        buf: PoolBuf,
+        mut buf: PoolBuf,
     ) -> (PoolBuf, std::io::Result<usize>) {
+        let sqe = {
+            let at = at.min(buf.capacity());
+            let len = len.min(buf.capacity() - at) as u32;
+            // SAFETY: `at` is within the buffer (clamped above).
+            let dst = unsafe { buf.as_mut_ptr().add(at) };
+            opcode::ReadFixed::new(types::Fd(fd), dst, len, buf.index() as u16)
+                .offset(offset)
+                .build()
+        };
         let (reply, rx) = oneshot::channel();
-        let at = at.min(buf.capacity());
-        let len = len.min(buf.capacity() - at) as u32;
-        if let Err(mpsc::SendError(Job::Read { buf, .. })) = self.jobs.send(Job::Read {
-            fd,
-            offset,
-            at,
-            len,
-            buf,
-            reply,
-        }) {
-            return (buf, Err(std::io::Error::other("I/O thread gone")));
-        }
-        rx.await.expect("the I/O thread answers every job")
+        self.shared
+            .room
+            .acquire()
+            .await
+            .expect("never closed")
+            .forget();
+        // SAFETY: the buffer is leased to the ring (kept in `waiting`) until
+        // its completion is reaped.
+        unsafe { self.shared.submit(vec![(sqe, Waiting::Read(buf, reply))]) };
+        rx.await.expect("every operation is answered")
     }
 
     /// Writes `len` bytes from `ptr` at `offset`.
@@ -96,117 +144,128 @@ impl Uring {
         offset: u64,
         ptr: *const u8,
         len: usize,
-    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + use<> {
+    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + '_ {
+        let sqe = opcode::Write::new(types::Fd(fd), ptr, len as u32)
+            .offset(offset)
+            .build();
+        self.one(sqe)
+    }
+
+    /// `fdatasync(fd)`, then (only if that succeeded) renames `from` to
+    /// `to`, both in directory `dir`: a file's commit, with no thread of
+    /// ours blocked on the disk. `fd` and `dir` stay open until this returns.
+    pub async fn sync_and_rename(
+        &self,
+        fd: RawFd,
+        dir: RawFd,
+        from: &CString,
+        to: &CString,
+    ) -> anyhow::Result<()> {
+        let sync = opcode::Fsync::new(types::Fd(fd))
+            .flags(types::FsyncFlags::DATASYNC)
+            .build()
+            .flags(squeue::Flags::IO_LINK);
+        let rename =
+            opcode::RenameAt::new(types::Fd(dir), from.as_ptr(), types::Fd(dir), to.as_ptr())
+                .build();
+        let (tx1, rx1) = oneshot::channel();
+        let (tx2, rx2) = oneshot::channel();
+        let permits = self
+            .shared
+            .room
+            .acquire_many(2)
+            .await
+            .expect("never closed");
+        permits.forget();
+        // SAFETY: the kernel copies both names while the entries are
+        // submitted (inside `submit`, before anything is awaited); the fds
+        // are the caller's to keep open.
+        unsafe {
+            self.shared.submit(vec![
+                (sync, Waiting::Done(tx1)),
+                (rename, Waiting::Done(tx2)),
+            ])
+        };
+        let synced = rx1.await.expect("every operation is answered");
+        let renamed = rx2.await.expect("every operation is answered");
+        synced.context("cannot sync the data to disk")?;
+        renamed.context("cannot rename into place")?;
+        Ok(())
+    }
+
+    async fn one(&self, sqe: squeue::Entry) -> std::io::Result<usize> {
         let (reply, rx) = oneshot::channel();
-        let sent = self.jobs.send(Job::Write {
-            fd,
-            offset,
-            ptr: ptr as usize,
-            len: len as u32,
-            reply,
-        });
-        async move {
-            sent.map_err(|_| std::io::Error::other("I/O thread gone"))?;
-            rx.await.expect("the I/O thread answers every job")
-        }
+        self.shared
+            .room
+            .acquire()
+            .await
+            .expect("never closed")
+            .forget();
+        // SAFETY: the caller of the public operation vouched for the memory
+        // the entry points at.
+        unsafe { self.shared.submit(vec![(sqe, Waiting::Done(reply))]) };
+        rx.await.expect("every operation is answered")
     }
 }
 
-enum Waiting {
-    Read(PoolBuf, oneshot::Sender<(PoolBuf, std::io::Result<usize>)>),
-    Write(oneshot::Sender<std::io::Result<usize>>),
+impl Shared {
+    /// Pushes `ops` (a permit each taken already), enters the kernel, reaps.
+    ///
+    /// # Safety
+    /// Whatever the entries point at stays valid until their completions
+    /// are reaped.
+    unsafe fn submit(&self, ops: Vec<(squeue::Entry, Waiting)>) {
+        let mut st = self.state.lock().expect("ring lock");
+        let st = &mut *st;
+        // Completions posted while we reap ourselves need no signal.
+        st.ring.completion().disable_eventfd();
+        for (sqe, waiting) in ops {
+            let slot = st.free.pop().unwrap_or_else(|| {
+                st.waiting.push(None);
+                st.waiting.len() - 1
+            });
+            st.waiting[slot] = Some(waiting);
+            // SAFETY: the caller keeps the entry's memory valid until its
+            // completion; at most DEPTH are in flight (permits), so the queue
+            // has room.
+            unsafe {
+                st.ring
+                    .submission()
+                    .push(&sqe.user_data(slot as u64))
+                    .expect("queue has room: in flight <= depth");
+            }
+            st.in_flight += 1;
+        }
+        loop {
+            match st.ring.submit() {
+                Ok(_) => break,
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                    ) =>
+                {
+                    // Out of kernel resources for a moment: make room, retry.
+                    st.reap(&self.room);
+                    std::thread::yield_now();
+                }
+                // The entries are in the shared queue and may be consumed by
+                // any later entry into the kernel: nothing they point at may
+                // be released, so there is no way to go on.
+                Err(e) => panic!("io_uring_enter failed: {e}; the ring cannot be trusted"),
+            }
+        }
+        st.reap(&self.room);
+        st.ring.completion().enable_eventfd();
+        // Anything completed between the reap and re-enabling sent no signal.
+        st.reap(&self.room);
+    }
 }
 
-fn run(mut ring: IoUring, rx: mpsc::Receiver<Job>, _pool: Option<Arc<BufferPool>>) {
-    let mut waiting: Vec<Option<Waiting>> = Vec::new();
-    let mut free: Vec<usize> = Vec::new();
-    let mut in_flight = 0usize;
-    let mut open = true;
-    while open || in_flight > 0 {
-        // Take jobs: block only when idle.
-        let mut next = if in_flight == 0 {
-            match rx.recv() {
-                Ok(j) => Some(j),
-                Err(_) => break,
-            }
-        } else {
-            None
-        };
-        loop {
-            let job = match next.take() {
-                Some(j) => j,
-                None if in_flight < DEPTH as usize => match rx.try_recv() {
-                    Ok(j) => j,
-                    Err(mpsc::TryRecvError::Empty) => break,
-                    Err(mpsc::TryRecvError::Disconnected) => {
-                        open = false;
-                        break;
-                    }
-                },
-                None => break,
-            };
-            let slot = free.pop().unwrap_or_else(|| {
-                waiting.push(None);
-                waiting.len() - 1
-            });
-            let sqe = match job {
-                Job::Read {
-                    fd,
-                    offset,
-                    at,
-                    len,
-                    mut buf,
-                    reply,
-                } => {
-                    // SAFETY: `at` is within the buffer (clamped by `read`).
-                    let dst = unsafe { buf.as_mut_ptr().add(at) };
-                    let e = opcode::ReadFixed::new(types::Fd(fd), dst, len, buf.index() as u16)
-                        .offset(offset)
-                        .build();
-                    waiting[slot] = Some(Waiting::Read(buf, reply));
-                    e
-                }
-                Job::Write {
-                    fd,
-                    offset,
-                    ptr,
-                    len,
-                    reply,
-                } => {
-                    let e = opcode::Write::new(types::Fd(fd), ptr as *const u8, len)
-                        .offset(offset)
-                        .build();
-                    waiting[slot] = Some(Waiting::Write(reply));
-                    e
-                }
-            };
-            // SAFETY: the buffer behind the entry is kept alive (owned lease
-            // in `waiting`, or the caller's promise for writes) until its
-            // completion is reaped below.
-            unsafe {
-                ring.submission()
-                    .push(&sqe.user_data(slot as u64))
-                    .expect("queue has room: in flight < depth");
-            }
-            in_flight += 1;
-        }
-        if in_flight == 0 {
-            continue;
-        }
-        if let Err(e) = ring.submit_and_wait(1)
-            && e.raw_os_error() != Some(libc::EINTR)
-        {
-            // Fail everything in flight: the ring is unusable.
-            for w in waiting.iter_mut().filter_map(Option::take) {
-                let err = || std::io::Error::new(e.kind(), e.to_string());
-                match w {
-                    Waiting::Read(buf, reply) => drop(reply.send((buf, Err(err())))),
-                    Waiting::Write(reply) => drop(reply.send(Err(err()))),
-                }
-            }
-            return;
-        }
-        for cqe in ring.completion() {
+impl State {
+    fn reap(&mut self, room: &Semaphore) {
+        let mut done = 0;
+        for cqe in self.ring.completion() {
             let slot = cqe.user_data() as usize;
             let res = cqe.result();
             let result = if res < 0 {
@@ -214,13 +273,48 @@ fn run(mut ring: IoUring, rx: mpsc::Receiver<Job>, _pool: Option<Arc<BufferPool>
             } else {
                 Ok(res as usize)
             };
-            match waiting[slot].take() {
+            match self.waiting[slot].take() {
                 Some(Waiting::Read(buf, reply)) => drop(reply.send((buf, result))),
-                Some(Waiting::Write(reply)) => drop(reply.send(result)),
+                Some(Waiting::Done(reply)) => drop(reply.send(result)),
                 None => {}
             }
-            free.push(slot);
-            in_flight -= 1;
+            self.free.push(slot);
+            done += 1;
         }
+        self.in_flight -= done;
+        room.add_permits(done);
+    }
+}
+
+/// Reaps completions the kernel announces on the eventfd, until the ring
+/// is gone.
+async fn reap_announced(watch: AsyncFd<OwnedFd>, shared: Weak<Shared>) {
+    loop {
+        let Ok(mut ready) = watch.readable().await else {
+            return;
+        };
+        let mut count = [0u8; 8];
+        while rustix::io::read(watch.get_ref(), &mut count).is_ok() {}
+        ready.clear_ready();
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        shared.state.lock().expect("ring lock").reap(&shared.room);
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Operations whose futures were dropped may still be running: their
+        // memory (leased buffers) is released only once they are done.
+        let st = self.state.get_mut().expect("ring lock");
+        while st.in_flight > 0 {
+            if st.ring.submit_and_wait(1).is_err() {
+                break;
+            }
+            st.reap(&self.room);
+        }
+        // Wake the reaper so that it sees the ring gone and ends.
+        let _ = rustix::io::write(&self.eventfd, &1u64.to_ne_bytes());
     }
 }

@@ -492,6 +492,11 @@ async fn run_writer(
             Some(item) => batch.push(item),
             None => break 'run None,
         }
+        if rx.is_empty() {
+            // Let the tasks that are running queue what they have: one
+            // system call for many small frames instead of one each.
+            tokio::task::yield_now().await;
+        }
         while batch.len() < WRITE_BATCH {
             match rx.try_recv() {
                 Ok(item) => batch.push(item),
