@@ -15,7 +15,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Timespec, Timestamps};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 
 use crate::proto::{Entry, EntryKind};
 
@@ -43,7 +43,7 @@ fn cstr(name: &[u8]) -> anyhow::Result<CString> {
 
 /// Opens directory `dir` (already confined) then each component beneath it,
 /// never following symlinks.
-pub fn open_dir_beneath(dir: &OwnedFd, parts: &[&[u8]]) -> anyhow::Result<OwnedFd> {
+pub fn open_dir_beneath(dir: impl AsFd, parts: &[&[u8]]) -> anyhow::Result<OwnedFd> {
     let mut cur = rustix::io::dup(dir)?;
     for p in parts {
         cur = rustix::fs::openat(
@@ -221,7 +221,9 @@ fn visit(
             })?;
             let dir = open_dir_beneath(parent, &[name])?;
             let mut names: Vec<Vec<u8>> = Vec::new();
-            for d in Dir::read_from(&dir).with_context(|| format!("cannot list {shown}"))? {
+            for d in
+                rustix::fs::Dir::read_from(&dir).with_context(|| format!("cannot list {shown}"))?
+            {
                 let d = d.with_context(|| format!("cannot list {shown}"))?;
                 let n = d.file_name().to_bytes();
                 if n != b"." && n != b".." {
@@ -257,17 +259,41 @@ pub struct Base {
     /// The directory the last entry went into, by its components: entries
     /// of a tree arrive directory by directory, so most reuse it instead of
     /// opening every component again.
-    last_dir: std::sync::Mutex<Option<OpenDir>>,
+    last_dir: std::sync::Mutex<Option<Arc<DestDir>>>,
 }
 
-/// A directory held open: its components beneath the base, its fd.
-type OpenDir = (Vec<Vec<u8>>, Arc<OwnedFd>);
+/// A directory files are received into.
+#[derive(Debug)]
+pub struct DestDir {
+    fd: OwnedFd,
+    /// Its components beneath the base.
+    at: Vec<Vec<u8>>,
+    /// On tmpfs or ramfs: no disk behind it, so syncing is free and a
+    /// rename cannot wait for I/O.
+    in_memory: bool,
+}
+
+impl DestDir {
+    fn new(fd: OwnedFd, at: Vec<Vec<u8>>) -> DestDir {
+        const TMPFS_MAGIC: u64 = 0x0102_1994;
+        const RAMFS_MAGIC: u64 = 0x8584_58f6;
+        let in_memory = rustix::fs::fstatfs(&fd)
+            .is_ok_and(|s| matches!(s.f_type as u64, TMPFS_MAGIC | RAMFS_MAGIC));
+        DestDir { fd, at, in_memory }
+    }
+}
+
+impl AsFd for DestDir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
 
 /// A file being received under a temporary name.
 #[derive(Debug)]
 pub struct Incoming {
     pub fd: OwnedFd,
-    parent: Arc<OwnedFd>,
+    parent: Arc<DestDir>,
     temp: CString,
     name: CString,
 }
@@ -283,7 +309,7 @@ impl Base {
     }
 
     /// Parent directory fd and final name for a peer's entry path.
-    fn place(&self, path: &[u8]) -> anyhow::Result<(Arc<OwnedFd>, CString)> {
+    fn place(&self, path: &[u8]) -> anyhow::Result<(Arc<DestDir>, CString)> {
         let mut parts = relative(path)?;
         if let Some(top) = &self.rename_top {
             parts[0] = top;
@@ -291,14 +317,15 @@ impl Base {
         let (name, dirs) = parts.split_last().expect("at least one component");
         let name = cstr(name)?;
         let mut last = self.last_dir.lock().expect("dir cache lock");
-        if let Some((at, fd)) = &*last
-            && at.iter().map(Vec::as_slice).eq(dirs.iter().copied())
+        if let Some(dir) = &*last
+            && dir.at.iter().map(Vec::as_slice).eq(dirs.iter().copied())
         {
-            return Ok((Arc::clone(fd), name));
+            return Ok((Arc::clone(dir), name));
         }
-        let fd = Arc::new(open_dir_beneath(&self.dir, dirs)?);
-        *last = Some((dirs.iter().map(|d| d.to_vec()).collect(), Arc::clone(&fd)));
-        Ok((fd, name))
+        let at = dirs.iter().map(|d| d.to_vec()).collect();
+        let dir = Arc::new(DestDir::new(open_dir_beneath(&self.dir, dirs)?, at));
+        *last = Some(Arc::clone(&dir));
+        Ok((dir, name))
     }
 
     pub fn make_dir(&self, e: &Entry) -> anyhow::Result<()> {
@@ -448,7 +475,7 @@ impl Incoming {
         e: &Entry,
         preserve: bool,
         uring: &crate::uring::Uring,
-    ) -> anyhow::Result<Arc<OwnedFd>> {
+    ) -> anyhow::Result<Arc<DestDir>> {
         rustix::fs::ftruncate(&self.fd, e.size)?;
         let mode = if preserve {
             e.mode
@@ -459,9 +486,20 @@ impl Incoming {
         if preserve {
             rustix::fs::futimens(&self.fd, &times(e))?;
         }
-        uring
-            .sync_and_rename(raw(&self.fd), raw(&self.parent), &self.temp, &self.name)
-            .await?;
+        if self.parent.in_memory {
+            // Nothing to wait for: done here, without a hand-off.
+            rustix::fs::renameat(
+                &self.parent,
+                self.temp.as_c_str(),
+                &self.parent,
+                self.name.as_c_str(),
+            )
+            .context("cannot rename into place")?;
+        } else {
+            uring
+                .sync_and_rename(raw(&self.fd), raw(&self.parent.fd), &self.temp, &self.name)
+                .await?;
+        }
         Ok(self.parent)
     }
 
@@ -540,10 +578,10 @@ pub fn os(b: &[u8]) -> &OsStr {
 /// Directories whose entries changed, each kept once, synced at the end so
 /// that every rename survives a crash before success is reported.
 #[derive(Debug, Default)]
-pub struct DirSyncs(std::collections::HashMap<(u64, u64), Arc<OwnedFd>>);
+pub struct DirSyncs(std::collections::HashMap<(u64, u64), Arc<DestDir>>);
 
 impl DirSyncs {
-    pub fn add(&mut self, dir: Arc<OwnedFd>) -> anyhow::Result<()> {
+    pub fn add(&mut self, dir: Arc<DestDir>) -> anyhow::Result<()> {
         let st = rustix::fs::fstat(&dir)?;
         self.0.entry((st.st_dev, st.st_ino)).or_insert(dir);
         Ok(())
