@@ -10,7 +10,7 @@
 //!
 //! Rooms: [`operand`] (what the user typed), [`proto`] (control messages,
 //! sans I/O), [`auth`] (challenge-response), [`tree`] (confined filesystem
-//! work), [`uring`] (the io_uring thread), [`send`] and [`recv`] (the two
+//! work), [`send`] and [`recv`] (the two
 //! pipelines), [`session`] (auth, request, pipelines), [`streams`]
 //! (striping a session over several links), [`connect`]
 //! (transport choice), [`shell`] (remote-shell mode), [`report`] (progress
@@ -29,4 +29,3 @@ pub mod session;
 pub mod shell;
 pub mod streams;
 pub mod tree;
-pub mod uring;

@@ -21,7 +21,7 @@ use crate::proto::{Entry, EntryKind, MAX_OKS, Msg};
 use crate::report::{Progress, Stats};
 use crate::streams::Merged;
 use crate::tree::{self, Base, DirSyncs, Incoming};
-use crate::uring::Uring;
+use rfabric::uring::Uring;
 
 #[derive(Debug, Clone, Copy)]
 pub struct RecvOptions {

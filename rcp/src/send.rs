@@ -22,7 +22,7 @@ use crate::digest;
 use crate::proto::{Entry, EntryKind, Msg};
 use crate::report::{Progress, Stats};
 use crate::tree::{self, Item};
-use crate::uring::Uring;
+use rfabric::uring::Uring;
 
 /// A source operand: `name` inside the directory `parent`, arriving as
 /// `top` on the other side.

@@ -474,7 +474,7 @@ impl Incoming {
         self,
         e: &Entry,
         preserve: bool,
-        uring: &crate::uring::Uring,
+        uring: &rfabric::uring::Uring,
     ) -> anyhow::Result<Arc<DestDir>> {
         rustix::fs::ftruncate(&self.fd, e.size)?;
         let mode = if preserve {

@@ -20,10 +20,14 @@
 //! * [`link`]: the glue: a connection plus a landing ring plus the credit
 //!   engine, giving `send_chunk`/`recv`/`send_message` with the transport's
 //!   safety contract kept by ownership.
+//! * [`uring`]: io_uring for the storage side (file reads and writes into
+//!   the same pool memory the transport sends from), submitted from the
+//!   calling task.
 #![deny(unsafe_code)]
 
 pub mod credit;
 pub mod link;
 pub mod memory;
 pub mod transport;
+pub mod uring;
 pub mod wire;

@@ -1,6 +1,6 @@
-//! io_uring for the pipelines: reads into registered pool buffers (fixed
-//! buffers), writes from landed slots, data syncs and renames, many in
-//! flight.
+//! io_uring for the tools' storage side: reads into registered pool
+//! buffers (fixed buffers) or any memory, writes (optionally durable), data
+//! syncs, renames, fallocate; many in flight.
 //!
 //! Submission happens on the calling task: it pushes the entry, enters the
 //! kernel without waiting, and reaps whatever completed. Reads and writes of
@@ -16,9 +16,9 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, Weak};
 
-use anyhow::Context;
 use io_uring::{IoUring, opcode, squeue, types};
-use rfabric::memory::{BufferPool, PoolBuf};
+
+use crate::memory::{BufferPool, PoolBuf};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Semaphore, oneshot};
@@ -61,6 +61,8 @@ impl std::fmt::Debug for State {
 
 enum Waiting {
     Read(PoolBuf, oneshot::Sender<(PoolBuf, std::io::Result<usize>)>),
+    /// Memory the operation owns until it is done.
+    Owned(Vec<u8>, oneshot::Sender<(Vec<u8>, std::io::Result<usize>)>),
     Done(oneshot::Sender<std::io::Result<usize>>),
 }
 
@@ -145,10 +147,134 @@ impl Uring {
         ptr: *const u8,
         len: usize,
     ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + '_ {
+        // SAFETY: passed on from the caller.
+        unsafe { self.write_durable(fd, offset, ptr, len, false) }
+    }
+
+    /// Writes `len` bytes from `ptr` at `offset`; with `durable`, the data
+    /// (and what is needed to read it back) is on stable storage when this
+    /// completes (`RWF_DSYNC`).
+    ///
+    /// # Safety
+    /// As for [`Uring::write`].
+    pub unsafe fn write_durable(
+        &self,
+        fd: RawFd,
+        offset: u64,
+        ptr: *const u8,
+        len: usize,
+        durable: bool,
+    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + '_ {
+        let flags = if durable { libc::RWF_DSYNC } else { 0 };
         let sqe = opcode::Write::new(types::Fd(fd), ptr, len as u32)
+            .offset(offset)
+            .rw_flags(flags)
+            .build();
+        self.one(sqe)
+    }
+
+    /// Reads up to `len` bytes at `offset` into `ptr`.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` stays valid, and is neither read nor written by
+    /// anyone else, until the returned future completes (or is dropped and
+    /// the read has finished); `fd` stays open.
+    pub unsafe fn read_into(
+        &self,
+        fd: RawFd,
+        offset: u64,
+        ptr: *mut u8,
+        len: usize,
+    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + '_ {
+        let sqe = opcode::Read::new(types::Fd(fd), ptr, len as u32)
             .offset(offset)
             .build();
         self.one(sqe)
+    }
+
+    /// Reads up to `len` bytes at file `offset` into `buf[at..]`; the
+    /// buffer travels with the operation, so dropping the future early is
+    /// safe. The caller keeps `fd` open until this returns.
+    pub async fn read_vec(
+        &self,
+        fd: RawFd,
+        offset: u64,
+        mut buf: Vec<u8>,
+        at: usize,
+        len: usize,
+    ) -> (Vec<u8>, std::io::Result<usize>) {
+        let at = at.min(buf.len());
+        let len = len.min(buf.len() - at) as u32;
+        // SAFETY: `at` is within the buffer (clamped above).
+        let ptr = unsafe { buf.as_mut_ptr().add(at) };
+        let sqe = opcode::Read::new(types::Fd(fd), ptr, len)
+            .offset(offset)
+            .build();
+        self.owned(sqe, buf).await
+    }
+
+    /// Writes `buf[at..at+len]` at file `offset` (durable as in
+    /// [`Uring::write_durable`]); the buffer travels with the operation.
+    pub async fn write_vec(
+        &self,
+        fd: RawFd,
+        offset: u64,
+        buf: Vec<u8>,
+        at: usize,
+        len: usize,
+        durable: bool,
+    ) -> (Vec<u8>, std::io::Result<usize>) {
+        let at = at.min(buf.len());
+        let len = len.min(buf.len() - at) as u32;
+        let flags = if durable { libc::RWF_DSYNC } else { 0 };
+        // SAFETY: `at` is within the buffer (clamped above).
+        let ptr = unsafe { buf.as_ptr().add(at) };
+        let sqe = opcode::Write::new(types::Fd(fd), ptr, len)
+            .offset(offset)
+            .rw_flags(flags)
+            .build();
+        self.owned(sqe, buf).await
+    }
+
+    async fn owned(&self, sqe: squeue::Entry, buf: Vec<u8>) -> (Vec<u8>, std::io::Result<usize>) {
+        let (reply, rx) = oneshot::channel();
+        self.shared
+            .room
+            .acquire()
+            .await
+            .expect("never closed")
+            .forget();
+        // SAFETY: the entry points into `buf`, which the ring owns (kept in
+        // `waiting`; a Vec's heap memory does not move with it) until the
+        // completion is reaped.
+        unsafe { self.shared.submit(vec![(sqe, Waiting::Owned(buf, reply))]) };
+        rx.await.expect("every operation is answered")
+    }
+
+    /// `fdatasync(fd)` (or `fsync` without `data_only`).
+    pub async fn sync(&self, fd: RawFd, data_only: bool) -> std::io::Result<()> {
+        let flags = if data_only {
+            types::FsyncFlags::DATASYNC
+        } else {
+            types::FsyncFlags::empty()
+        };
+        let sqe = opcode::Fsync::new(types::Fd(fd)).flags(flags).build();
+        self.one(sqe).await.map(drop)
+    }
+
+    /// `fallocate(fd, mode, offset, len)`.
+    pub async fn fallocate(
+        &self,
+        fd: RawFd,
+        mode: i32,
+        offset: u64,
+        len: u64,
+    ) -> std::io::Result<()> {
+        let sqe = opcode::Fallocate::new(types::Fd(fd), len)
+            .offset(offset)
+            .mode(mode)
+            .build();
+        self.one(sqe).await.map(drop)
     }
 
     /// `fdatasync(fd)`, then (only if that succeeded) renames `from` to
@@ -160,7 +286,7 @@ impl Uring {
         dir: RawFd,
         from: &CString,
         to: &CString,
-    ) -> anyhow::Result<()> {
+    ) -> std::io::Result<()> {
         let sync = opcode::Fsync::new(types::Fd(fd))
             .flags(types::FsyncFlags::DATASYNC)
             .build()
@@ -188,8 +314,11 @@ impl Uring {
         };
         let synced = rx1.await.expect("every operation is answered");
         let renamed = rx2.await.expect("every operation is answered");
-        synced.context("cannot sync the data to disk")?;
-        renamed.context("cannot rename into place")?;
+        let explain = |what: &str, e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("cannot {what}: {e}"))
+        };
+        synced.map_err(|e| explain("sync the data to disk", e))?;
+        renamed.map_err(|e| explain("rename into place", e))?;
         Ok(())
     }
 
@@ -275,6 +404,7 @@ impl State {
             };
             match self.waiting[slot].take() {
                 Some(Waiting::Read(buf, reply)) => drop(reply.send((buf, result))),
+                Some(Waiting::Owned(buf, reply)) => drop(reply.send((buf, result))),
                 Some(Waiting::Done(reply)) => drop(reply.send(result)),
                 None => {}
             }

@@ -1,0 +1,443 @@
+//! NBD over TCP and unix sockets: accepting, the handshake on the socket,
+//! then the transmission phase with many requests in flight and replies
+//! sent as they complete. Shutdown (SIGTERM): no new connections; each
+//! connection finishes what is in flight, answers anything newer with
+//! ESHUTDOWN, then closes.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+
+use crate::nbd::consts::{REQUEST_LEN, errno};
+use crate::nbd::handshake::{ExportInfo, Handshake, MAX_PAYLOAD, Outcome};
+use crate::nbd::transmission::{
+    Command, Limits, Request, block_status_reply, check, error_reply, ok_reply, read_reply_header,
+};
+use crate::storage::{Storage, wire_errno};
+
+/// Requests in flight per connection at most.
+const MAX_IN_FLIGHT: usize = 128;
+/// Payload bytes (write data read, read data not yet sent) per connection.
+const MAX_BUFFERED: usize = 128 << 20;
+/// A client has this long to finish the handshake.
+const HANDSHAKE_TIME: Duration = Duration::from_secs(60);
+
+/// One export: what clients are told, and its storage.
+#[derive(Debug)]
+pub struct Export {
+    pub info: ExportInfo,
+    pub storage: Arc<Storage>,
+}
+
+/// Where to listen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::str::FromStr for Listen {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Listen, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a path".into());
+            }
+            return Ok(Listen::Unix(PathBuf::from(path)));
+        }
+        s.parse()
+            .map(Listen::Tcp)
+            .map_err(|e| format!("{s:?}: expected ADDR:PORT or unix:PATH ({e})"))
+    }
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Tcp(a) => write!(f, "{a}"),
+            Listen::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// Serves `exports` on every address in `listen` until `stop` resolves,
+/// then lets the connections finish (within `grace`).
+pub async fn run(
+    exports: Vec<Export>,
+    listen: &[Listen],
+    max_connections: usize,
+    stop: impl std::future::Future<Output = ()>,
+    grace: Duration,
+) -> anyhow::Result<()> {
+    let exports: Arc<[Export]> = exports.into();
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let slots = Arc::new(Semaphore::new(max_connections));
+    let (conn_tx, mut conn_rx) = mpsc::channel::<()>(1);
+    let mut acceptors = Vec::new();
+    for l in listen {
+        let ctx = Accepting {
+            exports: Arc::clone(&exports),
+            shutdown: shutdown.clone(),
+            slots: Arc::clone(&slots),
+            alive: conn_tx.clone(),
+        };
+        match l {
+            Listen::Tcp(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr}"))?;
+                eprintln!("rblock serve: listening on {}", listener.local_addr()?);
+                acceptors.push(tokio::spawn(async move {
+                    loop {
+                        match listener.accept().await {
+                            Ok((s, _)) => {
+                                let _ = s.set_nodelay(true);
+                                ctx.start(s);
+                            }
+                            Err(e) => eprintln!("rblock serve: accept failed: {e}"),
+                        }
+                    }
+                }));
+            }
+            Listen::Unix(path) => {
+                remove_stale_socket(path)?;
+                let listener = tokio::net::UnixListener::bind(path)
+                    .with_context(|| format!("cannot listen on {}", path.display()))?;
+                eprintln!("rblock serve: listening on unix:{}", path.display());
+                acceptors.push(tokio::spawn(async move {
+                    loop {
+                        match listener.accept().await {
+                            Ok((s, _)) => ctx.start(s),
+                            Err(e) => eprintln!("rblock serve: accept failed: {e}"),
+                        }
+                    }
+                }));
+            }
+        }
+    }
+    drop(conn_tx);
+    stop.await;
+    eprintln!("rblock serve: shutting down");
+    for a in &acceptors {
+        a.abort();
+    }
+    let _ = shutdown_tx.send(true);
+    drop(acceptors);
+    // Every connection holds a sender: all gone means all closed.
+    if tokio::time::timeout(grace, conn_rx.recv()).await.is_err() {
+        eprintln!("rblock serve: connections still open after {grace:?}; closing them");
+    }
+    for l in listen {
+        if let Listen::Unix(p) = l {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    Ok(())
+}
+
+/// A leftover socket file from an earlier run is replaced; anything else
+/// at that path is an error.
+fn remove_stale_socket(path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove the old socket {}", path.display())),
+        Ok(_) => bail!("{} exists and is not a socket", path.display()),
+        Err(_) => Ok(()),
+    }
+}
+
+struct Accepting {
+    exports: Arc<[Export]>,
+    shutdown: watch::Receiver<bool>,
+    slots: Arc<Semaphore>,
+    alive: mpsc::Sender<()>,
+}
+
+impl Accepting {
+    fn start<S>(&self, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
+            eprintln!("rblock serve: refusing a connection: too many open");
+            return;
+        };
+        let (exports, shutdown, alive) = (
+            Arc::clone(&self.exports),
+            self.shutdown.clone(),
+            self.alive.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = connection(stream, exports, shutdown).await {
+                eprintln!("rblock serve: connection ended: {e:#}");
+            }
+            drop(permit);
+            drop(alive);
+        });
+    }
+}
+
+/// One client, from greeting to close.
+pub async fn connection<S>(
+    stream: S,
+    exports: Arc<[Export]>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let infos = exports.iter().map(|e| e.info.clone()).collect();
+    let mut hs = Handshake::new(infos);
+    let mut buf = Vec::new();
+    let negotiated = tokio::time::timeout(HANDSHAKE_TIME, async {
+        loop {
+            let out = hs.take_output();
+            if !out.is_empty() {
+                wr.write_all(&out).await?;
+            }
+            let (used, outcome) = hs.advance(&buf)?;
+            buf.drain(..used);
+            let out = hs.take_output();
+            if !out.is_empty() {
+                wr.write_all(&out).await?;
+            }
+            match outcome {
+                Some(Outcome::Transmission(n)) => return anyhow::Ok(Some(n)),
+                Some(Outcome::Close) => return Ok(None),
+                None if used > 0 => continue,
+                None => {}
+            }
+            let mut tmp = [0u8; 8192];
+            let n = rd.read(&mut tmp).await?;
+            if n == 0 {
+                return Ok(None);
+            }
+            buf.extend_from_slice(&tmp[..n]);
+        }
+    })
+    .await
+    .context("the handshake took too long")??;
+    let Some(negotiated) = negotiated else {
+        let _ = wr.shutdown().await;
+        return Ok(());
+    };
+    let export = &exports[negotiated.export];
+    let limits = Limits::new(&negotiated, export.info.size, export.info.read_only);
+    transmission(buf, rd, wr, limits, Arc::clone(&export.storage), shutdown).await
+}
+
+/// A reply on its way out, holding the memory budget it used.
+type Outgoing = (Vec<u8>, Option<OwnedSemaphorePermit>);
+
+async fn transmission<R, W>(
+    mut pending: Vec<u8>,
+    mut rd: R,
+    wr: W,
+    limits: Limits,
+    storage: Arc<Storage>,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, mut rx) = mpsc::channel::<Outgoing>(MAX_IN_FLIGHT);
+    let writer = tokio::spawn(async move {
+        let mut w = BufWriter::with_capacity(256 * 1024, wr);
+        while let Some((bytes, budget)) = rx.recv().await {
+            w.write_all(&bytes).await?;
+            drop(budget);
+            if rx.is_empty() {
+                w.flush().await?;
+            }
+        }
+        w.flush().await?;
+        let _ = w.shutdown().await;
+        anyhow::Ok(())
+    });
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let budget = Arc::new(Semaphore::new(MAX_BUFFERED));
+    let mut stopping = *shutdown.borrow();
+    let result = async {
+        loop {
+            // The next header, or (once stopping) the moment nothing is in
+            // flight any more.
+            let got = tokio::select! {
+                got = fill(&mut rd, &mut pending, REQUEST_LEN) => got?,
+                _ = shutdown.changed(), if !stopping => {
+                    stopping = true;
+                    continue;
+                }
+                _ = idle(&in_flight), if stopping => break,
+            };
+            if !got {
+                // The client hung up.
+                break;
+            }
+            let head: [u8; REQUEST_LEN] = pending[..REQUEST_LEN].try_into().expect("filled");
+            pending.drain(..REQUEST_LEN);
+            let req = Request::decode(&head)?;
+            let payload_len = req.payload_len() as usize;
+            if payload_len > MAX_PAYLOAD as usize {
+                bail!("a write of {payload_len} bytes: more than the {MAX_PAYLOAD} allowed");
+            }
+            let checked = check(&req, &limits);
+            let cost = match checked {
+                Ok(Command::Read) => req.length as usize,
+                _ => payload_len,
+            };
+            let money = Arc::clone(&budget)
+                .acquire_many_owned(cost.min(MAX_BUFFERED) as u32)
+                .await
+                .expect("never closed");
+            let payload = if payload_len > 0 {
+                let mut p = vec![0u8; payload_len];
+                let have = pending.len().min(payload_len);
+                p[..have].copy_from_slice(&pending[..have]);
+                pending.drain(..have);
+                rd.read_exact(&mut p[have..]).await?;
+                Some(p)
+            } else {
+                None
+            };
+            let structured = limits.structured;
+            if stopping {
+                let m = error_reply(
+                    structured,
+                    req.cookie,
+                    errno::ESHUTDOWN,
+                    "server shutting down",
+                );
+                let _ = tx.send((m, Some(money))).await;
+                continue;
+            }
+            let command = match checked {
+                Ok(c) => c,
+                Err(refusal) => {
+                    let m = error_reply(structured, req.cookie, refusal.errno, refusal.message);
+                    let _ = tx.send((m, Some(money))).await;
+                    continue;
+                }
+            };
+            if command == Command::Disc {
+                break;
+            }
+            let ticket = Arc::clone(&in_flight)
+                .acquire_owned()
+                .await
+                .expect("never closed");
+            let (storage, tx) = (Arc::clone(&storage), tx.clone());
+            tokio::spawn(async move {
+                let reply = execute(command, &req, payload, &storage, structured).await;
+                let _ = tx.send((reply, Some(money))).await;
+                drop(ticket);
+            });
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    // Whatever is in flight finishes and is answered before the close.
+    idle(&in_flight).await;
+    drop(tx);
+    let written = writer.await;
+    result?;
+    written??;
+    Ok(())
+}
+
+/// Resolves once no request is in flight.
+async fn idle(in_flight: &Arc<Semaphore>) {
+    let _all = in_flight
+        .acquire_many(MAX_IN_FLIGHT as u32)
+        .await
+        .expect("never closed");
+}
+
+/// Reads until `buf` holds `n` bytes; `false` if the peer closed first
+/// (cancel-safe: what was read stays in `buf`).
+async fn fill<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut Vec<u8>,
+    n: usize,
+) -> anyhow::Result<bool> {
+    while buf.len() < n {
+        let mut tmp = [0u8; 16 * 1024];
+        let k = rd.read(&mut tmp).await?;
+        if k == 0 {
+            if buf.is_empty() {
+                return Ok(false);
+            }
+            bail!("the client closed in the middle of a request");
+        }
+        buf.extend_from_slice(&tmp[..k]);
+    }
+    Ok(true)
+}
+
+/// Carries out one checked request; returns the whole reply.
+async fn execute(
+    command: Command,
+    req: &Request,
+    payload: Option<Vec<u8>>,
+    storage: &Storage,
+    structured: bool,
+) -> Vec<u8> {
+    let (cookie, offset, len) = (req.cookie, req.offset, req.length);
+    let failed = |e: std::io::Error, what: &str| {
+        error_reply(structured, cookie, wire_errno(&e), &format!("{what}: {e}"))
+    };
+    match command {
+        Command::Read => {
+            let head = read_reply_header(structured, cookie, offset, len);
+            let at = head.len();
+            let mut buf = head;
+            buf.resize(at + len as usize, 0);
+            let (buf, r) = storage.read(offset, buf, at, len as usize).await;
+            match r {
+                Ok(()) => buf,
+                Err(e) => failed(e, "read failed"),
+            }
+        }
+        Command::Write { fua } => {
+            let data = payload.unwrap_or_default();
+            let (_, r) = storage.write(offset, data, 0, len as usize, fua).await;
+            match r {
+                Ok(()) => ok_reply(structured, cookie),
+                Err(e) => failed(e, "write failed"),
+            }
+        }
+        Command::Flush => match storage.flush().await {
+            Ok(()) => ok_reply(structured, cookie),
+            Err(e) => failed(e, "flush failed"),
+        },
+        Command::Trim { fua } => match storage.trim(offset, u64::from(len), fua).await {
+            Ok(()) => ok_reply(structured, cookie),
+            Err(e) => failed(e, "trim failed"),
+        },
+        Command::Cache => {
+            storage.cache(offset, u64::from(len));
+            ok_reply(structured, cookie)
+        }
+        Command::WriteZeroes { fua, punch, fast } => {
+            match storage.zero(offset, u64::from(len), punch, fast, fua).await {
+                Ok(()) => ok_reply(structured, cookie),
+                Err(e) if e == errno::ENOTSUP => {
+                    error_reply(structured, cookie, e, "no fast way to zero here")
+                }
+                Err(e) => error_reply(structured, cookie, e, "zeroing failed"),
+            }
+        }
+        Command::BlockStatus { one } => {
+            block_status_reply(cookie, &storage.block_status(offset, len, one))
+        }
+        Command::Disc => unreachable!("handled by the reader"),
+    }
+}

@@ -1,0 +1,287 @@
+//! One export's storage: a regular file or a block device, read and
+//! written with io_uring at offsets. Every connection to the export shares
+//! this one open file, so a flush on any of them covers the writes
+//! completed on all (what `CAN_MULTI_CONN` promises).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, bail};
+use rfabric::uring::Uring;
+use rustix::fs::{FileType, Mode, OFlags, SeekFrom};
+
+use crate::nbd::consts::{STATE_HOLE, STATE_ZERO, errno};
+use crate::nbd::transmission::Extent;
+
+/// Extents one block status reply describes at most.
+const MAX_EXTENTS: usize = 1024;
+
+/// Largest piece of zeroes written by hand when the filesystem cannot zero
+/// a range itself.
+const ZERO_PIECE: usize = 1 << 20;
+
+#[derive(Debug)]
+pub struct Storage {
+    fd: OwnedFd,
+    size: u64,
+    read_only: bool,
+    block_device: bool,
+    /// Punching holes works here (cleared on the first refusal).
+    can_punch: AtomicBool,
+    /// Zeroing a range without writing works here.
+    can_zero_range: AtomicBool,
+    uring: Uring,
+}
+
+/// An I/O failure as an NBD error.
+pub fn wire_errno(e: &std::io::Error) -> u32 {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => errno::ENOSPC,
+        Some(libc::EPERM | libc::EACCES | libc::EROFS) => errno::EPERM,
+        Some(libc::ENOMEM) => errno::ENOMEM,
+        Some(libc::EINVAL) => errno::EINVAL,
+        _ => errno::EIO,
+    }
+}
+
+impl Storage {
+    /// Opens `path` (a regular file or a block device).
+    pub fn open(path: &Path, read_only: bool, uring: Uring) -> anyhow::Result<Storage> {
+        let access = if read_only {
+            OFlags::RDONLY
+        } else {
+            OFlags::RDWR
+        };
+        let fd = rustix::fs::open(path, access | OFlags::CLOEXEC, Mode::empty())
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        let st = rustix::fs::fstat(&fd)?;
+        let (size, block_device) = match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => (st.st_size as u64, false),
+            FileType::BlockDevice => (
+                rustix::fs::seek(&fd, SeekFrom::End(0))
+                    .with_context(|| format!("cannot size {}", path.display()))?,
+                true,
+            ),
+            _ => bail!(
+                "{} is neither a regular file nor a block device",
+                path.display()
+            ),
+        };
+        Ok(Storage {
+            fd,
+            size,
+            read_only,
+            block_device,
+            can_punch: AtomicBool::new(true),
+            can_zero_range: AtomicBool::new(true),
+            uring,
+        })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Punching holes is worth offering (files; devices discard).
+    pub fn can_trim(&self) -> bool {
+        !self.read_only
+    }
+
+    fn raw(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// Reads `len` bytes at `offset` into `buf[at..]`, whole.
+    pub async fn read(
+        &self,
+        offset: u64,
+        mut buf: Vec<u8>,
+        at: usize,
+        len: usize,
+    ) -> (Vec<u8>, std::io::Result<()>) {
+        let mut done = 0;
+        while done < len {
+            let (b, r) = self
+                .uring
+                .read_vec(self.raw(), offset + done as u64, buf, at + done, len - done)
+                .await;
+            buf = b;
+            match r {
+                Ok(0) => {
+                    // The file shrank under us: what is gone reads as zeros.
+                    buf[at + done..at + len].fill(0);
+                    break;
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return (buf, Err(e)),
+            }
+        }
+        (buf, Ok(()))
+    }
+
+    /// Writes `buf[at..at+len]` at `offset`, durable before it returns with
+    /// `fua`.
+    pub async fn write(
+        &self,
+        offset: u64,
+        mut buf: Vec<u8>,
+        at: usize,
+        len: usize,
+        fua: bool,
+    ) -> (Vec<u8>, std::io::Result<()>) {
+        let mut done = 0;
+        while done < len {
+            let (b, r) = self
+                .uring
+                .write_vec(
+                    self.raw(),
+                    offset + done as u64,
+                    buf,
+                    at + done,
+                    len - done,
+                    fua,
+                )
+                .await;
+            buf = b;
+            match r {
+                Ok(0) => {
+                    return (buf, Err(std::io::Error::from_raw_os_error(libc::ENOSPC)));
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return (buf, Err(e)),
+            }
+        }
+        (buf, Ok(()))
+    }
+
+    /// Every write completed so far reaches stable storage.
+    pub async fn flush(&self) -> std::io::Result<()> {
+        self.uring.sync(self.raw(), true).await
+    }
+
+    /// Frees the range if the storage can (a hint: refusal is not an error).
+    pub async fn trim(&self, offset: u64, len: u64, fua: bool) -> std::io::Result<()> {
+        if len > 0 && self.can_punch.load(Ordering::Relaxed) {
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            match self.uring.fallocate(self.raw(), mode, offset, len).await {
+                Ok(()) => {}
+                Err(e) if unsupported(&e) => self.can_punch.store(false, Ordering::Relaxed),
+                Err(e) => return Err(e),
+            }
+        }
+        if fua { self.flush().await } else { Ok(()) }
+    }
+
+    /// Makes the range read back as zeros: by punching a hole when `punch`
+    /// allows, by zeroing in place, or by writing zeros (unless `fast`, when
+    /// only the quick ways count: `Err(ENOTSUP)` then, nothing changed).
+    pub async fn zero(
+        &self,
+        offset: u64,
+        len: u64,
+        punch: bool,
+        fast: bool,
+        fua: bool,
+    ) -> Result<(), u32> {
+        let io = |e: std::io::Error| wire_errno(&e);
+        if len == 0 {
+            return Ok(());
+        }
+        let mut done = false;
+        if punch && self.can_punch.load(Ordering::Relaxed) {
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            match self.uring.fallocate(self.raw(), mode, offset, len).await {
+                Ok(()) => done = true,
+                Err(e) if unsupported(&e) => self.can_punch.store(false, Ordering::Relaxed),
+                Err(e) => return Err(io(e)),
+            }
+        }
+        if !done && self.can_zero_range.load(Ordering::Relaxed) {
+            let mode = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+            match self.uring.fallocate(self.raw(), mode, offset, len).await {
+                Ok(()) => done = true,
+                Err(e) if unsupported(&e) => self.can_zero_range.store(false, Ordering::Relaxed),
+                Err(e) => return Err(io(e)),
+            }
+        }
+        if !done {
+            if fast {
+                return Err(errno::ENOTSUP);
+            }
+            let mut at = 0u64;
+            let mut zeros = vec![0u8; (len.min(ZERO_PIECE as u64)) as usize];
+            while at < len {
+                let n = (len - at).min(zeros.len() as u64) as usize;
+                let (b, r) = self.write(offset + at, zeros, 0, n, false).await;
+                zeros = b;
+                r.map_err(io)?;
+                at += n as u64;
+            }
+        }
+        if fua {
+            self.flush().await.map_err(io)?;
+        }
+        Ok(())
+    }
+
+    /// Asks the kernel to read the range ahead (advisory).
+    pub fn cache(&self, offset: u64, len: u64) {
+        let len = std::num::NonZeroU64::new(len);
+        let _ = rustix::fs::fadvise(&self.fd, offset, len, rustix::fs::Advice::WillNeed);
+    }
+
+    /// `base:allocation` of `[offset, offset+len)`: data and holes (holes
+    /// read as zeros). One extent only with `one`.
+    pub fn block_status(&self, offset: u64, len: u32, one: bool) -> Vec<Extent> {
+        let end = offset + u64::from(len);
+        let mut out = Vec::new();
+        let mut pos = offset;
+        while pos < end && out.len() < MAX_EXTENTS {
+            let (state, next) = self.extent_at(pos, end);
+            let length = (next.min(end) - pos) as u32;
+            match out.last_mut() {
+                Some(Extent { length: l, flags }) if *flags == state => *l += length,
+                _ => out.push(Extent {
+                    length,
+                    flags: state,
+                }),
+            }
+            if one {
+                break;
+            }
+            pos = next.min(end);
+        }
+        out
+    }
+
+    /// The state at `pos` and where it changes (at most `end`).
+    fn extent_at(&self, pos: u64, end: u64) -> (u32, u64) {
+        if self.block_device {
+            return (0, end);
+        }
+        match rustix::fs::seek(&self.fd, SeekFrom::Data(pos)) {
+            Ok(data) if data == pos => {
+                let hole = rustix::fs::seek(&self.fd, SeekFrom::Hole(pos)).unwrap_or(end);
+                (0, hole.max(pos + 1))
+            }
+            Ok(data) => (STATE_HOLE | STATE_ZERO, data),
+            // No data from here to the end of the file.
+            Err(rustix::io::Errno::NXIO) => (STATE_HOLE | STATE_ZERO, end),
+            Err(_) => (0, end),
+        }
+    }
+}
+
+fn unsupported(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL | libc::ENODEV)
+    )
+}
