@@ -197,7 +197,8 @@ where
     let infos = exports.iter().map(|e| e.info.clone()).collect();
     let mut hs = Handshake::new(infos);
     let mut buf = Vec::new();
-    let negotiated = tokio::time::timeout(HANDSHAKE_TIME, async {
+    let mut stop = shutdown.clone();
+    let handshake = tokio::time::timeout(HANDSHAKE_TIME, async {
         loop {
             let out = hs.take_output();
             if !out.is_empty() {
@@ -222,9 +223,12 @@ where
             }
             buf.extend_from_slice(&tmp[..n]);
         }
-    })
-    .await
-    .context("the handshake took too long")??;
+    });
+    // A shutdown ends handshakes still going on: nothing was promised yet.
+    let negotiated = tokio::select! {
+        r = handshake => r.context("the handshake took too long")??,
+        _ = stop.wait_for(|s| *s) => None,
+    };
     let Some(negotiated) = negotiated else {
         let _ = wr.shutdown().await;
         return Ok(());

@@ -1,0 +1,513 @@
+//! `rblock serve` against NBD clients nobody here wrote: libnbd's nbdinfo,
+//! nbdcopy and nbdsh, qemu-io, qemu-img and fio, over TCP and a unix socket
+//! on this machine. (`scripts/setup` installs them.)
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const RBLOCK: &str = env!("CARGO_BIN_EXE_rblock");
+
+/// A scratch directory removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let p = std::env::temp_dir().join(format!("rblock-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+    fn path(&self, rel: &str) -> PathBuf {
+        self.0.join(rel)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `rblock serve` with two exports of one scratch image: `disk` (read-write,
+/// the default) and `ro`; on a TCP port and a unix socket. Killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+    socket: PathBuf,
+}
+
+impl Server {
+    fn start(t: &Scratch, image: &Path) -> Server {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let socket = t.path("nbd.sock");
+        let child = Command::new(RBLOCK)
+            .arg("serve")
+            .arg("--export")
+            .arg(format!("disk={}", image.display()))
+            .arg("--export")
+            .arg(format!("ro={},ro", image.display()))
+            .arg("--nbd-listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--nbd-listen")
+            .arg(format!("unix:{}", socket.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let server = Server {
+            child,
+            port,
+            socket,
+        };
+        for _ in 0..200 {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() && server.socket.exists() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("rblock serve did not start");
+    }
+
+    fn uri(&self, export: &str) -> String {
+        format!("nbd://127.0.0.1:{}/{export}", self.port)
+    }
+
+    fn unix_uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.socket.display())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(cmd: &str, args: &[&str]) -> Output {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd} cannot run ({e}); scripts/setup installs it"))
+}
+
+fn ok(cmd: &str, args: &[&str]) -> String {
+    let out = run(cmd, args);
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A sparse image of `size` bytes (at least 2 MiB) with data only in its
+/// second MiB.
+fn image(t: &Scratch, size: u64) -> PathBuf {
+    assert!(size >= 2 << 20);
+    let p = t.path("disk.img");
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(size).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&pattern(1 << 20, 1), 1 << 20).unwrap();
+    p
+}
+
+#[test]
+fn nbdinfo_sees_the_exports_their_flags_and_their_holes() {
+    let t = Scratch::new("info");
+    let img = image(&t, 64 << 20);
+    let s = Server::start(&t, &img);
+    let list = ok("nbdinfo", &["--list", &s.uri("")]);
+    assert!(
+        list.contains("export=\"disk\"") && list.contains("export=\"ro\""),
+        "{list}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok("nbdinfo", &["--json", &s.uri("disk")])).unwrap();
+    let e = &json["exports"][0];
+    assert_eq!(e["export-size"], 64 << 20);
+    assert_eq!(e["can_multi_conn"], true);
+    assert_eq!(e["is_read_only"], false);
+    assert_eq!(e["block_size_minimum"], 512);
+    for can in [
+        "fua",
+        "trim",
+        "zero",
+        "cache",
+        "multi-conn",
+        "flush",
+        "fast-zero",
+        "df",
+    ] {
+        let st = run("nbdinfo", &["--can", can, &s.uri("disk")]).status;
+        assert_eq!(st.code(), Some(0), "--can {can}");
+    }
+    assert_eq!(
+        run("nbdinfo", &["--is", "read-only", &s.uri("ro")])
+            .status
+            .code(),
+        Some(0)
+    );
+    assert_eq!(
+        run("nbdinfo", &["--is", "read-only", &s.uri("disk")])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(
+        run("nbdinfo", &["--can", "trim", &s.uri("ro")])
+            .status
+            .code(),
+        Some(2)
+    );
+    // The unix socket serves the same; the map shows the one data MiB.
+    let map = ok("nbdinfo", &["--map", "--totals", &s.unix_uri("disk")]);
+    let data: Vec<&str> = map.lines().filter(|l| l.contains("data")).collect();
+    assert_eq!(data.len(), 1, "{map}");
+    assert!(data[0].trim_start().starts_with("1048576"), "{map}");
+}
+
+#[test]
+fn nbdcopy_round_trip_with_four_connections_is_identical() {
+    let t = Scratch::new("copy");
+    let size = 256usize << 20;
+    let src = t.path("src.img");
+    // Random data with a hole in the middle.
+    {
+        let mut f = std::fs::File::create(&src).unwrap();
+        for i in 0..(size >> 20) {
+            if i == 100 {
+                f.write_all(&vec![0u8; 1 << 20]).unwrap();
+            } else {
+                f.write_all(&pattern(1 << 20, i as u64 + 7)).unwrap();
+            }
+        }
+    }
+    let target = t.path("target.img");
+    std::fs::File::create(&target)
+        .unwrap()
+        .set_len(size as u64)
+        .unwrap();
+    let s = Server::start(&t, &target);
+    ok(
+        "nbdcopy",
+        &[
+            "--connections=4",
+            "--flush",
+            src.to_str().unwrap(),
+            &s.uri("disk"),
+        ],
+    );
+    let back = t.path("back.img");
+    ok(
+        "nbdcopy",
+        &["--connections=4", &s.uri("disk"), back.to_str().unwrap()],
+    );
+    assert!(files_equal(&src, &back));
+    assert!(files_equal(&src, &target));
+}
+
+fn files_equal(a: &Path, b: &Path) -> bool {
+    let (mut fa, mut fb) = (
+        std::fs::File::open(a).unwrap(),
+        std::fs::File::open(b).unwrap(),
+    );
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let na = fa.read(&mut ba).unwrap();
+        let mut nb = 0;
+        while nb < na {
+            let k = fb.read(&mut bb[nb..na]).unwrap();
+            if k == 0 {
+                return false;
+            }
+            nb += k;
+        }
+        if na == 0 {
+            return fb.read(&mut bb).unwrap() == 0;
+        }
+        if ba[..na] != bb[..na] {
+            return false;
+        }
+    }
+}
+
+#[test]
+fn qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare() {
+    let t = Scratch::new("qemu");
+    let img = image(&t, 32 << 20);
+    let s = Server::start(&t, &img);
+    let uri = s.uri("disk");
+    let out = ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x5a 1000 7777",
+            "-c",
+            "write -P 0xc3 4194303 3",
+            "-c",
+            "write -z 16384 65536",
+            "-c",
+            "read -P 0x5a 1000 7777",
+            "-c",
+            "read -P 0xc3 4194303 3",
+            "-c",
+            "read -P 0 16384 65536",
+            "-c",
+            "flush",
+            &uri,
+        ],
+    );
+    assert!(!out.contains("fail"), "{out}");
+    // The pattern really reached the file, at those offsets.
+    let data = std::fs::read(&img).unwrap();
+    assert!(data[1000..8777].iter().all(|&b| b == 0x5a));
+    assert!(data[4194303..4194306].iter().all(|&b| b == 0xc3));
+    let mismatch = run(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x11 1000 10", &uri],
+    );
+    assert!(String::from_utf8_lossy(&mismatch.stdout).contains("Pattern verification failed"));
+
+    let src = t.path("src.raw");
+    std::fs::write(&src, pattern(32 << 20, 9)).unwrap();
+    let src = src.to_str().unwrap();
+    ok(
+        "qemu-img",
+        &["convert", "-n", "-f", "raw", "-O", "raw", src, &uri],
+    );
+    ok(
+        "qemu-img",
+        &["compare", "-f", "raw", "-F", "raw", src, &uri],
+    );
+    // And the other way round, through the read-only export.
+    let back = t.path("back.raw");
+    ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &s.uri("ro"),
+            back.to_str().unwrap(),
+        ],
+    );
+    ok(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            src,
+            back.to_str().unwrap(),
+        ],
+    );
+}
+
+#[test]
+fn nbdsh_gets_the_exact_errors_for_bad_requests() {
+    let t = Scratch::new("nbdsh");
+    let img = image(&t, 16 << 20);
+    let s = Server::start(&t, &img);
+    // libnbd's own checks relaxed, so the server sees the bad requests.
+    let script = r#"
+import errno, nbd, os
+def expect(err, f, *args):
+    try:
+        f(*args)
+    except nbd.Error as e:
+        # libnbd names the errno (a string in some versions).
+        got = getattr(errno, e.errno) if isinstance(e.errno, str) else e.errno
+        assert got == err, (f.__name__, args, e.errno, e.string)
+        return
+    raise AssertionError(("no error", f.__name__, args))
+size = 16 << 20
+h = nbd.NBD()
+h.set_strict_mode(0)
+h.connect_uri(os.environ["DISK_URI"])
+assert h.get_size() == size
+expect(errno.EINVAL, h.pread, 4096, size)
+expect(errno.EINVAL, h.pread, 4096, size - 512)
+expect(errno.ENOSPC, h.pwrite, b"x" * 4096, size - 512)
+expect(errno.ENOSPC, h.zero, 4096, size)
+expect(errno.EINVAL, h.trim, 4096, size)
+expect(errno.EINVAL, h.pread, 512, 1)
+expect(errno.EINVAL, h.pwrite, b"x" * 100, 0)
+expect(errno.EINVAL, h.pread, 512, 0, nbd.CMD_FLAG_REQ_ONE)
+expect(errno.EINVAL, h.pwrite, b"x" * 512, 0, nbd.CMD_FLAG_NO_HOLE)
+h.pwrite(b"y" * 512, 0, nbd.CMD_FLAG_FUA)
+assert h.pread(512, 0) == b"y" * 512
+h.zero(1 << 20, 1 << 20, nbd.CMD_FLAG_NO_HOLE)
+assert h.pread(4096, 1 << 20) == bytes(4096)
+h.flush()
+h.shutdown()
+r = nbd.NBD()
+r.set_strict_mode(0)
+r.connect_uri(os.environ["RO_URI"])
+expect(errno.EPERM, r.pwrite, b"x" * 512, 0)
+expect(errno.EPERM, r.trim, 512, 0)
+expect(errno.EPERM, r.zero, 512, 0)
+assert r.pread(512, 0) == b"y" * 512
+r.shutdown()
+print("all errors as expected")
+"#;
+    // nbdsh runs `python3 -m nbd`: the system's Python, which has the
+    // binding, whatever else comes first on PATH.
+    let path = format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("nbdsh")
+        .args(["-n", "-c", script])
+        .env("PATH", path)
+        .env("DISK_URI", s.uri("disk"))
+        .env("RO_URI", s.uri("ro"))
+        .output()
+        .expect("nbdsh runs (scripts/setup installs it)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("all errors as expected"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn fio_random_writes_verify_with_crc32c() {
+    let t = Scratch::new("fio");
+    let img = image(&t, 64 << 20);
+    let s = Server::start(&t, &img);
+    let uri = s.uri("disk");
+    let out = ok(
+        "fio",
+        &[
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=32m",
+            "--iodepth=32",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--output-format=json",
+        ],
+    );
+    let start = out.find('{').expect("fio json");
+    let v: serde_json::Value = serde_json::from_str(&out[start..]).unwrap();
+    let job = &v["jobs"][0];
+    assert_eq!(job["error"], 0);
+    assert_eq!(job["write"]["io_bytes"], 32 << 20);
+    // The verify pass read back everything it wrote.
+    assert_eq!(job["read"]["io_bytes"], 32 << 20);
+}
+
+/// Speaks NBD by hand where no client will: an unknown command, and a DISC
+/// with requests still in flight.
+#[test]
+fn raw_requests_unknown_commands_and_disconnect() {
+    let t = Scratch::new("raw");
+    let img = image(&t, 4 << 20);
+    let s = Server::start(&t, &img);
+    let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut greeting = [0u8; 18];
+    c.read_exact(&mut greeting).unwrap();
+    assert_eq!(&greeting[..8], b"NBDMAGIC");
+    // Fixed newstyle, no zeroes; then EXPORT_NAME "disk".
+    c.write_all(&3u32.to_be_bytes()).unwrap();
+    let mut opt = b"IHAVEOPT".to_vec();
+    opt.extend_from_slice(&1u32.to_be_bytes());
+    opt.extend_from_slice(&4u32.to_be_bytes());
+    opt.extend_from_slice(b"disk");
+    c.write_all(&opt).unwrap();
+    let mut export = [0u8; 10];
+    c.read_exact(&mut export).unwrap();
+    assert_eq!(u64::from_be_bytes(export[..8].try_into().unwrap()), 4 << 20);
+    let request = |kind: u16, cookie: u64, offset: u64, len: u32| {
+        let mut r = 0x2560_9513u32.to_be_bytes().to_vec();
+        r.extend_from_slice(&0u16.to_be_bytes());
+        r.extend_from_slice(&kind.to_be_bytes());
+        r.extend_from_slice(&cookie.to_be_bytes());
+        r.extend_from_slice(&offset.to_be_bytes());
+        r.extend_from_slice(&len.to_be_bytes());
+        r
+    };
+    // Unknown command 42: EINVAL, and the connection goes on.
+    c.write_all(&request(42, 1, 0, 512)).unwrap();
+    let mut reply = [0u8; 16];
+    c.read_exact(&mut reply).unwrap();
+    assert_eq!(
+        u32::from_be_bytes(reply[..4].try_into().unwrap()),
+        0x6744_6698
+    );
+    assert_eq!(u32::from_be_bytes(reply[4..8].try_into().unwrap()), 22);
+    assert_eq!(u64::from_be_bytes(reply[8..].try_into().unwrap()), 1);
+    // Two reads then DISC at once: both are answered before the close.
+    let mut burst = request(0, 2, 1 << 19, 4096);
+    burst.extend(request(0, 3, 0, 4096));
+    burst.extend(request(2, 4, 0, 0));
+    c.write_all(&burst).unwrap();
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest.len(), 2 * (16 + 4096));
+    let mut cookies: Vec<u64> = [0, 16 + 4096]
+        .iter()
+        .map(|&at| {
+            assert_eq!(
+                u32::from_be_bytes(rest[at + 4..at + 8].try_into().unwrap()),
+                0
+            );
+            u64::from_be_bytes(rest[at + 8..at + 16].try_into().unwrap())
+        })
+        .collect();
+    cookies.sort();
+    assert_eq!(cookies, [2, 3]);
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly() {
+    let t = Scratch::new("term");
+    let img = image(&t, 4 << 20);
+    let mut s = Server::start(&t, &img);
+    // An idle client connected through the handshake.
+    let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let mut greeting = [0u8; 18];
+    c.read_exact(&mut greeting).unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(s.child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(!s.socket.exists(), "the socket file is removed");
+}
