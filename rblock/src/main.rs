@@ -10,7 +10,6 @@ use rblock::export::ExportSpec;
 use rblock::nbd::handshake::ExportInfo;
 use rblock::serve::{self, Export, Listen};
 use rblock::storage::Storage;
-use rfabric::uring::Uring;
 
 /// Export block devices and files to NBD clients (the kernel's nbd-client,
 /// qemu, libnbd's tools).
@@ -78,13 +77,14 @@ fn main() -> ExitCode {
 }
 
 async fn serve_cmd(a: ServeArgs) -> anyhow::Result<()> {
-    let uring = Uring::start(None).context("cannot start io_uring")?;
+    // Fail now, clearly, where io_uring is missing or forbidden.
+    rfabric::uring::Uring::local().context("cannot start io_uring")?;
     let mut exports = Vec::new();
     for spec in &a.exports {
         if exports.iter().any(|e: &Export| e.info.name == spec.name) {
             anyhow::bail!("export {:?} is named twice", spec.name);
         }
-        let storage = Storage::open(&spec.path, spec.read_only, uring.clone())?;
+        let storage = Storage::open(&spec.path, spec.read_only)?;
         eprintln!(
             "rblock serve: export {:?}: {} ({} bytes{})",
             spec.name,

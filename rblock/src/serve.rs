@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
+};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use crate::nbd::consts::{REQUEST_LEN, errno};
@@ -241,9 +243,40 @@ where
 /// A reply on its way out, holding the memory budget it used.
 type Outgoing = (Vec<u8>, Option<OwnedSemaphorePermit>);
 
+/// Big buffers kept for reuse, per connection at most this many bytes.
+const KEEP_BUFFERS: usize = 64 << 20;
+
+/// A connection's spare buffers: reads and writes of a MiB reuse memory
+/// instead of mapping fresh pages (which the kernel zeroes) every time.
+#[derive(Debug, Clone, Default)]
+struct Buffers(Arc<std::sync::Mutex<Vec<Vec<u8>>>>);
+
+impl Buffers {
+    /// An empty buffer with room for `len` bytes.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut spare = self.0.lock().expect("buffers lock");
+        match spare.iter().position(|b| b.capacity() >= len) {
+            Some(i) => spare.swap_remove(i),
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    fn give(&self, mut b: Vec<u8>) {
+        if b.capacity() < 64 * 1024 {
+            return;
+        }
+        let mut spare = self.0.lock().expect("buffers lock");
+        let kept: usize = spare.iter().map(Vec::capacity).sum();
+        if kept + b.capacity() <= KEEP_BUFFERS {
+            b.clear();
+            spare.push(b);
+        }
+    }
+}
+
 async fn transmission<R, W>(
-    mut pending: Vec<u8>,
-    mut rd: R,
+    pending: Vec<u8>,
+    rd: R,
     wr: W,
     limits: Limits,
     storage: Arc<Storage>,
@@ -254,10 +287,13 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (tx, mut rx) = mpsc::channel::<Outgoing>(MAX_IN_FLIGHT);
+    let buffers = Buffers::default();
+    let spare = buffers.clone();
     let writer = tokio::spawn(async move {
         let mut w = BufWriter::with_capacity(256 * 1024, wr);
         while let Some((bytes, budget)) = rx.recv().await {
             w.write_all(&bytes).await?;
+            spare.give(bytes);
             drop(budget);
             if rx.is_empty() {
                 w.flush().await?;
@@ -270,24 +306,30 @@ where
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let budget = Arc::new(Semaphore::new(MAX_BUFFERED));
     let mut stopping = *shutdown.borrow();
+    // What the handshake read ahead comes first.
+    let mut rd = BufReader::with_capacity(256 * 1024, std::io::Cursor::new(pending).chain(rd));
     let result = async {
         loop {
             // The next header, or (once stopping) the moment nothing is in
             // flight any more.
-            let got = tokio::select! {
-                got = fill(&mut rd, &mut pending, REQUEST_LEN) => got?,
+            // (Waiting for bytes is cancel-safe; reading them is not, so it
+            // happens outside the select.)
+            let more = tokio::select! {
+                buf = rd.fill_buf() => !buf?.is_empty(),
                 _ = shutdown.changed(), if !stopping => {
                     stopping = true;
                     continue;
                 }
                 _ = idle(&in_flight), if stopping => break,
             };
-            if !got {
+            if !more {
                 // The client hung up.
                 break;
             }
-            let head: [u8; REQUEST_LEN] = pending[..REQUEST_LEN].try_into().expect("filled");
-            pending.drain(..REQUEST_LEN);
+            let mut head = [0u8; REQUEST_LEN];
+            rd.read_exact(&mut head)
+                .await
+                .context("the client closed in the middle of a request")?;
             let req = Request::decode(&head)?;
             let payload_len = req.payload_len() as usize;
             if payload_len > MAX_PAYLOAD as usize {
@@ -303,12 +345,7 @@ where
                 .await
                 .expect("never closed");
             let payload = if payload_len > 0 {
-                let mut p = vec![0u8; payload_len];
-                let have = pending.len().min(payload_len);
-                p[..have].copy_from_slice(&pending[..have]);
-                pending.drain(..have);
-                rd.read_exact(&mut p[have..]).await?;
-                Some(p)
+                Some(read_payload(&mut rd, buffers.take(payload_len), payload_len).await?)
             } else {
                 None
             };
@@ -338,9 +375,9 @@ where
                 .acquire_owned()
                 .await
                 .expect("never closed");
-            let (storage, tx) = (Arc::clone(&storage), tx.clone());
+            let (storage, tx, buffers) = (Arc::clone(&storage), tx.clone(), buffers.clone());
             tokio::spawn(async move {
-                let reply = execute(command, &req, payload, &storage, structured).await;
+                let reply = execute(command, &req, payload, &storage, structured, &buffers).await;
                 let _ = tx.send((reply, Some(money))).await;
                 drop(ticket);
             });
@@ -365,25 +402,21 @@ async fn idle(in_flight: &Arc<Semaphore>) {
         .expect("never closed");
 }
 
-/// Reads until `buf` holds `n` bytes; `false` if the peer closed first
-/// (cancel-safe: what was read stays in `buf`).
-async fn fill<R: AsyncRead + Unpin>(
+/// A write's data, read straight into a buffer of its size (not zeroed
+/// first).
+async fn read_payload<R: AsyncRead + Unpin>(
     rd: &mut R,
-    buf: &mut Vec<u8>,
-    n: usize,
-) -> anyhow::Result<bool> {
-    while buf.len() < n {
-        let mut tmp = [0u8; 16 * 1024];
-        let k = rd.read(&mut tmp).await?;
-        if k == 0 {
-            if buf.is_empty() {
-                return Ok(false);
-            }
-            bail!("the client closed in the middle of a request");
+    mut p: Vec<u8>,
+    len: usize,
+) -> anyhow::Result<Vec<u8>> {
+    p.reserve_exact(len);
+    while p.len() < len {
+        let want = (len - p.len()) as u64;
+        if (&mut *rd).take(want).read_buf(&mut p).await? == 0 {
+            bail!("the client closed in the middle of a write");
         }
-        buf.extend_from_slice(&tmp[..k]);
     }
-    Ok(true)
+    Ok(p)
 }
 
 /// Carries out one checked request; returns the whole reply.
@@ -393,6 +426,7 @@ async fn execute(
     payload: Option<Vec<u8>>,
     storage: &Storage,
     structured: bool,
+    buffers: &Buffers,
 ) -> Vec<u8> {
     let (cookie, offset, len) = (req.cookie, req.offset, req.length);
     let failed = |e: std::io::Error, what: &str| {
@@ -401,10 +435,9 @@ async fn execute(
     match command {
         Command::Read => {
             let head = read_reply_header(structured, cookie, offset, len);
-            let at = head.len();
-            let mut buf = head;
-            buf.resize(at + len as usize, 0);
-            let (buf, r) = storage.read(offset, buf, at, len as usize).await;
+            let mut buf = buffers.take(head.len() + len as usize);
+            buf.extend_from_slice(&head);
+            let (buf, r) = storage.read(offset, buf, len as usize).await;
             match r {
                 Ok(()) => buf,
                 Err(e) => failed(e, "read failed"),
@@ -412,7 +445,8 @@ async fn execute(
         }
         Command::Write { fua } => {
             let data = payload.unwrap_or_default();
-            let (_, r) = storage.write(offset, data, 0, len as usize, fua).await;
+            let (data, r) = storage.write(offset, data, 0, len as usize, fua).await;
+            buffers.give(data);
             match r {
                 Ok(()) => ok_reply(structured, cookie),
                 Err(e) => failed(e, "write failed"),

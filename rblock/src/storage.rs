@@ -31,7 +31,6 @@ pub struct Storage {
     can_punch: AtomicBool,
     /// Zeroing a range without writing works here.
     can_zero_range: AtomicBool,
-    uring: Uring,
 }
 
 /// An I/O failure as an NBD error.
@@ -47,7 +46,7 @@ pub fn wire_errno(e: &std::io::Error) -> u32 {
 
 impl Storage {
     /// Opens `path` (a regular file or a block device).
-    pub fn open(path: &Path, read_only: bool, uring: Uring) -> anyhow::Result<Storage> {
+    pub fn open(path: &Path, read_only: bool) -> anyhow::Result<Storage> {
         let access = if read_only {
             OFlags::RDONLY
         } else {
@@ -75,7 +74,6 @@ impl Storage {
             block_device,
             can_punch: AtomicBool::new(true),
             can_zero_range: AtomicBool::new(true),
-            uring,
         })
     }
 
@@ -96,28 +94,32 @@ impl Storage {
         self.fd.as_raw_fd()
     }
 
-    /// Reads `len` bytes at `offset` into `buf[at..]`, whole.
+    /// Reads `len` bytes at `offset`, appended to `buf`, whole.
     pub async fn read(
         &self,
         offset: u64,
         mut buf: Vec<u8>,
-        at: usize,
         len: usize,
     ) -> (Vec<u8>, std::io::Result<()>) {
-        let mut done = 0;
-        while done < len {
-            let (b, r) = self
-                .uring
-                .read_vec(self.raw(), offset + done as u64, buf, at + done, len - done)
+        let target = buf.len() + len;
+        buf.reserve_exact(len);
+        let ring = match Uring::local() {
+            Ok(r) => r,
+            Err(e) => return (buf, Err(e)),
+        };
+        while buf.len() < target {
+            let left = target - buf.len();
+            let done = len - left;
+            let (b, r) = ring
+                .read_append(self.raw(), offset + done as u64, buf, left)
                 .await;
             buf = b;
             match r {
                 Ok(0) => {
                     // The file shrank under us: what is gone reads as zeros.
-                    buf[at + done..at + len].fill(0);
-                    break;
+                    buf.resize(target, 0);
                 }
-                Ok(n) => done += n,
+                Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return (buf, Err(e)),
             }
@@ -135,10 +137,13 @@ impl Storage {
         len: usize,
         fua: bool,
     ) -> (Vec<u8>, std::io::Result<()>) {
+        let ring = match Uring::local() {
+            Ok(r) => r,
+            Err(e) => return (buf, Err(e)),
+        };
         let mut done = 0;
         while done < len {
-            let (b, r) = self
-                .uring
+            let (b, r) = ring
                 .write_vec(
                     self.raw(),
                     offset + done as u64,
@@ -163,14 +168,17 @@ impl Storage {
 
     /// Every write completed so far reaches stable storage.
     pub async fn flush(&self) -> std::io::Result<()> {
-        self.uring.sync(self.raw(), true).await
+        Uring::local()?.sync(self.raw(), true).await
     }
 
     /// Frees the range if the storage can (a hint: refusal is not an error).
     pub async fn trim(&self, offset: u64, len: u64, fua: bool) -> std::io::Result<()> {
         if len > 0 && self.can_punch.load(Ordering::Relaxed) {
             let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-            match self.uring.fallocate(self.raw(), mode, offset, len).await {
+            match Uring::local()?
+                .fallocate(self.raw(), mode, offset, len)
+                .await
+            {
                 Ok(()) => {}
                 Err(e) if unsupported(&e) => self.can_punch.store(false, Ordering::Relaxed),
                 Err(e) => return Err(e),
@@ -194,10 +202,11 @@ impl Storage {
         if len == 0 {
             return Ok(());
         }
+        let ring = Uring::local().map_err(io)?;
         let mut done = false;
         if punch && self.can_punch.load(Ordering::Relaxed) {
             let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-            match self.uring.fallocate(self.raw(), mode, offset, len).await {
+            match ring.fallocate(self.raw(), mode, offset, len).await {
                 Ok(()) => done = true,
                 Err(e) if unsupported(&e) => self.can_punch.store(false, Ordering::Relaxed),
                 Err(e) => return Err(io(e)),
@@ -205,7 +214,7 @@ impl Storage {
         }
         if !done && self.can_zero_range.load(Ordering::Relaxed) {
             let mode = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
-            match self.uring.fallocate(self.raw(), mode, offset, len).await {
+            match ring.fallocate(self.raw(), mode, offset, len).await {
                 Ok(()) => done = true,
                 Err(e) if unsupported(&e) => self.can_zero_range.store(false, Ordering::Relaxed),
                 Err(e) => return Err(io(e)),

@@ -101,6 +101,24 @@ impl Uring {
         Ok(Uring { shared })
     }
 
+    /// This thread's own ring, made on first use (inside a tokio runtime).
+    /// The kernel runs cached reads and writes inline while submitting,
+    /// under the ring's lock: tasks on different threads that each use
+    /// their thread's ring never wait for each other's copies.
+    pub fn local() -> std::io::Result<Uring> {
+        thread_local! {
+            static LOCAL: std::cell::OnceCell<Uring> = const { std::cell::OnceCell::new() };
+        }
+        LOCAL.with(|cell| {
+            if let Some(u) = cell.get() {
+                return Ok(u.clone());
+            }
+            let u = Uring::start(None)?;
+            let _ = cell.set(u.clone());
+            Ok(u)
+        })
+    }
+
     /// Reads up to `len` bytes at file `offset` into `buf` (a buffer of the
     /// pool given at start) from byte `at` of the buffer on. The caller keeps
     /// `fd` open until this returns.
@@ -192,25 +210,30 @@ impl Uring {
         self.one(sqe)
     }
 
-    /// Reads up to `len` bytes at file `offset` into `buf[at..]`; the
-    /// buffer travels with the operation, so dropping the future early is
-    /// safe. The caller keeps `fd` open until this returns.
-    pub async fn read_vec(
+    /// Reads up to `len` bytes at file `offset` and appends them to `buf`
+    /// (into room reserved here, never zeroed first); the buffer travels
+    /// with the operation.
+    pub async fn read_append(
         &self,
         fd: RawFd,
         offset: u64,
         mut buf: Vec<u8>,
-        at: usize,
         len: usize,
     ) -> (Vec<u8>, std::io::Result<usize>) {
-        let at = at.min(buf.len());
-        let len = len.min(buf.len() - at) as u32;
-        // SAFETY: `at` is within the buffer (clamped above).
-        let ptr = unsafe { buf.as_mut_ptr().add(at) };
-        let sqe = opcode::Read::new(types::Fd(fd), ptr, len)
+        let len = len.min(u32::MAX as usize);
+        buf.reserve(len);
+        let start = buf.len();
+        let ptr = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+        let sqe = opcode::Read::new(types::Fd(fd), ptr, len as u32)
             .offset(offset)
             .build();
-        self.owned(sqe, buf).await
+        let (mut buf, result) = self.owned(sqe, buf).await;
+        if let Ok(n) = result {
+            // SAFETY: the kernel wrote `n <= len` bytes right after `start`,
+            // into capacity reserved above.
+            unsafe { buf.set_len(start + n) };
+        }
+        (buf, result)
     }
 
     /// Writes `buf[at..at+len]` at file `offset` (durable as in
