@@ -4,35 +4,12 @@ use std::net::TcpListener;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
+use test_support::{Scratch, pattern};
 
 const RCP: &str = env!("CARGO_BIN_EXE_rcp");
-
-/// A scratch directory removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!("rcp-test-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-    fn path(&self, rel: &str) -> PathBuf {
-        self.0.join(rel)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn rcp(args: &[&str]) -> Output {
     Command::new(RCP).args(args).output().expect("rcp runs")
@@ -46,18 +23,6 @@ fn ok(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// The digest rcp defines: SHA-256 over the SHA-256 of each chunk.
@@ -121,7 +86,7 @@ fn sizes_around_the_chunk_arrive_identical_with_the_documented_digest() {
         assert_eq!(v["sha256"], file_digest(&data, chunk), "size {size}");
         assert!(v["seconds"].as_f64().unwrap() >= 0.0);
     }
-    assert!(no_leftovers(&t.0));
+    assert!(no_leftovers(t.dir()));
 }
 
 #[test]
@@ -274,7 +239,7 @@ fn a_chunk_corrupted_in_flight_fails_the_copy_and_leaves_nothing() {
         !dst.exists(),
         "a corrupted copy appeared under its final name"
     );
-    assert!(no_leftovers(&t.0));
+    assert!(no_leftovers(t.dir()));
     // Without verification nobody notices: the documented trade-off.
     let out = Command::new(RCP)
         .args(["--no-verify", "-q", "--chunk-size", "64K", s(&src), s(&dst)])

@@ -140,15 +140,9 @@ impl Uring {
                 .build()
         };
         let (reply, rx) = oneshot::channel();
-        self.shared
-            .room
-            .acquire()
-            .await
-            .expect("never closed")
-            .forget();
         // SAFETY: the buffer is leased to the ring (kept in `waiting`) until
         // its completion is reaped.
-        unsafe { self.shared.submit(vec![(sqe, Waiting::Read(buf, reply))]) };
+        unsafe { self.submit_one(sqe, Waiting::Read(buf, reply)) }.await;
         rx.await.expect("every operation is answered")
     }
 
@@ -261,16 +255,10 @@ impl Uring {
 
     async fn owned(&self, sqe: squeue::Entry, buf: Vec<u8>) -> (Vec<u8>, std::io::Result<usize>) {
         let (reply, rx) = oneshot::channel();
-        self.shared
-            .room
-            .acquire()
-            .await
-            .expect("never closed")
-            .forget();
         // SAFETY: the entry points into `buf`, which the ring owns (kept in
         // `waiting`; a Vec's heap memory does not move with it) until the
         // completion is reaped.
-        unsafe { self.shared.submit(vec![(sqe, Waiting::Owned(buf, reply))]) };
+        unsafe { self.submit_one(sqe, Waiting::Owned(buf, reply)) }.await;
         rx.await.expect("every operation is answered")
     }
 
@@ -345,17 +333,23 @@ impl Uring {
         Ok(())
     }
 
+    /// Waits for room in the ring, then submits `sqe`.
+    ///
+    /// # Safety
+    /// As for [`Shared::submit`].
+    async unsafe fn submit_one(&self, sqe: squeue::Entry, waiting: Waiting) {
+        let permit = self.shared.room.acquire().await.expect("never closed");
+        // Given back by the reaper when the completion comes.
+        permit.forget();
+        // SAFETY: passed on from the caller.
+        unsafe { self.shared.submit(vec![(sqe, waiting)]) };
+    }
+
     async fn one(&self, sqe: squeue::Entry) -> std::io::Result<usize> {
         let (reply, rx) = oneshot::channel();
-        self.shared
-            .room
-            .acquire()
-            .await
-            .expect("never closed")
-            .forget();
         // SAFETY: the caller of the public operation vouched for the memory
         // the entry points at.
-        unsafe { self.shared.submit(vec![(sqe, Waiting::Done(reply))]) };
+        unsafe { self.submit_one(sqe, Waiting::Done(reply)) }.await;
         rx.await.expect("every operation is answered")
     }
 }
