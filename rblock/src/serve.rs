@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::{
     AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
 };
+
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use crate::nbd::consts::{REQUEST_LEN, errno};
@@ -240,9 +242,6 @@ where
     transmission(buf, rd, wr, limits, Arc::clone(&export.storage), shutdown).await
 }
 
-/// A reply on its way out, holding the memory budget it used.
-type Outgoing = (Vec<u8>, Option<OwnedSemaphorePermit>);
-
 /// Big buffers kept for reuse, per connection at most this many bytes.
 const KEEP_BUFFERS: usize = 64 << 20;
 
@@ -286,22 +285,11 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (tx, mut rx) = mpsc::channel::<Outgoing>(MAX_IN_FLIGHT);
     let buffers = Buffers::default();
-    let spare = buffers.clone();
-    let writer = tokio::spawn(async move {
-        let mut w = BufWriter::with_capacity(256 * 1024, wr);
-        while let Some((bytes, budget)) = rx.recv().await {
-            w.write_all(&bytes).await?;
-            spare.give(bytes);
-            drop(budget);
-            if rx.is_empty() {
-                w.flush().await?;
-            }
-        }
-        w.flush().await?;
-        let _ = w.shutdown().await;
-        anyhow::Ok(())
+    let replies = Arc::new(Replies {
+        out: tokio::sync::Mutex::new(BufWriter::with_capacity(256 * 1024, wr)),
+        queued: AtomicUsize::new(0),
+        buffers: buffers.clone(),
     });
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let budget = Arc::new(Semaphore::new(MAX_BUFFERED));
@@ -357,14 +345,14 @@ where
                     errno::ESHUTDOWN,
                     "server shutting down",
                 );
-                let _ = tx.send((m, Some(money))).await;
+                replies.send(m, money).await?;
                 continue;
             }
             let command = match checked {
                 Ok(c) => c,
                 Err(refusal) => {
                     let m = error_reply(structured, req.cookie, refusal.errno, refusal.message);
-                    let _ = tx.send((m, Some(money))).await;
+                    replies.send(m, money).await?;
                     continue;
                 }
             };
@@ -375,10 +363,13 @@ where
                 .acquire_owned()
                 .await
                 .expect("never closed");
-            let (storage, tx, buffers) = (Arc::clone(&storage), tx.clone(), buffers.clone());
+            let (storage, replies, buffers) =
+                (Arc::clone(&storage), Arc::clone(&replies), buffers.clone());
             tokio::spawn(async move {
                 let reply = execute(command, &req, payload, &storage, structured, &buffers).await;
-                let _ = tx.send((reply, Some(money))).await;
+                // A failed send shows up in the reader too (the client is
+                // gone); the request is done either way.
+                let _ = replies.send(reply, money).await;
                 drop(ticket);
             });
         }
@@ -387,11 +378,39 @@ where
     .await;
     // Whatever is in flight finishes and is answered before the close.
     idle(&in_flight).await;
-    drop(tx);
-    let written = writer.await;
+    let mut out = replies.out.lock().await;
+    let flushed = out.flush().await;
+    let _ = out.shutdown().await;
     result?;
-    written??;
+    flushed?;
     Ok(())
+}
+
+/// Where replies go: the socket, written by whichever task has a reply
+/// ready (no hand-off to a writer task). Replies that find it busy wait
+/// their turn; the last of them flushes, so replies that pile up leave in
+/// one system call.
+struct Replies<W> {
+    out: tokio::sync::Mutex<BufWriter<W>>,
+    /// Replies waiting for or holding the socket.
+    queued: AtomicUsize,
+    buffers: Buffers,
+}
+
+impl<W: AsyncWrite + Unpin> Replies<W> {
+    async fn send(&self, reply: Vec<u8>, budget: OwnedSemaphorePermit) -> std::io::Result<()> {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        let mut out = self.out.lock().await;
+        let mut result = out.write_all(&reply).await;
+        let last = self.queued.fetch_sub(1, Ordering::AcqRel) == 1;
+        if result.is_ok() && last {
+            result = out.flush().await;
+        }
+        drop(out);
+        self.buffers.give(reply);
+        drop(budget);
+        result
+    }
 }
 
 /// Resolves once no request is in flight.
