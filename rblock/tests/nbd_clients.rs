@@ -384,6 +384,8 @@ fn fio_random_writes_verify_with_crc32c() {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            // No state file left in the working directory.
+            "--verify_state_save=0",
             "--output-format=json",
         ],
     );
