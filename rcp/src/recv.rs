@@ -430,10 +430,15 @@ async fn finish_file(
             out.discard();
             Err(e)
         }
-        None => out
-            .commit(&entry, opts.preserve, &uring)
-            .await
-            .map_err(|e| format!("{e:#}")),
+        None => {
+            // Whether the last chunk was written (then the file ends where it
+            // should; else its tail is a hole still to be sized).
+            let count = entry.size.div_ceil(u64::from(entry.chunk.max(1)));
+            let sized = count == 0 || chunks.get(count as usize - 1).is_some_and(Option::is_some);
+            out.commit(&entry, opts.preserve, sized, &uring)
+                .await
+                .map_err(|e| format!("{e:#}"))
+        }
     };
     let result = result.and_then(|dir| {
         // One open fd per distinct directory, not per file.

@@ -296,6 +296,9 @@ pub struct Incoming {
     parent: Arc<DestDir>,
     temp: CString,
     name: CString,
+    /// Created afresh by this copy (not an earlier one's leftover): it has
+    /// the entry's mode already, and nothing beyond what is written.
+    fresh: bool,
 }
 
 impl Base {
@@ -376,12 +379,33 @@ impl Base {
     pub fn create_file(&self, e: &Entry, resume: bool) -> anyhow::Result<Incoming> {
         let (parent, name) = self.place(&e.path)?;
         let temp = part_name(&name)?;
+        let shown = || format!("cannot create a temporary file for {}", show(&e.path));
+        if !resume {
+            // Usually nothing is there: create it with the entry's mode (the
+            // umask applies), so that committing needs no chmod.
+            let flags =
+                OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let mode = Mode::from_raw_mode(e.mode & 0o777);
+            match rustix::fs::openat(&parent, temp.as_c_str(), flags, mode) {
+                Ok(fd) => {
+                    return Ok(Incoming {
+                        fd,
+                        parent,
+                        temp,
+                        name,
+                        fresh: true,
+                    });
+                }
+                Err(rustix::io::Errno::EXIST) => {}
+                Err(err) => return Err(err).with_context(shown),
+            }
+        }
         let mut flags = OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         if !resume {
             flags |= OFlags::TRUNC;
         }
         let fd = rustix::fs::openat(&parent, temp.as_c_str(), flags, Mode::from_raw_mode(0o600))
-            .with_context(|| format!("cannot create a temporary file for {}", show(&e.path)))?;
+            .with_context(shown)?;
         if FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != FileType::RegularFile {
             bail!(
                 "{} is in the way and not a regular file",
@@ -393,6 +417,7 @@ impl Base {
             parent,
             temp,
             name,
+            fresh: false,
         };
         if resume && rustix::fs::fstat(&incoming.fd)?.st_size == 0 {
             incoming.start_from_final()?;
@@ -470,19 +495,25 @@ impl Incoming {
     /// would cost a journal commit per file).
     /// Puts a complete, verified file in place: its size (trailing hole),
     /// mode and times, its data synced, then the rename.
+    /// `sized`: the file's last byte was written, so a fresh file has its
+    /// size already (else the size is set: a hole at the end).
     pub async fn commit(
         self,
         e: &Entry,
         preserve: bool,
+        sized: bool,
         uring: &rfabric::uring::Uring,
     ) -> anyhow::Result<Arc<DestDir>> {
-        rustix::fs::ftruncate(&self.fd, e.size)?;
-        let mode = if preserve {
-            e.mode
-        } else {
-            e.mode & 0o777 & !umask()
-        };
-        rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode))?;
+        if !(self.fresh && sized) {
+            rustix::fs::ftruncate(&self.fd, e.size)?;
+        }
+        if preserve {
+            // Exactly the source's bits, setuid and all, whatever the umask.
+            rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(e.mode))?;
+        } else if !self.fresh {
+            let mode = e.mode & 0o777 & !umask();
+            rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode))?;
+        }
         if preserve {
             rustix::fs::futimens(&self.fd, &times(e))?;
         }

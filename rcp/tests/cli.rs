@@ -129,6 +129,36 @@ fn sparse_files_stay_sparse() {
     // Only the chunks with data travelled, and the copy has holes.
     assert!(v["bytes"].as_u64().unwrap() <= 2 << 20, "{v}");
     assert!(std::fs::metadata(&dst).unwrap().blocks() * 512 < 8 << 20);
+    // A hole at the very end: the copy still has the whole size.
+    let tail = t.path("tail-hole");
+    let f = std::fs::File::create(&tail).unwrap();
+    f.set_len(8 << 20).unwrap();
+    f.write_all_at(b"start", 0).unwrap();
+    drop(f);
+    let dst = t.path("tail-copy");
+    ok(&rcp(&[s(&tail), s(&dst)]));
+    assert_eq!(std::fs::read(&tail).unwrap(), std::fs::read(&dst).unwrap());
+}
+
+#[test]
+fn a_leftover_temporary_file_is_replaced_with_the_right_mode() {
+    let t = Scratch::new("leftover");
+    let src = t.path("src");
+    let data = pattern(10_000, 4);
+    std::fs::write(&src, &data).unwrap();
+    std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o640)).unwrap();
+    // An earlier copy's leftover: longer, other bytes, other mode.
+    let part = t.path(".rcp-dst.part");
+    std::fs::write(&part, pattern(100_000, 5)).unwrap();
+    std::fs::set_permissions(&part, std::fs::Permissions::from_mode(0o600)).unwrap();
+    ok(&rcp(&[s(&src), s(&t.path("dst"))]));
+    assert_eq!(std::fs::read(t.path("dst")).unwrap(), data);
+    assert!(!part.exists());
+    // A fresh copy gets the same mode (through the same umask) either way.
+    ok(&rcp(&[s(&src), s(&t.path("fresh"))]));
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+    assert_eq!(mode(&t.path("dst")), mode(&t.path("fresh")));
+    assert_eq!(mode(&t.path("fresh")) & !0o640, 0);
 }
 
 #[test]
