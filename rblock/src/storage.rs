@@ -5,7 +5,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use anyhow::{Context, bail};
 use rfabric::uring::Uring;
@@ -16,6 +16,16 @@ use crate::nbd::transmission::Extent;
 
 /// Extents one block status reply describes at most.
 const MAX_EXTENTS: usize = 1024;
+
+/// Writes up to this size may be done with `pwrite` on the calling thread
+/// where io_uring would hand each to a kernel worker anyway (filesystems
+/// without non-blocking buffered writes): the same copy into the page
+/// cache, without two thread hops. Larger writes and FUA writes always go
+/// through io_uring.
+const INLINE_WRITE: usize = 256 * 1024;
+
+/// Consecutive small writes handed to kernel workers before switching.
+const PUNTS_TO_SWITCH: u32 = 64;
 
 /// Largest piece of zeroes written by hand when the filesystem cannot zero
 /// a range itself.
@@ -31,6 +41,11 @@ pub struct Storage {
     can_punch: AtomicBool,
     /// Zeroing a range without writing works here.
     can_zero_range: AtomicBool,
+    /// Small buffered writes go straight to `pwrite` (see `note_write`).
+    write_inline: AtomicBool,
+    punted_in_a_row: AtomicU32,
+    /// The path, for messages.
+    shown: String,
 }
 
 /// An I/O failure as an NBD error.
@@ -74,6 +89,9 @@ impl Storage {
             block_device,
             can_punch: AtomicBool::new(true),
             can_zero_range: AtomicBool::new(true),
+            write_inline: AtomicBool::new(false),
+            punted_in_a_row: AtomicU32::new(0),
+            shown: path.display().to_string(),
         })
     }
 
@@ -137,13 +155,17 @@ impl Storage {
         len: usize,
         fua: bool,
     ) -> (Vec<u8>, std::io::Result<()>) {
+        if !fua && len <= INLINE_WRITE && self.write_inline.load(Ordering::Relaxed) {
+            let r = self.write_here(offset, &buf[at..at + len]);
+            return (buf, r);
+        }
         let ring = match Uring::local() {
             Ok(r) => r,
             Err(e) => return (buf, Err(e)),
         };
         let mut done = 0;
         while done < len {
-            let (b, r) = ring
+            let finished = ring
                 .write_vec(
                     self.raw(),
                     offset + done as u64,
@@ -153,8 +175,11 @@ impl Storage {
                     fua,
                 )
                 .await;
-            buf = b;
-            match r {
+            buf = finished.buf;
+            if !fua && len <= INLINE_WRITE {
+                self.note_write(finished.inline);
+            }
+            match finished.result {
                 Ok(0) => {
                     return (buf, Err(std::io::Error::from_raw_os_error(libc::ENOSPC)));
                 }
@@ -164,6 +189,41 @@ impl Storage {
             }
         }
         (buf, Ok(()))
+    }
+
+    /// Small buffered writes count towards deciding how to write: the kernel
+    /// handing each one to a worker thread, again and again, means this
+    /// filesystem cannot write without blocking, and the hand-off buys
+    /// nothing.
+    fn note_write(&self, inline: bool) {
+        if inline {
+            self.punted_in_a_row.store(0, Ordering::Relaxed);
+        } else if self.punted_in_a_row.fetch_add(1, Ordering::Relaxed) + 1 == PUNTS_TO_SWITCH
+            && !self.write_inline.swap(true, Ordering::Relaxed)
+        {
+            eprintln!(
+                "rblock serve: buffered writes to {} go to kernel worker threads; \
+                 small ones are now written directly",
+                self.shown
+            );
+        }
+    }
+
+    /// A small write on this thread (`pwrite`), whole.
+    fn write_here(&self, offset: u64, mut data: &[u8]) -> std::io::Result<()> {
+        let mut at = offset;
+        while !data.is_empty() {
+            match rustix::io::pwrite(&self.fd, data, at) {
+                Ok(0) => return Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+                Ok(n) => {
+                    data = &data[n..];
+                    at += n as u64;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     /// Every write completed so far reaches stable storage.

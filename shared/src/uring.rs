@@ -27,6 +27,16 @@ use tokio::sync::{Semaphore, oneshot};
 /// it never overflows).
 const DEPTH: u32 = 64;
 
+/// What an operation on an owned buffer hands back.
+#[derive(Debug)]
+pub struct Finished {
+    pub buf: Vec<u8>,
+    pub result: std::io::Result<usize>,
+    /// It completed while it was being submitted: no kernel worker thread
+    /// was involved.
+    pub inline: bool,
+}
+
 /// Handle to one ring; clone freely. Needs a tokio runtime to start.
 #[derive(Clone, Debug)]
 pub struct Uring {
@@ -221,7 +231,9 @@ impl Uring {
         let sqe = opcode::Read::new(types::Fd(fd), ptr, len as u32)
             .offset(offset)
             .build();
-        let (mut buf, result) = self.owned(sqe, buf).await;
+        let Finished {
+            mut buf, result, ..
+        } = self.owned(sqe, buf).await;
         if let Ok(n) = result {
             // SAFETY: the kernel wrote `n <= len` bytes right after `start`,
             // into capacity reserved above.
@@ -240,7 +252,7 @@ impl Uring {
         at: usize,
         len: usize,
         durable: bool,
-    ) -> (Vec<u8>, std::io::Result<usize>) {
+    ) -> Finished {
         let at = at.min(buf.len());
         let len = len.min(buf.len() - at) as u32;
         let flags = if durable { libc::RWF_DSYNC } else { 0 };
@@ -253,13 +265,18 @@ impl Uring {
         self.owned(sqe, buf).await
     }
 
-    async fn owned(&self, sqe: squeue::Entry, buf: Vec<u8>) -> (Vec<u8>, std::io::Result<usize>) {
+    async fn owned(&self, sqe: squeue::Entry, buf: Vec<u8>) -> Finished {
         let (reply, rx) = oneshot::channel();
         // SAFETY: the entry points into `buf`, which the ring owns (kept in
         // `waiting`; a Vec's heap memory does not move with it) until the
         // completion is reaped.
-        unsafe { self.submit_one(sqe, Waiting::Owned(buf, reply)) }.await;
-        rx.await.expect("every operation is answered")
+        let inline = unsafe { self.submit_one(sqe, Waiting::Owned(buf, reply)) }.await;
+        let (buf, result) = rx.await.expect("every operation is answered");
+        Finished {
+            buf,
+            result,
+            inline,
+        }
     }
 
     /// `fdatasync(fd)` (or `fsync` without `data_only`).
@@ -333,16 +350,17 @@ impl Uring {
         Ok(())
     }
 
-    /// Waits for room in the ring, then submits `sqe`.
+    /// Waits for room in the ring, then submits `sqe`; true if it completed
+    /// during its submission.
     ///
     /// # Safety
     /// As for [`Shared::submit`].
-    async unsafe fn submit_one(&self, sqe: squeue::Entry, waiting: Waiting) {
+    async unsafe fn submit_one(&self, sqe: squeue::Entry, waiting: Waiting) -> bool {
         let permit = self.shared.room.acquire().await.expect("never closed");
         // Given back by the reaper when the completion comes.
         permit.forget();
         // SAFETY: passed on from the caller.
-        unsafe { self.shared.submit(vec![(sqe, waiting)]) };
+        unsafe { self.shared.submit(vec![(sqe, waiting)]) }
     }
 
     async fn one(&self, sqe: squeue::Entry) -> std::io::Result<usize> {
@@ -355,22 +373,26 @@ impl Uring {
 }
 
 impl Shared {
-    /// Pushes `ops` (a permit each taken already), enters the kernel, reaps.
+    /// Pushes `ops` (a permit each taken already), enters the kernel, reaps;
+    /// true if all of them completed within this call (none went to the
+    /// kernel's worker threads or waits for a device).
     ///
     /// # Safety
     /// Whatever the entries point at stays valid until their completions
     /// are reaped.
-    unsafe fn submit(&self, ops: Vec<(squeue::Entry, Waiting)>) {
+    unsafe fn submit(&self, ops: Vec<(squeue::Entry, Waiting)>) -> bool {
         let mut st = self.state.lock().expect("ring lock");
         let st = &mut *st;
         // Completions posted while we reap ourselves need no signal.
         st.ring.completion().disable_eventfd();
+        let mut slots = Vec::with_capacity(ops.len());
         for (sqe, waiting) in ops {
             let slot = st.free.pop().unwrap_or_else(|| {
                 st.waiting.push(None);
                 st.waiting.len() - 1
             });
             st.waiting[slot] = Some(waiting);
+            slots.push(slot);
             // SAFETY: the caller keeps the entry's memory valid until its
             // completion; at most DEPTH are in flight (permits), so the queue
             // has room.
@@ -402,9 +424,12 @@ impl Shared {
             }
         }
         st.reap(&self.room);
+        // (Slots freed by that reap are not reused within this call.)
+        let inline = slots.iter().all(|&s| st.waiting[s].is_none());
         st.ring.completion().enable_eventfd();
         // Anything completed between the reap and re-enabling sent no signal.
         st.reap(&self.room);
+        inline
     }
 }
 
