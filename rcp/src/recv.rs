@@ -440,14 +440,8 @@ async fn finish_file(
                 .map_err(|e| format!("{e:#}"))
         }
     };
-    let result = result.and_then(|dir| {
-        // One open fd per distinct directory, not per file.
-        syncs
-            .lock()
-            .expect("dir lock")
-            .add(dir)
-            .map_err(|e| format!("{e:#}"))
-    });
+    // One open fd per distinct directory, not per file.
+    let result = result.map(|dir| syncs.lock().expect("dir lock").add(dir));
     match result {
         Ok(()) => {
             answers.send(entry.index, Ok(()));

@@ -168,45 +168,36 @@ pub async fn send(
     };
     let mut have: Vec<[u8; 32]> = Vec::new();
 
-    let mut stats = Stats::default();
-    let mut entries = 0u32;
+    let mut ledger = Ledger {
+        verify: opts.verify,
+        ..Ledger::default()
+    };
     // Test hook (integration tests): corrupt the Nth chunk sent.
     let corrupt: Option<u64> = std::env::var("RCP_TEST_CORRUPT_CHUNK")
         .ok()
         .and_then(|v| v.parse().ok());
     let mut chunks_sent = 0u64;
-    let mut names: HashMap<u32, Vec<u8>> = HashMap::new();
     let mut digests: Vec<Option<[u8; 32]>> = Vec::new();
     // Chunks of the current file handed to the stripers.
     let mut file_chunks = 0u64;
-    let mut outcome = Outcome::default();
     while let Some(step) = steps.recv().await {
         match step {
             Step::Msg(m) => {
                 let mut waiting = None;
                 if let Msg::Whole { entry, digest, .. } = &m {
-                    entries += 1;
-                    names.insert(entry.index, entry.path.clone());
-                    stats.files += 1;
-                    if opts.verify {
-                        outcome.digests.push((tree::show(&entry.path), *digest));
-                    }
+                    ledger.whole_file(entry, *digest);
                 }
                 if let Msg::Entry(e) = &m {
-                    entries += 1;
-                    names.insert(e.index, e.path.clone());
+                    ledger.announce(e);
                     digests.clear();
                     file_chunks = 0;
-                    if e.kind == EntryKind::File {
-                        stats.files += 1;
-                        if opts.resume {
-                            let (tx, rx) = tokio::sync::oneshot::channel();
-                            haves
-                                .lock()
-                                .expect("haves lock")
-                                .insert(e.index, (Vec::new(), tx));
-                            waiting = Some(rx);
-                        }
+                    if e.kind == EntryKind::File && opts.resume {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        haves
+                            .lock()
+                            .expect("haves lock")
+                            .insert(e.index, (Vec::new(), tx));
+                        waiting = Some(rx);
                     }
                 }
                 link.send_message(&m.encode()).await?;
@@ -228,12 +219,7 @@ pub async fn send(
                     } else {
                         [0; 32]
                     };
-                    entries += 1;
-                    names.insert(entry.index, entry.path.clone());
-                    stats.files += 1;
-                    if opts.verify {
-                        outcome.digests.push((tree::show(&entry.path), file));
-                    }
+                    ledger.whole_file(&entry, file);
                     let m = Msg::Whole {
                         entry,
                         chunks: 1,
@@ -267,7 +253,7 @@ pub async fn send(
                     .await
                     .map_err(|_| anyhow::anyhow!("every stream failed"))?;
                 file_chunks += 1;
-                stats.bytes += len;
+                ledger.stats.bytes += len;
                 progress.add(len);
             }
             Step::End {
@@ -281,9 +267,7 @@ pub async fn send(
                 } else {
                     [0; 32]
                 };
-                if opts.verify {
-                    outcome.digests.push((tree::show(&path), digest));
-                }
+                ledger.file_digest(&path, digest);
                 let end = Msg::EntryEnd {
                     index,
                     chunks: file_chunks,
@@ -295,8 +279,17 @@ pub async fn send(
     }
     planner.await??;
     walker.await?;
-    link.send_message(&Msg::Done { entries }.encode()).await?;
+    let done = Msg::Done {
+        entries: ledger.entries,
+    };
+    link.send_message(&done.encode()).await?;
     drop(data);
+    let Ledger {
+        mut stats,
+        mut outcome,
+        names,
+        ..
+    } = ledger;
     for s in stripers {
         stats.stream_bytes.push(s.await??);
     }
@@ -307,6 +300,40 @@ pub async fn send(
         }
     }
     Ok((stats, outcome))
+}
+
+/// What the sender keeps of the entries it announced: their count, their
+/// names (the receiver's verdicts come by index), the totals, and the
+/// digests of verified files.
+#[derive(Default)]
+struct Ledger {
+    verify: bool,
+    entries: u32,
+    names: HashMap<u32, Vec<u8>>,
+    stats: Stats,
+    outcome: Outcome,
+}
+
+impl Ledger {
+    fn announce(&mut self, e: &Entry) {
+        self.entries += 1;
+        self.names.insert(e.index, e.path.clone());
+        if e.kind == EntryKind::File {
+            self.stats.files += 1;
+        }
+    }
+
+    /// A file announced together with its end (`Whole`).
+    fn whole_file(&mut self, e: &Entry, digest: [u8; 32]) {
+        self.announce(e);
+        self.file_digest(&e.path, digest);
+    }
+
+    fn file_digest(&mut self, path: &[u8], digest: [u8; 32]) {
+        if self.verify {
+            self.outcome.digests.push((tree::show(path), digest));
+        }
+    }
 }
 
 /// A chunk ready to go out: where it belongs, and its bytes.

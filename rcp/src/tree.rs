@@ -271,15 +271,23 @@ pub struct DestDir {
     /// On tmpfs or ramfs: no disk behind it, so syncing is free and a
     /// rename cannot wait for I/O.
     in_memory: bool,
+    /// Device and inode: which directory it is, whatever fd shows it.
+    id: (u64, u64),
 }
 
 impl DestDir {
-    fn new(fd: OwnedFd, at: Vec<Vec<u8>>) -> DestDir {
+    fn new(fd: OwnedFd, at: Vec<Vec<u8>>) -> anyhow::Result<DestDir> {
         const TMPFS_MAGIC: u64 = 0x0102_1994;
         const RAMFS_MAGIC: u64 = 0x8584_58f6;
         let in_memory = rustix::fs::fstatfs(&fd)
             .is_ok_and(|s| matches!(s.f_type as u64, TMPFS_MAGIC | RAMFS_MAGIC));
-        DestDir { fd, at, in_memory }
+        let st = rustix::fs::fstat(&fd)?;
+        Ok(DestDir {
+            fd,
+            at,
+            in_memory,
+            id: (st.st_dev, st.st_ino),
+        })
     }
 }
 
@@ -326,7 +334,7 @@ impl Base {
             return Ok((Arc::clone(dir), name));
         }
         let at = dirs.iter().map(|d| d.to_vec()).collect();
-        let dir = Arc::new(DestDir::new(open_dir_beneath(&self.dir, dirs)?, at));
+        let dir = Arc::new(DestDir::new(open_dir_beneath(&self.dir, dirs)?, at)?);
         *last = Some(Arc::clone(&dir));
         Ok((dir, name))
     }
@@ -612,10 +620,8 @@ pub fn os(b: &[u8]) -> &OsStr {
 pub struct DirSyncs(std::collections::HashMap<(u64, u64), Arc<DestDir>>);
 
 impl DirSyncs {
-    pub fn add(&mut self, dir: Arc<DestDir>) -> anyhow::Result<()> {
-        let st = rustix::fs::fstat(&dir)?;
-        self.0.entry((st.st_dev, st.st_ino)).or_insert(dir);
-        Ok(())
+    pub fn add(&mut self, dir: Arc<DestDir>) {
+        self.0.entry(dir.id).or_insert(dir);
     }
 
     pub fn sync(self) -> anyhow::Result<()> {
