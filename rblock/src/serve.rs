@@ -203,11 +203,9 @@ where
     let mut buf = Vec::new();
     let mut stop = shutdown.clone();
     let handshake = tokio::time::timeout(HANDSHAKE_TIME, async {
+        // The greeting first; then each round takes all the input it can.
+        wr.write_all(&hs.take_output()).await?;
         loop {
-            let out = hs.take_output();
-            if !out.is_empty() {
-                wr.write_all(&out).await?;
-            }
             let (used, outcome) = hs.advance(&buf)?;
             buf.drain(..used);
             let out = hs.take_output();
@@ -217,7 +215,6 @@ where
             match outcome {
                 Some(Outcome::Transmission(n)) => return anyhow::Ok(Some(n)),
                 Some(Outcome::Close) => return Ok(None),
-                None if used > 0 => continue,
                 None => {}
             }
             let mut tmp = [0u8; 8192];
