@@ -11,7 +11,10 @@
 //! shutdown).
 #![deny(unsafe_code)]
 
+pub mod attach;
+pub mod backend;
 pub mod export;
+pub mod fabric;
 pub mod nbd;
 pub mod serve;
 pub mod storage;

@@ -1,18 +1,28 @@
 //! The `rblock` command.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
+use rblock::backend::Source;
 use rblock::export::ExportSpec;
+use rblock::fabric::client::{Remote, Target};
+use rblock::nbd::consts::tflags;
 use rblock::nbd::handshake::ExportInfo;
 use rblock::serve::{self, Export, Listen};
 use rblock::storage::Storage;
+use rfabric::endpoint::{self, Listener, Transport};
 
-/// Export block devices and files to NBD clients (the kernel's nbd-client,
-/// qemu, libnbd's tools).
+/// The port `rblock serve --listen` and `rblock connect` use by default.
+const FABRIC_PORT: u16 = 10810;
+
+/// Export block devices and files over NBD and over RDMA: `rblock serve`
+/// on the node with the storage, `rblock connect` on the node that uses
+/// it (the kernel's nbd-client, qemu or libnbd's tools talk to it there).
 #[derive(Parser, Debug)]
 #[command(name = "rblock", version)]
 struct Cli {
@@ -22,8 +32,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Serve exports over NBD (TCP or a unix socket) until SIGTERM.
+    /// Serve exports over NBD (TCP or a unix socket) and, with --listen,
+    /// to `rblock connect` over RDMA or tcp; until SIGTERM.
     Serve(ServeArgs),
+    /// Reach an export of a remote `rblock serve` over RDMA (or tcp) and
+    /// offer it to local NBD clients; with --device, attach it as a kernel
+    /// block device. Until SIGTERM (which detaches the device first).
+    Connect(ConnectArgs),
 }
 
 #[derive(Args, Debug)]
@@ -41,7 +56,49 @@ struct ServeArgs {
         default_value = "127.0.0.1:10809"
     )]
     listen: Vec<Listen>,
+    /// Also serve `rblock connect` clients here (RDMA through rdma_cm
+    /// and tcp on the same port, see --transport). Port 10810 if left
+    /// out.
+    #[arg(long = "listen", value_name = "ADDR[:PORT]")]
+    fabric: Option<String>,
+    /// What --listen offers: rdma and tcp where an RDMA device has the
+    /// address (auto), or only one of them.
+    #[arg(long, value_enum, default_value_t = Transport::Auto)]
+    transport: Transport,
     /// Connections served at once; more are refused.
+    #[arg(long, default_value_t = 256)]
+    max_connections: usize,
+}
+
+#[derive(Args, Debug)]
+struct ConnectArgs {
+    /// The export: HOST[:PORT]/NAME (port 10810 if left out; an IPv6
+    /// address in brackets).
+    #[arg(value_name = "HOST[:PORT]/NAME")]
+    target: String,
+    /// Where local NBD clients connect: ADDR:PORT or unix:PATH. Repeat for
+    /// more. Default: 127.0.0.1:10809, or only a private unix socket when
+    /// --device is given.
+    #[arg(long = "nbd-listen", value_name = "ADDR:PORT|unix:PATH")]
+    listen: Vec<Listen>,
+    /// Attach the export as this kernel block device (/dev/nbdX) with the
+    /// kernel's nbd-client, one kernel connection per lane.
+    #[arg(long, value_name = "/dev/nbdX")]
+    device: Option<PathBuf>,
+    /// Lanes to the server: one queue pair (or tcp connection) each. Local
+    /// NBD connections take turns on them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    connections: u16,
+    /// rdma when an RDMA device routes to the server, else tcp (auto); or
+    /// only one of them.
+    #[arg(long, value_enum, default_value_t = Transport::Auto)]
+    transport: Transport,
+    /// When the server cannot be reached (restarting, network down),
+    /// requests wait this many seconds for it before they fail with an
+    /// I/O error.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    give_up_after: u64,
+    /// Local NBD connections served at once; more are refused.
     #[arg(long, default_value_t = 256)]
     max_connections: usize,
 }
@@ -62,6 +119,7 @@ fn main() -> ExitCode {
         tokio::spawn(async move {
             match cli.command {
                 Cmd::Serve(a) => serve_cmd(a).await,
+                Cmd::Connect(a) => connect_cmd(a).await,
             }
         })
         .await
@@ -100,12 +158,29 @@ async fn serve_cmd(a: ServeArgs) -> anyhow::Result<()> {
                 read_only: storage.read_only(),
                 can_trim: storage.can_trim(),
             },
-            storage: Arc::new(storage),
+            source: Source::Local(Arc::new(storage)),
         });
     }
+    let fabric = match &a.fabric {
+        None => None,
+        Some(at) => {
+            let addr = fabric_addr(at)?;
+            let l = Listener::bind(addr, a.transport)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?;
+            let over = match (l.has_rdma(), l.has_tcp()) {
+                (true, true) => "rdma and tcp",
+                (true, false) => "rdma",
+                _ => "tcp",
+            };
+            eprintln!("rblock serve: serving rblock connect on {addr} over {over}");
+            Some(l)
+        }
+    };
     serve::run(
         exports,
         &a.listen,
+        fabric,
         a.max_connections,
         stop_signal(),
         Duration::from_secs(30),
@@ -127,4 +202,130 @@ async fn stop_signal() {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+}
+
+/// ADDR or ADDR:PORT (a bracketed IPv6 address with a port).
+fn fabric_addr(at: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(a) = at.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let ip: std::net::IpAddr = at
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .with_context(|| format!("{at:?}: expected ADDR or ADDR:PORT"))?;
+    Ok(SocketAddr::new(ip, FABRIC_PORT))
+}
+
+/// HOST[:PORT]/NAME split up.
+fn parse_target(s: &str) -> anyhow::Result<(String, u16, String)> {
+    let (place, name) = s
+        .split_once('/')
+        .with_context(|| format!("{s:?}: expected HOST[:PORT]/NAME"))?;
+    if place.is_empty() {
+        bail!("{s:?}: the host is missing (HOST[:PORT]/NAME)");
+    }
+    let (host, port) = match place.rsplit_once(':') {
+        // A bare IPv6 address has colons but no brackets: no port then.
+        Some((h, p)) if !h.contains(':') || h.ends_with(']') => (
+            h,
+            p.parse()
+                .with_context(|| format!("{s:?}: {p:?} is not a port"))?,
+        ),
+        _ => (place, FABRIC_PORT),
+    };
+    Ok((host.to_string(), port, name.to_string()))
+}
+
+async fn connect_cmd(a: ConnectArgs) -> anyhow::Result<()> {
+    let (host, port, name) = parse_target(&a.target)?;
+    let addr = endpoint::resolve(&host, port)?;
+    let target = Target {
+        addr,
+        name: name.clone(),
+        transport: a.transport,
+    };
+    let give_up = Duration::from_secs(a.give_up_after);
+    let remote = Remote::connect(target, usize::from(a.connections), give_up).await?;
+    let o = remote.opened;
+    eprintln!(
+        "rblock connect: {addr}/{name}: {} bytes{}, {} lane(s) over {}",
+        o.size,
+        if o.flags & tflags::READ_ONLY != 0 {
+            ", read-only"
+        } else {
+            ""
+        },
+        remote.lanes(),
+        remote.backend()
+    );
+    let info = ExportInfo {
+        name: name.clone(),
+        description: format!("{name} on {addr}, over {}", remote.backend()),
+        size: o.size,
+        read_only: o.flags & tflags::READ_ONLY != 0,
+        can_trim: o.flags & tflags::SEND_TRIM != 0,
+    };
+    let exports = vec![Export {
+        info,
+        source: Source::Remote(remote),
+    }];
+    let mut listen = a.listen.clone();
+    // nbd-client reaches us on a socket of our own.
+    let private = match &a.device {
+        Some(_) => {
+            let dir = std::env::temp_dir().join(format!("rblock-connect-{}", std::process::id()));
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let sock = dir.join("nbd.sock");
+            listen.push(Listen::Unix(sock.clone()));
+            Some((dir, sock))
+        }
+        None => None,
+    };
+    if listen.is_empty() {
+        listen.push(Listen::Tcp(SocketAddr::from(([127, 0, 0, 1], 10809))));
+    }
+    let attach_error = Arc::new(Mutex::new(None));
+    let stop = {
+        let device = a.device.clone();
+        let sock = private.as_ref().map(|(_, s)| s.clone());
+        let lanes = a.connections;
+        let name = name.clone();
+        let attach_error = Arc::clone(&attach_error);
+        async move {
+            let (Some(device), Some(sock)) = (device, sock) else {
+                stop_signal().await;
+                return;
+            };
+            let timeout = a.give_up_after + 30;
+            match rblock::attach::attach(&device, &sock, &name, lanes, timeout).await {
+                Ok(()) => eprintln!("rblock connect: attached as {}", device.display()),
+                Err(e) => {
+                    *attach_error.lock().expect("lock") = Some(e);
+                    return;
+                }
+            }
+            stop_signal().await;
+            if let Err(e) = rblock::attach::detach(&device).await {
+                eprintln!("rblock connect: {e:#}");
+            }
+        }
+    };
+    let served = serve::run(
+        exports,
+        &listen,
+        None,
+        a.max_connections,
+        stop,
+        Duration::from_secs(30),
+    )
+    .await;
+    if let Some((dir, _)) = private {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    if let Some(e) = attach_error.lock().expect("lock").take() {
+        return Err(e);
+    }
+    served
 }

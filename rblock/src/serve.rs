@@ -17,12 +17,13 @@ use tokio::io::{
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
+use crate::backend::{Backend, Source};
 use crate::nbd::consts::{REQUEST_LEN, errno};
 use crate::nbd::handshake::{ExportInfo, Handshake, MAX_PAYLOAD, Outcome};
 use crate::nbd::transmission::{
     Command, Limits, Request, block_status_reply, check, error_reply, ok_reply, read_reply_header,
 };
-use crate::storage::{Storage, wire_errno};
+use crate::storage::{StartedRead, Storage, wire_errno};
 
 /// Requests in flight per connection at most.
 const MAX_IN_FLIGHT: usize = 128;
@@ -35,7 +36,7 @@ const HANDSHAKE_TIME: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct Export {
     pub info: ExportInfo,
-    pub storage: Arc<Storage>,
+    pub source: Source,
 }
 
 /// Where to listen.
@@ -70,11 +71,14 @@ impl std::fmt::Display for Listen {
     }
 }
 
-/// Serves `exports` on every address in `listen` until `stop` resolves,
-/// then lets the connections finish (within `grace`).
+/// Serves `exports` on every address in `listen` (NBD) and on `fabric`
+/// (rblock's own protocol over RDMA or tcp) until `stop` resolves, then
+/// lets the connections finish (within `grace`). `stop` is first polled
+/// once every listener is up.
 pub async fn run(
     exports: Vec<Export>,
     listen: &[Listen],
+    fabric: Option<rfabric::endpoint::Listener>,
     max_connections: usize,
     stop: impl std::future::Future<Output = ()>,
     grace: Duration,
@@ -125,6 +129,22 @@ pub async fn run(
             }
         }
     }
+    if let Some(fabric) = fabric {
+        let ctx = Accepting {
+            exports: Arc::clone(&exports),
+            shutdown: shutdown.clone(),
+            slots: Arc::clone(&slots),
+            alive: conn_tx.clone(),
+        };
+        acceptors.push(tokio::spawn(async move {
+            loop {
+                match fabric.accept().await {
+                    Ok(conn) => ctx.start_link(conn),
+                    Err(e) => eprintln!("rblock serve: fabric accept failed: {e}"),
+                }
+            }
+        }));
+    }
     drop(conn_tx);
     stop.await;
     eprintln!("rblock serve: shutting down");
@@ -165,6 +185,27 @@ struct Accepting {
 }
 
 impl Accepting {
+    /// A client of rblock's fabric protocol (`rblock connect`).
+    fn start_link(&self, conn: Arc<dyn rfabric::transport::Connection>) {
+        let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
+            eprintln!("rblock serve: refusing a fabric connection: too many open");
+            conn.close();
+            return;
+        };
+        let (exports, shutdown, alive) = (
+            Arc::clone(&self.exports),
+            self.shutdown.clone(),
+            self.alive.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = crate::fabric::server::serve_link(conn, exports, shutdown).await {
+                eprintln!("rblock serve: fabric link ended: {e:#}");
+            }
+            drop(permit);
+            drop(alive);
+        });
+    }
+
     fn start<S>(&self, stream: S)
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
@@ -236,7 +277,7 @@ where
     };
     let export = &exports[negotiated.export];
     let limits = Limits::new(&negotiated, export.info.size, export.info.read_only);
-    transmission(buf, rd, wr, limits, Arc::clone(&export.storage), shutdown).await
+    transmission(buf, rd, wr, limits, export.source.backend(), shutdown).await
 }
 
 /// Big buffers kept for reuse, per connection at most this many bytes.
@@ -251,7 +292,9 @@ impl Buffers {
     /// An empty buffer with room for `len` bytes.
     fn take(&self, len: usize) -> Vec<u8> {
         let mut spare = self.0.lock().expect("buffers lock");
-        match spare.iter().position(|b| b.capacity() >= len) {
+        // The most recently given back first: its memory is likely still
+        // in the CPU's cache.
+        match spare.iter().rposition(|b| b.capacity() >= len) {
             Some(i) => spare.swap_remove(i),
             None => Vec::with_capacity(len),
         }
@@ -275,7 +318,7 @@ async fn transmission<R, W>(
     rd: R,
     wr: W,
     limits: Limits,
-    storage: Arc<Storage>,
+    backend: Backend,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()>
 where
@@ -310,6 +353,14 @@ where
             if !more {
                 // The client hung up.
                 break;
+            }
+            if let (false, Backend::Local(storage)) = (stopping, &backend) {
+                let burst = take_burst(&mut rd, &limits, &budget, storage);
+                if !(burst.reads.is_empty() && burst.answered.is_empty()) {
+                    let replies = &replies;
+                    serve_burst(burst, storage, replies, &buffers, &in_flight, &limits).await?;
+                    continue;
+                }
             }
             let mut head = [0u8; REQUEST_LEN];
             rd.read_exact(&mut head)
@@ -360,10 +411,10 @@ where
                 .acquire_owned()
                 .await
                 .expect("never closed");
-            let (storage, replies, buffers) =
-                (Arc::clone(&storage), Arc::clone(&replies), buffers.clone());
+            let (backend, replies, buffers) =
+                (backend.clone(), Arc::clone(&replies), buffers.clone());
             tokio::spawn(async move {
-                let reply = execute(command, &req, payload, &storage, structured, &buffers).await;
+                let reply = execute(command, &req, payload, &backend, structured, &buffers).await;
                 // A failed send shows up in the reader too (the client is
                 // gone); the request is done either way.
                 let _ = replies.send(reply, money).await;
@@ -396,17 +447,181 @@ struct Replies<W> {
 
 impl<W: AsyncWrite + Unpin> Replies<W> {
     async fn send(&self, reply: Vec<u8>, budget: OwnedSemaphorePermit) -> std::io::Result<()> {
+        self.send_all([(reply, budget)]).await
+    }
+
+    /// Replies that leave together (each with the budget it held).
+    async fn send_all(
+        &self,
+        replies: impl IntoIterator<Item = (Vec<u8>, OwnedSemaphorePermit)>,
+    ) -> std::io::Result<()> {
         self.queued.fetch_add(1, Ordering::AcqRel);
         let mut out = self.out.lock().await;
-        let mut result = out.write_all(&reply).await;
+        let mut result = Ok(());
+        for (reply, budget) in replies {
+            if result.is_ok() {
+                result = out.write_all(&reply).await;
+            }
+            self.buffers.give(reply);
+            drop(budget);
+        }
         let last = self.queued.fetch_sub(1, Ordering::AcqRel) == 1;
         if result.is_ok() && last {
             result = out.flush().await;
         }
-        drop(out);
-        self.buffers.give(reply);
-        drop(budget);
         result
+    }
+}
+
+/// Reads and writes at most this long are taken in bursts.
+const BURST_LEN: u32 = 256 * 1024;
+/// Requests in one burst at most.
+const BURST: usize = 64;
+
+/// What a burst leaves to do: reads to start, replies ready to go.
+struct Burst {
+    reads: Vec<(Request, OwnedSemaphorePermit)>,
+    answered: Vec<(Vec<u8>, OwnedSemaphorePermit)>,
+}
+
+/// Takes the small requests waiting whole in the input, up to the first
+/// that is anything else (or that the budget has no room for). Clients
+/// with many requests in flight send them in bursts: a burst's reads are
+/// started with one system call, its writes that go to the page cache
+/// with `pwrite` anyway are done here straight from the input, and the
+/// answers leave together.
+fn take_burst<R: AsyncRead + Unpin>(
+    rd: &mut BufReader<R>,
+    limits: &Limits,
+    budget: &Arc<Semaphore>,
+    storage: &Storage,
+) -> Burst {
+    let mut burst = Burst {
+        reads: Vec::new(),
+        answered: Vec::new(),
+    };
+    let input = rd.buffer();
+    let mut used = 0;
+    while burst.reads.len() + burst.answered.len() < BURST {
+        let Some(head) = input.get(used..used + REQUEST_LEN) else {
+            break;
+        };
+        let Ok(req) = Request::decode(head.try_into().expect("a header's length")) else {
+            break;
+        };
+        if req.length > BURST_LEN {
+            break;
+        }
+        match check(&req, limits) {
+            Ok(Command::Read) => {
+                let Ok(money) = Arc::clone(budget).try_acquire_many_owned(req.length) else {
+                    break;
+                };
+                burst.reads.push((req, money));
+                used += REQUEST_LEN;
+            }
+            Ok(Command::Write { fua }) => {
+                let data_at = used + REQUEST_LEN;
+                let Some(data) = input.get(data_at..data_at + req.length as usize) else {
+                    break;
+                };
+                let Some(written) = storage.write_now(req.offset, data, fua) else {
+                    break;
+                };
+                let reply = match written {
+                    Ok(()) => ok_reply(limits.structured, req.cookie),
+                    Err(e) => write_failed(limits.structured, req.cookie, &e),
+                };
+                let nothing = Arc::clone(budget)
+                    .try_acquire_many_owned(0)
+                    .expect("an empty permit");
+                burst.answered.push((reply, nothing));
+                used = data_at + req.length as usize;
+            }
+            _ => break,
+        }
+    }
+    rd.consume(used);
+    burst
+}
+
+/// Starts a burst's reads together; answers those that finished at once,
+/// with the burst's other answers, in one write, and leaves the rest to
+/// tasks of their own.
+async fn serve_burst<W: AsyncWrite + Unpin + Send + 'static>(
+    burst: Burst,
+    storage: &Arc<Storage>,
+    replies: &Arc<Replies<W>>,
+    buffers: &Buffers,
+    in_flight: &Arc<Semaphore>,
+    limits: &Limits,
+) -> std::io::Result<()> {
+    let structured = limits.structured;
+    let Burst {
+        reads: burst,
+        mut answered,
+    } = burst;
+    let reads = burst
+        .iter()
+        .map(|(req, _)| {
+            let head = read_reply_header(structured, req.cookie, req.offset, req.length);
+            let mut buf = buffers.take(head.len() + req.length as usize);
+            buf.extend_from_slice(&head);
+            (req.offset, buf, req.length as usize)
+        })
+        .collect();
+    let started = storage.start_reads(reads).await;
+    for ((req, money), read) in burst.into_iter().zip(started) {
+        match read {
+            StartedRead::Done(buf, r) => {
+                answered.push((read_reply(structured, req.cookie, buf, r, buffers), money));
+            }
+            StartedRead::Later(read) => {
+                let ticket = Arc::clone(in_flight)
+                    .acquire_owned()
+                    .await
+                    .expect("never closed");
+                let (replies, buffers) = (Arc::clone(replies), buffers.clone());
+                tokio::spawn(async move {
+                    let (buf, r) = read.await;
+                    let reply = read_reply(structured, req.cookie, buf, r, &buffers);
+                    let _ = replies.send(reply, money).await;
+                    drop(ticket);
+                });
+            }
+        }
+    }
+    replies.send_all(answered).await
+}
+
+fn write_failed(structured: bool, cookie: u64, e: &std::io::Error) -> Vec<u8> {
+    error_reply(
+        structured,
+        cookie,
+        wire_errno(e),
+        &format!("write failed: {e}"),
+    )
+}
+
+/// A read's reply: `buf` (header and data) if it worked.
+fn read_reply(
+    structured: bool,
+    cookie: u64,
+    buf: Vec<u8>,
+    result: std::io::Result<()>,
+    buffers: &Buffers,
+) -> Vec<u8> {
+    match result {
+        Ok(()) => buf,
+        Err(e) => {
+            buffers.give(buf);
+            error_reply(
+                structured,
+                cookie,
+                wire_errno(&e),
+                &format!("read failed: {e}"),
+            )
+        }
     }
 }
 
@@ -440,7 +655,7 @@ async fn execute(
     command: Command,
     req: &Request,
     payload: Option<Vec<u8>>,
-    storage: &Storage,
+    storage: &Backend,
     structured: bool,
     buffers: &Buffers,
 ) -> Vec<u8> {
@@ -454,10 +669,7 @@ async fn execute(
             let mut buf = buffers.take(head.len() + len as usize);
             buf.extend_from_slice(&head);
             let (buf, r) = storage.read(offset, buf, len as usize).await;
-            match r {
-                Ok(()) => buf,
-                Err(e) => failed(e, "read failed"),
-            }
+            read_reply(structured, cookie, buf, r, buffers)
         }
         Command::Write { fua } => {
             let data = payload.unwrap_or_default();
@@ -465,23 +677,23 @@ async fn execute(
             buffers.give(data);
             match r {
                 Ok(()) => ok_reply(structured, cookie),
-                Err(e) => failed(e, "write failed"),
+                Err(e) => write_failed(structured, cookie, &e),
             }
         }
         Command::Flush => match storage.flush().await {
             Ok(()) => ok_reply(structured, cookie),
             Err(e) => failed(e, "flush failed"),
         },
-        Command::Trim { fua } => match storage.trim(offset, u64::from(len), fua).await {
+        Command::Trim { fua } => match storage.trim(offset, len, fua).await {
             Ok(()) => ok_reply(structured, cookie),
             Err(e) => failed(e, "trim failed"),
         },
         Command::Cache => {
-            storage.cache(offset, u64::from(len));
+            storage.cache(offset, len).await;
             ok_reply(structured, cookie)
         }
         Command::WriteZeroes { fua, punch, fast } => {
-            match storage.zero(offset, u64::from(len), punch, fast, fua).await {
+            match storage.zero(offset, len, punch, fast, fua).await {
                 Ok(()) => ok_reply(structured, cookie),
                 Err(e) if e == errno::ENOTSUP => {
                     error_reply(structured, cookie, e, "no fast way to zero here")
@@ -489,9 +701,10 @@ async fn execute(
                 Err(e) => error_reply(structured, cookie, e, "zeroing failed"),
             }
         }
-        Command::BlockStatus { one } => {
-            block_status_reply(cookie, &storage.block_status(offset, len, one))
-        }
+        Command::BlockStatus { one } => match storage.block_status(offset, len, one).await {
+            Ok(extents) => block_status_reply(cookie, &extents),
+            Err(e) => failed(e, "block status failed"),
+        },
         Command::Disc => unreachable!("handled by the reader"),
     }
 }

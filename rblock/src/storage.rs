@@ -5,9 +5,11 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use anyhow::{Context, bail};
+use rfabric::memory::PoolBuf;
 use rfabric::uring::Uring;
 use rustix::fs::{FileType, Mode, OFlags, SeekFrom};
 
@@ -30,6 +32,24 @@ const PUNTS_TO_SWITCH: u32 = 64;
 /// Largest piece of zeroes written by hand when the filesystem cannot zero
 /// a range itself.
 const ZERO_PIECE: usize = 1 << 20;
+
+/// A read of a burst (see [`Storage::start_reads`]).
+pub enum StartedRead {
+    Done(Vec<u8>, std::io::Result<()>),
+    Later(ReadLater),
+}
+
+/// The rest of a read of a burst: the buffer and how it went.
+pub type ReadLater = std::pin::Pin<Box<dyn Future<Output = (Vec<u8>, std::io::Result<()>)> + Send>>;
+
+impl std::fmt::Debug for StartedRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartedRead::Done(_, r) => write!(f, "Done({r:?})"),
+            StartedRead::Later(_) => f.write_str("Later"),
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct Storage {
@@ -145,6 +165,94 @@ impl Storage {
         (buf, Ok(()))
     }
 
+    /// Reads `len` bytes at `offset` into `buf` (from its start; any pool),
+    /// whole, and sets its length.
+    pub async fn read_piece(
+        &self,
+        offset: u64,
+        mut buf: PoolBuf,
+        len: usize,
+    ) -> (PoolBuf, std::io::Result<()>) {
+        let len = len.min(buf.capacity());
+        let ring = match Uring::local() {
+            Ok(r) => r,
+            Err(e) => return (buf, Err(e)),
+        };
+        let mut done = 0;
+        while done < len {
+            let (b, r) = ring
+                .read_any_pool(self.raw(), offset + done as u64, done, len - done, buf)
+                .await;
+            buf = b;
+            match r {
+                Ok(0) => {
+                    // The file shrank under us: what is gone reads as zeros.
+                    buf.spare()[done..len].fill(0);
+                    done = len;
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return (buf, Err(e)),
+            }
+        }
+        buf.set_len(len);
+        (buf, Ok(()))
+    }
+
+    /// Starts a burst of reads with one entry into the kernel: each
+    /// `(offset, buf, len)` appends `len` bytes at `offset` to `buf`, as
+    /// [`Storage::read`] does. Reads of cached data come back finished;
+    /// the others (and short reads) finish in the returned futures.
+    pub async fn start_reads(
+        self: &Arc<Self>,
+        reads: Vec<(u64, Vec<u8>, usize)>,
+    ) -> Vec<StartedRead> {
+        let ring = match Uring::local() {
+            Ok(r) => r,
+            Err(e) => {
+                let kind = e.kind();
+                return reads
+                    .into_iter()
+                    .map(|(_, buf, _)| StartedRead::Done(buf, Err(kind.into())))
+                    .collect();
+            }
+        };
+        let wanted: Vec<(u64, usize, usize)> = reads
+            .iter()
+            .map(|(offset, buf, len)| (*offset, buf.len() + len, *len))
+            .collect();
+        let fd = self.raw();
+        let started = ring
+            .read_append_many(reads.into_iter().map(|(o, b, l)| (fd, o, b, l)).collect())
+            .await;
+        started
+            .into_iter()
+            .zip(wanted)
+            .map(
+                |(mut read, (offset, target, len))| match read.try_finish() {
+                    Some((buf, Ok(_))) if buf.len() == target => StartedRead::Done(buf, Ok(())),
+                    _ => {
+                        let storage = Arc::clone(self);
+                        StartedRead::Later(Box::pin(async move {
+                            let (buf, r) = read.finish().await;
+                            match r {
+                                Err(e) if e.kind() != std::io::ErrorKind::Interrupted => {
+                                    (buf, Err(e))
+                                }
+                                // Short or interrupted: the rest the usual way.
+                                _ => {
+                                    let left = target - buf.len();
+                                    let done = len - left;
+                                    storage.read(offset + done as u64, buf, left).await
+                                }
+                            }
+                        }))
+                    }
+                },
+            )
+            .collect()
+    }
+
     /// Writes `buf[at..at+len]` at `offset`, durable before it returns with
     /// `fua`.
     pub async fn write(
@@ -155,8 +263,7 @@ impl Storage {
         len: usize,
         fua: bool,
     ) -> (Vec<u8>, std::io::Result<()>) {
-        if !fua && len <= INLINE_WRITE && self.write_inline.load(Ordering::Relaxed) {
-            let r = self.write_here(offset, &buf[at..at + len]);
+        if let Some(r) = self.write_now(offset, &buf[at..at + len], fua) {
             return (buf, r);
         }
         let ring = match Uring::local() {
@@ -207,6 +314,14 @@ impl Storage {
                 self.shown
             );
         }
+    }
+
+    /// Writes `data` at `offset` right here, whole, if this is a write
+    /// that would be done with `pwrite` on the calling thread anyway (see
+    /// `note_write`); None if it has to go the usual way.
+    pub fn write_now(&self, offset: u64, data: &[u8], fua: bool) -> Option<std::io::Result<()>> {
+        let here = !fua && data.len() <= INLINE_WRITE && self.write_inline.load(Ordering::Relaxed);
+        here.then(|| self.write_here(offset, data))
     }
 
     /// A small write on this thread (`pwrite`), whole.

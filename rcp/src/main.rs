@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
-use rcp::connect::{self, Listener, Transport};
 use rcp::operand::Operand;
 use rcp::report::Progress;
 use rcp::session::{self, Params, Report, Request, ServeConfig, Served, Target};
 use rcp::{auth, digest, shell};
+use rfabric::endpoint::{self, Listener, Transport};
 
 /// Copy files between nodes over RDMA (or TCP), pipelined and verified end
 /// to end with SHA-256.
@@ -268,7 +268,7 @@ async fn remote_copy(
                 .context("rcp:// operands need --secret-file (the daemon's shared secret)")?;
             let secret = auth::read_secret(secret_file)?;
             let target = Target {
-                addr: connect::resolve(host, *port)?,
+                addr: endpoint::resolve(host, *port)?,
                 transport: a.tuning.transport,
             };
             session::client(target, &secret, request, p, progress).await
@@ -277,7 +277,7 @@ async fn remote_copy(
             let mut remote =
                 shell::start(&a.rsh, login, a.tuning.transport, p.chunk, p.window).await?;
             let target = Target {
-                addr: connect::resolve(host, remote.port)?,
+                addr: endpoint::resolve(host, remote.port)?,
                 transport: a.tuning.transport,
             };
             let report = session::client(target, &remote.token, request, p, progress).await;
@@ -399,7 +399,9 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         log: true,
         sessions: Arc::default(),
     });
-    let listener = Listener::bind(a.listen, a.tuning.transport).await?;
+    let listener = Listener::bind(a.listen, a.tuning.transport)
+        .await
+        .with_context(|| format!("cannot listen on {}", a.listen))?;
     eprintln!(
         "rcp serve: listening on {} (tcp{})",
         a.listen,
@@ -435,7 +437,9 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
 
 async fn server_once(a: ServerOnceArgs) -> anyhow::Result<ExitCode> {
     let ip = shell::listen_ip();
-    let listener = Listener::bind(SocketAddr::new(ip, 0), a.tuning.transport).await?;
+    let listener = Listener::bind(SocketAddr::new(ip, 0), a.tuning.transport)
+        .await
+        .with_context(|| format!("cannot listen on {ip}"))?;
     let mut token = String::new();
     for b in auth::nonce() {
         token += &format!("{b:02x}");

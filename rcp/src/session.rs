@@ -12,13 +12,14 @@ use rfabric::transport::Connection;
 use rfabric::wire::Role;
 
 use crate::auth;
-use crate::connect::{self, Listener, Transport, link_config};
+use crate::connect::link_config;
 use crate::proto::{Msg, flags};
 use crate::recv::{self, RecvOptions};
 use crate::report::{Progress, Stats};
 use crate::send::{self, SendOptions, Source};
 use crate::streams::{self, Sessions};
 use crate::tree::{self, Base};
+use rfabric::endpoint::{self, Listener, Transport};
 
 /// How to copy.
 #[derive(Debug, Clone, Copy)]
@@ -130,7 +131,9 @@ pub struct Target {
 
 impl Target {
     async fn open(&self, secret: &[u8], params: &Params) -> anyhow::Result<Link> {
-        let conn = connect::connect(self.addr, self.transport).await?;
+        let conn = endpoint::connect(self.addr, self.transport)
+            .await
+            .with_context(|| format!("cannot connect to {}", self.addr))?;
         let config = link_config(Role::Client, params.window, params.chunk, &conn.limits());
         let link = Link::establish(conn, config)
             .await

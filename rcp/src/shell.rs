@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::connect::Transport;
+use rfabric::endpoint::Transport;
 
 const BANNER: &str = "RCP-SERVER 1";
 
@@ -34,11 +34,7 @@ pub async fn start(
 ) -> anyhow::Result<Remote> {
     let mut words = rsh.split_whitespace();
     let program = words.next().context("--rsh is empty")?;
-    let transport = match transport {
-        Transport::Auto => "auto",
-        Transport::Rdma => "rdma",
-        Transport::Tcp => "tcp",
-    };
+    let transport = transport.name();
     let mut child = Command::new(program)
         .args(words)
         .arg(login)

@@ -20,12 +20,15 @@
 //! * [`link`]: the glue: a connection plus a landing ring plus the credit
 //!   engine, giving `send_chunk`/`recv`/`send_message` with the transport's
 //!   safety contract kept by ownership.
+//! * [`endpoint`]: picking the backend (`auto`, `rdma`, `tcp`), dialing and
+//!   listening on both at one address.
 //! * [`uring`]: io_uring for the storage side (file reads and writes into
 //!   the same pool memory the transport sends from), submitted from the
 //!   calling task.
 #![deny(unsafe_code)]
 
 pub mod credit;
+pub mod endpoint;
 pub mod link;
 pub mod memory;
 pub mod transport;

@@ -37,6 +37,41 @@ pub struct Finished {
     pub inline: bool,
 }
 
+/// A read started by [`Uring::read_append_many`]; cached data has usually
+/// been copied by the time it is handed out.
+#[derive(Debug)]
+pub struct Appending {
+    /// The buffer's length before the read.
+    start: usize,
+    rx: oneshot::Receiver<(Vec<u8>, std::io::Result<usize>)>,
+}
+
+impl Appending {
+    /// The buffer and the bytes read, if the read has completed.
+    pub fn try_finish(&mut self) -> Option<(Vec<u8>, std::io::Result<usize>)> {
+        let done = self.rx.try_recv().ok()?;
+        Some(self.appended(done))
+    }
+
+    /// The buffer and the bytes read, once the read has completed.
+    pub async fn finish(mut self) -> (Vec<u8>, std::io::Result<usize>) {
+        let done = (&mut self.rx).await.expect("every operation is answered");
+        self.appended(done)
+    }
+
+    fn appended(
+        &self,
+        (mut buf, result): (Vec<u8>, std::io::Result<usize>),
+    ) -> (Vec<u8>, std::io::Result<usize>) {
+        if let Ok(n) = result {
+            // SAFETY: the kernel wrote `n` bytes (at most the length asked
+            // for) right after `start`, into capacity reserved for them.
+            unsafe { buf.set_len(self.start + n) };
+        }
+        (buf, result)
+    }
+}
+
 /// Handle to one ring; clone freely. Needs a tokio runtime to start.
 #[derive(Clone, Debug)]
 pub struct Uring {
@@ -138,16 +173,47 @@ impl Uring {
         offset: u64,
         at: usize,
         len: usize,
+        buf: PoolBuf,
+    ) -> (PoolBuf, std::io::Result<usize>) {
+        self.read_pool(fd, offset, at, len, buf, true).await
+    }
+
+    /// [`Uring::read`] into a buffer of any pool (not one registered with
+    /// this ring).
+    pub async fn read_any_pool(
+        &self,
+        fd: RawFd,
+        offset: u64,
+        at: usize,
+        len: usize,
+        buf: PoolBuf,
+    ) -> (PoolBuf, std::io::Result<usize>) {
+        self.read_pool(fd, offset, at, len, buf, false).await
+    }
+
+    async fn read_pool(
+        &self,
+        fd: RawFd,
+        offset: u64,
+        at: usize,
+        len: usize,
         mut buf: PoolBuf,
+        fixed: bool,
     ) -> (PoolBuf, std::io::Result<usize>) {
         let sqe = {
             let at = at.min(buf.capacity());
             let len = len.min(buf.capacity() - at) as u32;
             // SAFETY: `at` is within the buffer (clamped above).
             let dst = unsafe { buf.as_mut_ptr().add(at) };
-            opcode::ReadFixed::new(types::Fd(fd), dst, len, buf.index() as u16)
-                .offset(offset)
-                .build()
+            if fixed {
+                opcode::ReadFixed::new(types::Fd(fd), dst, len, buf.index() as u16)
+                    .offset(offset)
+                    .build()
+            } else {
+                opcode::Read::new(types::Fd(fd), dst, len)
+                    .offset(offset)
+                    .build()
+            }
         };
         let (reply, rx) = oneshot::channel();
         // SAFETY: the buffer is leased to the ring (kept in `waiting`) until
@@ -221,25 +287,52 @@ impl Uring {
         &self,
         fd: RawFd,
         offset: u64,
-        mut buf: Vec<u8>,
+        buf: Vec<u8>,
         len: usize,
     ) -> (Vec<u8>, std::io::Result<usize>) {
-        let len = len.min(u32::MAX as usize);
-        buf.reserve(len);
-        let start = buf.len();
-        let ptr = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
-        let sqe = opcode::Read::new(types::Fd(fd), ptr, len as u32)
-            .offset(offset)
-            .build();
-        let Finished {
-            mut buf, result, ..
-        } = self.owned(sqe, buf).await;
-        if let Ok(n) = result {
-            // SAFETY: the kernel wrote `n <= len` bytes right after `start`,
-            // into capacity reserved above.
-            unsafe { buf.set_len(start + n) };
+        let mut started = self.read_append_many(vec![(fd, offset, buf, len)]).await;
+        started.pop().expect("one read, one result").finish().await
+    }
+
+    /// [`Uring::read_append`] for each `(fd, offset, buf, len)`, entering
+    /// the kernel once for all of them (once per ring's depth): a burst of
+    /// cached reads costs one system call. The caller keeps each `fd` open
+    /// until its read is finished.
+    pub async fn read_append_many(
+        &self,
+        reads: Vec<(RawFd, u64, Vec<u8>, usize)>,
+    ) -> Vec<Appending> {
+        let mut started = Vec::with_capacity(reads.len());
+        let mut reads = reads.into_iter().peekable();
+        while reads.peek().is_some() {
+            let mut ops = Vec::new();
+            for (fd, offset, mut buf, len) in reads.by_ref().take(DEPTH as usize) {
+                let len = len.min(u32::MAX as usize);
+                buf.reserve(len);
+                let start = buf.len();
+                let ptr = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+                let sqe = opcode::Read::new(types::Fd(fd), ptr, len as u32)
+                    .offset(offset)
+                    .build();
+                let (reply, rx) = oneshot::channel();
+                ops.push((sqe, Waiting::Owned(buf, reply)));
+                started.push(Appending { start, rx });
+            }
+            let permits = self
+                .shared
+                .room
+                .acquire_many(ops.len() as u32)
+                .await
+                .expect("never closed");
+            // Given back by the reaper as the completions come.
+            permits.forget();
+            // SAFETY: each entry points into the spare capacity of the
+            // buffer it travels with, which the ring owns (kept in
+            // `waiting`; a Vec's heap memory does not move with it) until
+            // the completion is reaped.
+            unsafe { self.shared.submit(ops) };
         }
-        (buf, result)
+        started
     }
 
     /// Writes `buf[at..at+len]` at file `offset` (durable as in

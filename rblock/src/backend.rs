@@ -1,0 +1,132 @@
+//! Where one NBD connection's requests are carried out: the export's
+//! storage on this node (`rblock serve`), or a remote export across the
+//! fabric (`rblock connect`), through the lane the connection is bound to.
+
+use std::sync::Arc;
+
+use crate::fabric::client::Remote;
+use crate::nbd::consts::cflags;
+use crate::nbd::transmission::Extent;
+use crate::storage::Storage;
+
+/// What an export is served from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    Local(Arc<Storage>),
+    Remote(Arc<Remote>),
+}
+
+impl Source {
+    /// The backend of one new connection (remote ones take turns on the
+    /// lanes).
+    pub fn backend(&self) -> Backend {
+        match self {
+            Source::Local(s) => Backend::Local(Arc::clone(s)),
+            Source::Remote(r) => Backend::Remote(Arc::clone(r), r.next_lane()),
+        }
+    }
+}
+
+/// One connection's way to its export.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    Local(Arc<Storage>),
+    /// The remote export and this connection's lane.
+    Remote(Arc<Remote>, usize),
+}
+
+impl Backend {
+    /// Reads `len` bytes at `offset`, appended to `buf`, whole.
+    pub async fn read(
+        &self,
+        offset: u64,
+        buf: Vec<u8>,
+        len: usize,
+    ) -> (Vec<u8>, std::io::Result<()>) {
+        match self {
+            Backend::Local(s) => s.read(offset, buf, len).await,
+            Backend::Remote(r, lane) => r.read(*lane, offset, buf, len).await,
+        }
+    }
+
+    /// Writes `buf[at..at+len]` at `offset`; durable before it returns with
+    /// `fua`.
+    pub async fn write(
+        &self,
+        offset: u64,
+        buf: Vec<u8>,
+        at: usize,
+        len: usize,
+        fua: bool,
+    ) -> (Vec<u8>, std::io::Result<()>) {
+        match self {
+            Backend::Local(s) => s.write(offset, buf, at, len, fua).await,
+            Backend::Remote(r, lane) => {
+                let result = r.write(*lane, offset, &buf[at..at + len], fua).await;
+                (buf, result)
+            }
+        }
+    }
+
+    pub async fn flush(&self) -> std::io::Result<()> {
+        match self {
+            Backend::Local(s) => s.flush().await,
+            Backend::Remote(r, lane) => r.flush(*lane).await,
+        }
+    }
+
+    pub async fn trim(&self, offset: u64, len: u32, fua: bool) -> std::io::Result<()> {
+        match self {
+            Backend::Local(s) => s.trim(offset, u64::from(len), fua).await,
+            Backend::Remote(r, lane) => r.trim(*lane, offset, len, fua).await,
+        }
+    }
+
+    pub async fn cache(&self, offset: u64, len: u32) {
+        match self {
+            Backend::Local(s) => s.cache(offset, u64::from(len)),
+            // Only a hint: a failure changes nothing for the client.
+            Backend::Remote(r, lane) => drop(r.cache(*lane, offset, len).await),
+        }
+    }
+
+    /// WRITE_ZEROES (see [`Storage::zero`]); `Err` is an NBD error number.
+    pub async fn zero(
+        &self,
+        offset: u64,
+        len: u32,
+        punch: bool,
+        fast: bool,
+        fua: bool,
+    ) -> Result<(), u32> {
+        match self {
+            Backend::Local(s) => s.zero(offset, u64::from(len), punch, fast, fua).await,
+            Backend::Remote(r, lane) => {
+                let flags = [
+                    (fua, cflags::FUA),
+                    (!punch, cflags::NO_HOLE),
+                    (fast, cflags::FAST_ZERO),
+                ]
+                .iter()
+                .filter(|(on, _)| *on)
+                .fold(0, |f, (_, bit)| f | bit);
+                r.zero(*lane, offset, len, flags).await
+            }
+        }
+    }
+
+    pub async fn block_status(
+        &self,
+        offset: u64,
+        len: u32,
+        one: bool,
+    ) -> std::io::Result<Vec<Extent>> {
+        match self {
+            Backend::Local(s) => Ok(s.block_status(offset, len, one)),
+            Backend::Remote(r, lane) => {
+                let flags = if one { cflags::REQ_ONE } else { 0 };
+                r.block_status(*lane, offset, len, flags).await
+            }
+        }
+    }
+}

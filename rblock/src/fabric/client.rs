@@ -1,0 +1,657 @@
+//! The forwarding side of rblock over the fabric: an export on a remote
+//! `rblock serve`, reached over N lanes (one link each: a queue pair, or a
+//! tcp connection). Each local NBD connection is bound to one lane.
+//!
+//! A lane that fails (server restarted, network fault) is dialled again
+//! with backoff, and every request that got no answer on the old link is
+//! sent again on the new one: reads and writes of NBD are idempotent, and
+//! an answer is given to the local client only for what the server
+//! answered, so a write is never acknowledged that the server did not
+//! acknowledge. After `give_up` without a link, requests fail with EIO.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use rfabric::endpoint::{self, Transport};
+use rfabric::link::{ChunkMeta, Incoming, Link};
+use rfabric::memory::BufferPool;
+use rfabric::transport::Region;
+use rfabric::wire::{Role, chunk_flags};
+use tokio::sync::{oneshot, watch};
+
+use super::proto::{Msg, VERSION, write_tag};
+use super::{SLOTS, link_config};
+use crate::nbd::consts::{cflags, cmd, errno};
+use crate::nbd::transmission::{Extent, Request};
+
+/// The first wait before dialling a failed lane again; it doubles up to
+/// [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What the server said about the export when it was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    pub size: u64,
+    /// NBD transmission flags.
+    pub flags: u16,
+    pub max_request: u32,
+}
+
+/// Where the export is and how to reach it.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub addr: SocketAddr,
+    pub name: String,
+    pub transport: Transport,
+}
+
+/// A remote export behind its lanes.
+#[derive(Debug)]
+pub struct Remote {
+    target: Target,
+    pub opened: Opened,
+    lanes: Vec<Lane>,
+    next_lane: AtomicUsize,
+    give_up: Duration,
+}
+
+#[derive(Debug)]
+struct Lane {
+    /// The live session, or None while the lane is being dialled again.
+    current: watch::Sender<Option<Arc<Session>>>,
+    /// Since when the lane has had no session.
+    down_since: Mutex<Option<Instant>>,
+}
+
+/// How a request ended.
+#[derive(Debug)]
+enum Answer {
+    /// A read's data (in the buffer it was asked with).
+    Data(Vec<u8>),
+    /// Done; `error` is an NBD error number (0: it worked).
+    Done {
+        error: u32,
+    },
+    Extents(Vec<Extent>),
+    /// The link went down first: ask again (the read's buffer comes back).
+    Lost(Option<Vec<u8>>),
+}
+
+/// A request sent and not answered yet.
+#[derive(Debug)]
+enum Pending {
+    Read {
+        buf: Vec<u8>,
+        /// The buffer's length once all the data is in.
+        target: usize,
+        /// Data bytes in so far.
+        got: u64,
+        reply: oneshot::Sender<Answer>,
+    },
+    Other(oneshot::Sender<Answer>),
+}
+
+impl Pending {
+    fn lose(self) {
+        match self {
+            Pending::Read { buf, reply, .. } => drop(reply.send(Answer::Lost(Some(buf)))),
+            Pending::Other(reply) => drop(reply.send(Answer::Lost(None))),
+        }
+    }
+}
+
+/// One link of a lane and the requests in flight on it.
+struct Session {
+    link: Arc<Link>,
+    /// None once the link has failed: nothing more is sent on it.
+    pending: Mutex<Option<HashMap<u64, Pending>>>,
+    next_id: AtomicU64,
+    /// Write data leaves from these buffers (registered with the link).
+    pool: Arc<BufferPool>,
+    region: Region,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("link", &self.link).finish()
+    }
+}
+
+impl Remote {
+    /// Opens the export on `lanes` links. Fails if the first one cannot be
+    /// set up (nothing listening, export unknown); the others are dialled
+    /// in the background if they fail.
+    pub async fn connect(
+        target: Target,
+        lanes: usize,
+        give_up: Duration,
+    ) -> anyhow::Result<Arc<Remote>> {
+        let (first, opened) = open_session(&target)
+            .await
+            .with_context(|| format!("cannot open {}/{}", target.addr, target.name))?;
+        let mut all = Vec::with_capacity(lanes);
+        all.push(Lane::up(Arc::clone(&first)));
+        for _ in 1..lanes.max(1) {
+            all.push(match open_session(&target).await {
+                Ok((s, o)) if o == opened => Lane::up(s),
+                _ => Lane::down(),
+            });
+        }
+        let remote = Arc::new(Remote {
+            target,
+            opened,
+            lanes: all,
+            next_lane: AtomicUsize::new(0),
+            give_up,
+        });
+        for i in 0..remote.lanes.len() {
+            if let Some(s) = remote.lanes[i].current.borrow().clone() {
+                tokio::spawn(receive(Arc::clone(&remote), i, s));
+            }
+            tokio::spawn(redial(Arc::downgrade(&remote), i));
+        }
+        Ok(remote)
+    }
+
+    /// The backend of the links ("rdma", "tcp"), as the first lane found.
+    pub fn backend(&self) -> &'static str {
+        self.lanes[0]
+            .current
+            .borrow()
+            .as_ref()
+            .map_or("a link being set up", |s| s.link.backend())
+    }
+
+    pub fn lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The lane for the next local connection (round robin).
+    pub fn next_lane(&self) -> usize {
+        self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len()
+    }
+
+    /// Reads `len` bytes at `offset`, appended to `buf`.
+    pub async fn read(
+        &self,
+        lane: usize,
+        offset: u64,
+        mut buf: Vec<u8>,
+        len: usize,
+    ) -> (Vec<u8>, std::io::Result<()>) {
+        let start = buf.len();
+        loop {
+            let s = match self.session(lane).await {
+                Ok(s) => s,
+                Err(e) => return (buf, Err(e)),
+            };
+            let req = |id| Request {
+                flags: 0,
+                kind: cmd::READ,
+                cookie: id,
+                offset,
+                length: len as u32,
+            };
+            let (id, rx) = match s.enlist(Some((buf, start + len))) {
+                Ok(x) => x,
+                Err(b) => {
+                    buf = b.expect("a read gives its buffer back");
+                    self.lost(lane, &s);
+                    continue;
+                }
+            };
+            let _ = s.link.send_message(&Msg::Request(req(id)).encode()).await;
+            match rx.await {
+                Ok(Answer::Data(b)) => return (b, Ok(())),
+                Ok(Answer::Done { error }) => {
+                    return (Vec::new(), Err(as_io(error)));
+                }
+                Ok(Answer::Lost(Some(mut b))) => {
+                    b.truncate(start);
+                    buf = b;
+                    self.lost(lane, &s);
+                }
+                Ok(other) => return (Vec::new(), Err(confused(&other))),
+                Err(_) => unreachable!("every pending request is answered"),
+            }
+        }
+    }
+
+    /// Writes `data` at `offset`; durable before it returns with `fua`.
+    pub async fn write(
+        &self,
+        lane: usize,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> std::io::Result<()> {
+        loop {
+            let s = self.session(lane).await?;
+            let (id, rx) = match s.enlist(None) {
+                Ok(x) => x,
+                Err(_) => {
+                    self.lost(lane, &s);
+                    continue;
+                }
+            };
+            let req = Request {
+                flags: if fua { cflags::FUA } else { 0 },
+                kind: cmd::WRITE,
+                cookie: id,
+                offset,
+                length: data.len() as u32,
+            };
+            let tag = write_tag(&req);
+            let piece = s.link.max_chunk();
+            for (i, part) in data.chunks(piece).enumerate() {
+                let mut buf = s.pool.acquire().await;
+                buf.fill_from(part);
+                let last = (i + 1) * piece >= data.len();
+                let meta = ChunkMeta {
+                    stream: id,
+                    offset: (i * piece) as u64,
+                    flags: if last { chunk_flags::END_OF_STREAM } else { 0 },
+                    digest: tag,
+                };
+                if s.link.send_chunk(meta, &s.region, buf).await.is_err() {
+                    // The link is down: the answer below says so.
+                    break;
+                }
+            }
+            match rx.await {
+                Ok(Answer::Done { error: 0, .. }) => return Ok(()),
+                Ok(Answer::Done { error }) => return Err(as_io(error)),
+                Ok(Answer::Lost(_)) => self.lost(lane, &s),
+                Ok(other) => return Err(confused(&other)),
+                Err(_) => unreachable!("every pending request is answered"),
+            }
+        }
+    }
+
+    /// Any request other than READ and WRITE; its answer.
+    async fn call(
+        &self,
+        lane: usize,
+        kind: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+    ) -> std::io::Result<Answer> {
+        loop {
+            let s = self.session(lane).await?;
+            let (id, rx) = match s.enlist(None) {
+                Ok(x) => x,
+                Err(_) => {
+                    self.lost(lane, &s);
+                    continue;
+                }
+            };
+            let req = Request {
+                flags,
+                kind,
+                cookie: id,
+                offset,
+                length,
+            };
+            let _ = s.link.send_message(&Msg::Request(req).encode()).await;
+            match rx.await {
+                Ok(Answer::Lost(_)) => self.lost(lane, &s),
+                Ok(answer) => return Ok(answer),
+                Err(_) => unreachable!("every pending request is answered"),
+            }
+        }
+    }
+
+    /// A request that is answered with success or an error.
+    async fn simple(
+        &self,
+        lane: usize,
+        kind: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+    ) -> Result<(), u32> {
+        match self.call(lane, kind, flags, offset, length).await {
+            Ok(Answer::Done { error: 0, .. }) => Ok(()),
+            Ok(Answer::Done { error, .. }) => Err(error),
+            Ok(_) | Err(_) => Err(errno::EIO),
+        }
+    }
+
+    pub async fn flush(&self, lane: usize) -> std::io::Result<()> {
+        self.simple(lane, cmd::FLUSH, 0, 0, 0).await.map_err(as_io)
+    }
+
+    pub async fn trim(&self, lane: usize, offset: u64, len: u32, fua: bool) -> std::io::Result<()> {
+        let flags = if fua { cflags::FUA } else { 0 };
+        self.simple(lane, cmd::TRIM, flags, offset, len)
+            .await
+            .map_err(as_io)
+    }
+
+    pub async fn cache(&self, lane: usize, offset: u64, len: u32) -> std::io::Result<()> {
+        self.simple(lane, cmd::CACHE, 0, offset, len)
+            .await
+            .map_err(as_io)
+    }
+
+    /// WRITE_ZEROES; `Err` carries the NBD error number.
+    pub async fn zero(&self, lane: usize, offset: u64, len: u32, flags: u16) -> Result<(), u32> {
+        self.simple(lane, cmd::WRITE_ZEROES, flags, offset, len)
+            .await
+    }
+
+    pub async fn block_status(
+        &self,
+        lane: usize,
+        offset: u64,
+        len: u32,
+        flags: u16,
+    ) -> std::io::Result<Vec<Extent>> {
+        match self
+            .call(lane, cmd::BLOCK_STATUS, flags, offset, len)
+            .await?
+        {
+            Answer::Extents(e) => Ok(e),
+            Answer::Done { error } => Err(as_io(error)),
+            other => Err(confused(&other)),
+        }
+    }
+
+    /// The lane's live session, waiting for a redial; an error once the
+    /// lane has been down for longer than `give_up`.
+    async fn session(&self, lane: usize) -> std::io::Result<Arc<Session>> {
+        let l = &self.lanes[lane];
+        let mut rx = l.current.subscribe();
+        loop {
+            if let Some(s) = rx.borrow_and_update().clone() {
+                return Ok(s);
+            }
+            let since = l
+                .down_since
+                .lock()
+                .expect("lane lock")
+                .unwrap_or_else(Instant::now);
+            let left = self.give_up.saturating_sub(since.elapsed());
+            if left.is_zero() {
+                return Err(std::io::Error::other(format!(
+                    "no link to {} for {:?}",
+                    self.target.addr, self.give_up
+                )));
+            }
+            let _ = tokio::time::timeout(left, rx.changed()).await;
+        }
+    }
+
+    /// `s` failed under a request: the lane is down (once) and redialled.
+    fn lost(&self, lane: usize, s: &Arc<Session>) {
+        self.lanes[lane].lose(s);
+    }
+}
+
+impl Lane {
+    fn up(s: Arc<Session>) -> Lane {
+        Lane {
+            current: watch::Sender::new(Some(s)),
+            down_since: Mutex::new(None),
+        }
+    }
+
+    fn down() -> Lane {
+        Lane {
+            current: watch::Sender::new(None),
+            down_since: Mutex::new(Some(Instant::now())),
+        }
+    }
+
+    /// Takes `s` out of service if it is still the lane's session.
+    fn lose(&self, s: &Arc<Session>) {
+        let taken = self.current.send_if_modified(|cur| match cur {
+            Some(c) if Arc::ptr_eq(c, s) => {
+                *cur = None;
+                true
+            }
+            _ => false,
+        });
+        if taken {
+            *self.down_since.lock().expect("lane lock") = Some(Instant::now());
+            s.link.abort("the client gave this link up");
+        }
+    }
+}
+
+impl Session {
+    /// Registers a request under a fresh id: a read (`Some(buf)`, whose
+    /// data is appended until it is `target` long) or any other request.
+    /// `Err` (with a read's buffer) if the link has failed already.
+    fn enlist(
+        &self,
+        read: Option<(Vec<u8>, usize)>,
+    ) -> Result<(u64, oneshot::Receiver<Answer>), Option<Vec<u8>>> {
+        let mut map = self.pending.lock().expect("pending lock");
+        let Some(m) = map.as_mut() else {
+            return Err(read.map(|(buf, _)| buf));
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply, rx) = oneshot::channel();
+        let pending = match read {
+            Some((buf, target)) => Pending::Read {
+                buf,
+                target,
+                got: 0,
+                reply,
+            },
+            None => Pending::Other(reply),
+        };
+        m.insert(id, pending);
+        Ok((id, rx))
+    }
+
+    /// Hands an incoming item to the request it answers.
+    fn deliver(&self, item: Incoming) -> anyhow::Result<()> {
+        let mut map = self.pending.lock().expect("pending lock");
+        let map = map.as_mut().context("delivery after failure")?;
+        match item {
+            Incoming::Chunk(c) => {
+                let h = *c.header();
+                let Some(Pending::Read {
+                    buf, target, got, ..
+                }) = map.get_mut(&h.stream)
+                else {
+                    bail!(
+                        "read data for request {}, which is no read in flight",
+                        h.stream
+                    );
+                };
+                let len = c.payload().len();
+                if h.offset != *got || buf.len() + len > *target {
+                    bail!(
+                        "read data for request {} at {}+{len} does not follow the {} bytes before it",
+                        h.stream,
+                        h.offset,
+                        got
+                    );
+                }
+                buf.extend_from_slice(c.payload());
+                *got += len as u64;
+                if buf.len() == *target {
+                    if let Some(Pending::Read { buf, reply, .. }) = map.remove(&h.stream) {
+                        let _ = reply.send(Answer::Data(buf));
+                    }
+                }
+            }
+            Incoming::Message(m) => {
+                let (id, answer) = match Msg::decode(&m)? {
+                    // (The server's text is for its own log; NBD gets the number.)
+                    Msg::Reply { id, error, .. } => (id, Answer::Done { error }),
+                    Msg::Extents { id, extents } => (id, Answer::Extents(extents)),
+                    other => bail!("unexpected message from the server: {other:?}"),
+                };
+                let pending = map.remove(&id).with_context(|| {
+                    format!("an answer to request {id}, which is not in flight")
+                })?;
+                match (pending, answer) {
+                    // A read that worked with no data to carry.
+                    (
+                        Pending::Read {
+                            buf, target, reply, ..
+                        },
+                        Answer::Done { error: 0, .. },
+                    ) if buf.len() == target => {
+                        let _ = reply.send(Answer::Data(buf));
+                    }
+                    (Pending::Read { reply, .. }, a @ Answer::Done { .. }) => drop(reply.send(a)),
+                    (Pending::Other(reply), a) => drop(reply.send(a)),
+                    (Pending::Read { .. }, _) => bail!("extents in answer to a read"),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The link is gone: every request still waiting is sent again elsewhere.
+    fn fail_all(&self) {
+        let lost = self.pending.lock().expect("pending lock").take();
+        for (_, p) in lost.into_iter().flatten() {
+            p.lose();
+        }
+    }
+}
+
+/// Takes what the server sends on a session until its link ends.
+async fn receive(remote: Arc<Remote>, lane: usize, s: Arc<Session>) {
+    loop {
+        let item = match s.link.recv().await {
+            Ok(Some(item)) => item,
+            Ok(None) => {
+                eprintln!(
+                    "rblock connect: lane {lane}: the server closed the link; dialling again"
+                );
+                break;
+            }
+            Err(e) => {
+                eprintln!("rblock connect: lane {lane}: link failed ({e}); dialling again");
+                break;
+            }
+        };
+        if let Err(e) = s.deliver(item) {
+            eprintln!("rblock connect: lane {lane}: the server broke the protocol: {e:#}");
+            s.link.abort(&format!("{e:#}"));
+            break;
+        }
+    }
+    remote.lanes[lane].lose(&s);
+    s.fail_all();
+}
+
+/// Keeps lane `lane` dialled: whenever it is down, dials with backoff
+/// until a session is up again. Ends with the remote.
+async fn redial(remote: std::sync::Weak<Remote>, lane: usize) {
+    let mut rx = match remote.upgrade() {
+        Some(r) => r.lanes[lane].current.subscribe(),
+        None => return,
+    };
+    loop {
+        // Wait until the lane is down.
+        while rx.borrow_and_update().is_some() {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+        let mut backoff = FIRST_BACKOFF;
+        let mut said = None::<String>;
+        loop {
+            let Some(r) = remote.upgrade() else { return };
+            match open_session(&r.target).await {
+                Ok((s, opened)) if opened == r.opened => {
+                    eprintln!("rblock connect: lane {lane}: connected again");
+                    *r.lanes[lane].down_since.lock().expect("lane lock") = None;
+                    tokio::spawn(receive(Arc::clone(&r), lane, Arc::clone(&s)));
+                    r.lanes[lane].current.send_replace(Some(s));
+                    break;
+                }
+                Ok((s, opened)) => {
+                    s.link.abort("the export changed");
+                    let why = format!(
+                        "the export changed (was {:?}, now {opened:?}); not using it",
+                        r.opened
+                    );
+                    if said.as_ref() != Some(&why) {
+                        eprintln!("rblock connect: lane {lane}: {why}");
+                        said = Some(why);
+                    }
+                }
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    if said.as_ref() != Some(&why) {
+                        eprintln!("rblock connect: lane {lane}: {why}; retrying");
+                        said = Some(why);
+                    }
+                }
+            }
+            drop(r);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
+
+/// Dials the server, sets up a link and opens the export on it.
+async fn open_session(t: &Target) -> anyhow::Result<(Arc<Session>, Opened)> {
+    let conn = endpoint::connect(t.addr, t.transport)
+        .await
+        .with_context(|| format!("cannot connect to {}", t.addr))?;
+    let config = link_config(Role::Client, &conn.limits());
+    let link = Link::establish(conn, config)
+        .await
+        .context("cannot set up the link")?;
+    let open = Msg::Open {
+        version: VERSION,
+        name: t.name.clone(),
+    };
+    link.send_message(&open.encode()).await?;
+    let answer = match link.recv().await? {
+        Some(Incoming::Message(m)) => Msg::decode(&m)?,
+        _ => bail!("the server did not answer the open request"),
+    };
+    let opened = match answer {
+        Msg::Opened {
+            size,
+            flags,
+            max_request,
+        } => Opened {
+            size,
+            flags,
+            max_request,
+        },
+        Msg::Refused { text } => {
+            let _ = link.finish().await;
+            bail!("the server refused: {text}");
+        }
+        other => bail!("unexpected answer to the open request: {other:?}"),
+    };
+    let pool = BufferPool::new(SLOTS as usize, link.max_chunk())?;
+    let region = link.register(pool.memory())?;
+    let s = Session {
+        link: Arc::new(link),
+        pending: Mutex::new(Some(HashMap::new())),
+        next_id: AtomicU64::new(1),
+        pool,
+        region,
+    };
+    Ok((Arc::new(s), opened))
+}
+
+/// An NBD error number as an I/O error (they are Linux's numbers).
+fn as_io(error: u32) -> std::io::Error {
+    std::io::Error::from_raw_os_error(error as i32)
+}
+
+fn confused(a: &Answer) -> std::io::Error {
+    std::io::Error::other(format!("unexpected answer from the server: {a:?}"))
+}

@@ -1,0 +1,251 @@
+//! The request protocol between `rblock connect` and `rblock serve` over an
+//! rfabric link, sans I/O: messages encoded and decoded, checked field by
+//! field. `docs/PROTOCOL.md` has it byte by byte.
+//!
+//! A request is an NBD request header, reused verbatim (so the server
+//! checks it with the same code as NBD over TCP), under an id the client
+//! chooses per link instead of the NBD cookie:
+//!
+//! * READ, FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS, CACHE travel as a
+//!   [`Msg::Request`] message.
+//! * A WRITE travels as chunks into the server's landing slots (one
+//!   notified write each: header and data together). Each chunk's `stream`
+//!   is the id, its `offset` where its bytes start within the request, and
+//!   its 32 application bytes carry the request header ([`write_tag`]).
+//! * A READ's data comes back as chunks into the client's slots, the same
+//!   way (`stream` = id, `offset` within the request). All bytes there
+//!   means it worked; a [`Msg::Reply`] with an error means it did not.
+//! * Everything else is answered with [`Msg::Reply`] (or [`Msg::Extents`]
+//!   for BLOCK_STATUS).
+
+use crate::nbd::consts::REQUEST_LEN;
+use crate::nbd::transmission::{Extent, Request};
+
+/// Version of this protocol, sent in [`Msg::Open`].
+pub const VERSION: u16 = 1;
+
+mod tag {
+    pub const OPEN: u8 = 1;
+    pub const OPENED: u8 = 2;
+    pub const REFUSED: u8 = 3;
+    pub const REQUEST: u8 = 4;
+    pub const REPLY: u8 = 5;
+    pub const EXTENTS: u8 = 6;
+}
+
+/// Longest export name.
+pub const MAX_NAME: usize = 4096;
+
+/// One message of the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg {
+    /// Client, first: which export.
+    Open { version: u16, name: String },
+    /// Server: the export is open on this link. `flags` are the NBD
+    /// transmission flags the server would give an NBD client;
+    /// `max_request` the longest request it takes.
+    Opened {
+        size: u64,
+        flags: u16,
+        max_request: u32,
+    },
+    /// Server: no (unknown export, other version); the link then closes.
+    Refused { text: String },
+    /// Client: a request other than WRITE (the header's cookie is the id).
+    Request(Request),
+    /// Server: the request `id` is done; `error` is an NBD error number
+    /// (0: it worked), `text` says why for people.
+    Reply { id: u64, error: u32, text: String },
+    /// Server: the answer to a BLOCK_STATUS.
+    Extents { id: u64, extents: Vec<Extent> },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProtoError {
+    #[error("empty message")]
+    Empty,
+    #[error("unknown message tag {0}")]
+    Tag(u8),
+    #[error("message {what} of {len} bytes, expected {expected}")]
+    Length {
+        what: &'static str,
+        len: usize,
+        expected: usize,
+    },
+    #[error("{0} is not UTF-8")]
+    Text(&'static str),
+    #[error("bad request header: {0}")]
+    Header(String),
+}
+
+impl Msg {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        match self {
+            Msg::Open { version, name } => {
+                b.push(tag::OPEN);
+                b.extend_from_slice(&version.to_le_bytes());
+                b.extend_from_slice(name.as_bytes());
+            }
+            Msg::Opened {
+                size,
+                flags,
+                max_request,
+            } => {
+                b.push(tag::OPENED);
+                b.extend_from_slice(&size.to_le_bytes());
+                b.extend_from_slice(&flags.to_le_bytes());
+                b.extend_from_slice(&max_request.to_le_bytes());
+            }
+            Msg::Refused { text } => {
+                b.push(tag::REFUSED);
+                b.extend_from_slice(text.as_bytes());
+            }
+            Msg::Request(r) => {
+                b.push(tag::REQUEST);
+                b.extend_from_slice(&r.encode());
+            }
+            Msg::Reply { id, error, text } => {
+                b.push(tag::REPLY);
+                b.extend_from_slice(&id.to_le_bytes());
+                b.extend_from_slice(&error.to_le_bytes());
+                b.extend_from_slice(text.as_bytes());
+            }
+            Msg::Extents { id, extents } => {
+                b.push(tag::EXTENTS);
+                b.extend_from_slice(&id.to_le_bytes());
+                for e in extents {
+                    b.extend_from_slice(&e.length.to_le_bytes());
+                    b.extend_from_slice(&e.flags.to_le_bytes());
+                }
+            }
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Msg, ProtoError> {
+        let (&t, body) = b.split_first().ok_or(ProtoError::Empty)?;
+        let exact = |what, expected| {
+            if body.len() == expected {
+                Ok(())
+            } else {
+                Err(ProtoError::Length {
+                    what,
+                    len: body.len(),
+                    expected,
+                })
+            }
+        };
+        let at_least = |what, expected| {
+            if body.len() >= expected {
+                Ok(())
+            } else {
+                Err(ProtoError::Length {
+                    what,
+                    len: body.len(),
+                    expected,
+                })
+            }
+        };
+        let text = |what, bytes: &[u8]| {
+            String::from_utf8(bytes.to_vec()).map_err(|_| ProtoError::Text(what))
+        };
+        let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8"));
+        let u32_at = |i: usize| u32::from_le_bytes(body[i..i + 4].try_into().expect("4"));
+        Ok(match t {
+            tag::OPEN => {
+                at_least("open", 2)?;
+                if body.len() - 2 > MAX_NAME {
+                    return Err(ProtoError::Length {
+                        what: "open",
+                        len: body.len(),
+                        expected: 2 + MAX_NAME,
+                    });
+                }
+                Msg::Open {
+                    version: u16::from_le_bytes([body[0], body[1]]),
+                    name: text("the export name", &body[2..])?,
+                }
+            }
+            tag::OPENED => {
+                exact("opened", 14)?;
+                Msg::Opened {
+                    size: u64_at(0),
+                    flags: u16::from_le_bytes([body[8], body[9]]),
+                    max_request: u32_at(10),
+                }
+            }
+            tag::REFUSED => Msg::Refused {
+                text: text("the refusal", body)?,
+            },
+            tag::REQUEST => {
+                exact("request", REQUEST_LEN)?;
+                let head: &[u8; REQUEST_LEN] = body.try_into().expect("checked length");
+                Msg::Request(Request::decode(head).map_err(|e| ProtoError::Header(e.to_string()))?)
+            }
+            tag::REPLY => {
+                at_least("reply", 12)?;
+                Msg::Reply {
+                    id: u64_at(0),
+                    error: u32_at(8),
+                    text: text("the reply text", &body[12..])?,
+                }
+            }
+            tag::EXTENTS => {
+                at_least("extents", 8)?;
+                if (body.len() - 8) % 8 != 0 {
+                    return Err(ProtoError::Length {
+                        what: "extents",
+                        len: body.len(),
+                        expected: 8 + (body.len() - 8) / 8 * 8,
+                    });
+                }
+                Msg::Extents {
+                    id: u64_at(0),
+                    extents: body[8..]
+                        .chunks_exact(8)
+                        .map(|e| Extent {
+                            length: u32::from_le_bytes(e[..4].try_into().expect("4")),
+                            flags: u32::from_le_bytes(e[4..].try_into().expect("4")),
+                        })
+                        .collect(),
+                }
+            }
+            other => return Err(ProtoError::Tag(other)),
+        })
+    }
+}
+
+/// Extents that fit one message of `max_message` bytes.
+pub fn max_extents(max_message: usize) -> usize {
+    max_message.saturating_sub(9) / 8
+}
+
+/// A WRITE's request header as a chunk's 32 application bytes.
+pub fn write_tag(r: &Request) -> [u8; 32] {
+    let mut tag = [0u8; 32];
+    tag[..REQUEST_LEN].copy_from_slice(&r.encode());
+    tag
+}
+
+/// The request header a write chunk carries; its cookie must be the
+/// chunk's stream (the id).
+pub fn write_request(tag: &[u8; 32], stream: u64) -> Result<Request, ProtoError> {
+    if tag[REQUEST_LEN..].iter().any(|&b| b != 0) {
+        return Err(ProtoError::Header(
+            "nonzero padding after the header".into(),
+        ));
+    }
+    let head: &[u8; REQUEST_LEN] = tag[..REQUEST_LEN].try_into().expect("28 bytes");
+    let r = Request::decode(head).map_err(|e| ProtoError::Header(e.to_string()))?;
+    if r.cookie != stream {
+        return Err(ProtoError::Header(format!(
+            "write chunk of request {stream} carries the header of {}",
+            r.cookie
+        )));
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,398 @@
+//! The serving side of rblock over the fabric: one link per client
+//! connection; the client opens an export, then sends requests (see
+//! [`super::proto`]). Requests run concurrently on the export's storage;
+//! a write is answered once all its pieces are written (durably, with FUA);
+//! a read's data goes out in pieces into the client's slots.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use rfabric::link::{Chunk, ChunkMeta, Incoming, Link};
+use rfabric::memory::BufferPool;
+use rfabric::transport::{Connection, Region};
+use rfabric::wire::{Role, chunk_flags};
+use tokio::sync::{Semaphore, watch};
+
+use super::proto::{Msg, VERSION, max_extents, write_request};
+use super::{SLOTS, link_config};
+use crate::backend::Source;
+use crate::nbd::consts::errno;
+use crate::nbd::handshake::MAX_PAYLOAD;
+use crate::nbd::transmission::{Command, Limits, Request, check};
+use crate::serve::Export;
+use crate::storage::{Storage, wire_errno};
+
+/// A client has this long to open an export.
+const OPEN_TIME: Duration = Duration::from_secs(60);
+/// Requests carried out at once per link.
+const MAX_IN_FLIGHT: usize = 256;
+
+/// Serves one client link from its hello to its goodbye (or failure).
+pub async fn serve_link(
+    conn: Arc<dyn Connection>,
+    exports: Arc<[Export]>,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let config = link_config(Role::Server, &conn.limits());
+    let link = Arc::new(
+        Link::establish(conn, config)
+            .await
+            .context("cannot set up the link")?,
+    );
+    let Some(export) = tokio::time::timeout(OPEN_TIME, open(&link, &exports))
+        .await
+        .context("the client did not open an export in time")??
+    else {
+        let _ = link.finish().await;
+        return Ok(());
+    };
+    let export = &exports[export];
+    let Source::Local(storage) = &export.source else {
+        bail!("export {:?} is not on this node", export.info.name);
+    };
+    // Read data leaves from buffers the size of the client's slots.
+    let pool = BufferPool::new(SLOTS as usize, link.max_chunk())?;
+    let region = link.register(pool.memory())?;
+    let serving = Serving {
+        link: Arc::clone(&link),
+        storage: Arc::clone(storage),
+        limits: Limits {
+            size: export.info.size,
+            read_only: export.info.read_only,
+            structured: true,
+            allocation: true,
+            min_block: 1,
+        },
+        pool,
+        region,
+        writes: Mutex::new(HashMap::new()),
+        in_flight: Semaphore::new(MAX_IN_FLIGHT),
+    };
+    let serving = Arc::new(serving);
+    // On shutdown nothing new is taken: what is in flight finishes and is
+    // answered, then the link ends. The client sends what got no answer
+    // again once it has reconnected (to this server restarted, say).
+    let result = loop {
+        if *shutdown.borrow() {
+            break Ok(());
+        }
+        let item = tokio::select! {
+            item = link.recv() => item,
+            _ = shutdown.changed() => continue,
+        };
+        let item = match item {
+            Ok(Some(item)) => item,
+            // The client said goodbye.
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(anyhow::Error::new(e).context("the link failed")),
+        };
+        if let Err(e) = Arc::clone(&serving).take(item).await {
+            link.abort(&format!("{e:#}"));
+            break Err(e);
+        }
+    };
+    let _ = serving.in_flight.acquire_many(MAX_IN_FLIGHT as u32).await;
+    if result.is_ok() {
+        let _ = link.finish().await;
+    }
+    result
+}
+
+/// Waits for the client's Open and answers it; the export's index, or None
+/// when refused.
+async fn open(link: &Link, exports: &[Export]) -> anyhow::Result<Option<usize>> {
+    let first = link.recv().await.context("no open request")?;
+    let Some(Incoming::Message(m)) = first else {
+        bail!("the client sent something other than an open request first");
+    };
+    let Msg::Open { version, name } = Msg::decode(&m)? else {
+        bail!("the client sent something other than an open request first");
+    };
+    let refuse = |text: String| async move {
+        link.send_message(&Msg::Refused { text }.encode()).await?;
+        anyhow::Ok(None)
+    };
+    if version != VERSION {
+        return refuse(format!(
+            "protocol version {version} is not served here (this server speaks {VERSION})"
+        ))
+        .await;
+    }
+    let found = if name.is_empty() {
+        (!exports.is_empty()).then_some(0)
+    } else {
+        exports.iter().position(|e| e.info.name == name)
+    };
+    let Some(i) = found else {
+        return refuse(format!("no export named {name:?} here")).await;
+    };
+    let info = &exports[i].info;
+    let opened = Msg::Opened {
+        size: info.size,
+        flags: info.transmission_flags(),
+        max_request: MAX_PAYLOAD,
+    };
+    link.send_message(&opened.encode()).await?;
+    Ok(Some(i))
+}
+
+struct Serving {
+    link: Arc<Link>,
+    storage: Arc<Storage>,
+    limits: Limits,
+    pool: Arc<BufferPool>,
+    region: Region,
+    /// Writes whose pieces are still coming or being written, by id.
+    writes: Mutex<HashMap<u64, Arc<Mutex<WriteProgress>>>>,
+    in_flight: Semaphore,
+}
+
+/// How far one write has come.
+struct WriteProgress {
+    length: u64,
+    /// Bytes that arrived (pieces come in order).
+    arrived: u64,
+    /// Bytes on storage (or failed).
+    settled: u64,
+    /// Why a piece failed: the first failure answers the write.
+    failed: Option<(u32, String)>,
+}
+
+impl Serving {
+    /// Takes one incoming item: a request message or a write piece.
+    /// Errors are the client's breaches of the protocol.
+    async fn take(self: Arc<Self>, item: Incoming) -> anyhow::Result<()> {
+        let ticket = match Arc::clone(&self).in_flight_ticket().await {
+            Some(t) => t,
+            None => bail!("serving stopped"),
+        };
+        match item {
+            Incoming::Message(m) => {
+                let Msg::Request(req) = Msg::decode(&m)? else {
+                    bail!("the client sent a message that is not a request");
+                };
+                let command = match check(&req, &self.limits) {
+                    Ok(Command::Write { .. }) => {
+                        bail!("a write announced as a message (writes come as chunks)")
+                    }
+                    Ok(Command::Disc) => bail!("a disconnect request over the fabric"),
+                    Ok(c) => c,
+                    Err(refusal) => {
+                        self.reply(req.cookie, refusal.errno, refusal.message).await;
+                        return Ok(());
+                    }
+                };
+                tokio::spawn(async move {
+                    self.execute(command, req).await;
+                    drop(ticket);
+                });
+            }
+            Incoming::Chunk(chunk) => {
+                let h = *chunk.header();
+                if h.flags & chunk_flags::DIGEST != 0 {
+                    bail!("a write piece with a digest (rblock sends none)");
+                }
+                let req = write_request(&h.digest, h.stream)?;
+                let progress = self.progress(&req, h.offset, u64::from(h.payload_len))?;
+                let fua = match check(&req, &self.limits) {
+                    Ok(Command::Write { fua }) => fua,
+                    Ok(_) => bail!("a chunk whose header is not a write"),
+                    Err(refusal) => {
+                        let why = (refusal.errno, refusal.message.to_string());
+                        self.settle(&req, &progress, u64::from(h.payload_len), Some(why))
+                            .await;
+                        return Ok(());
+                    }
+                };
+                tokio::spawn(async move {
+                    self.write_piece(&req, &progress, chunk, fua).await;
+                    drop(ticket);
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn in_flight_ticket(self: Arc<Self>) -> Option<InFlight> {
+        let permit = self.in_flight.acquire().await.ok()?;
+        permit.forget();
+        Some(InFlight(self))
+    }
+
+    /// The progress of the write a piece belongs to (made on its first
+    /// piece); the piece must come right after the ones before it.
+    fn progress(
+        &self,
+        req: &Request,
+        offset: u64,
+        len: u64,
+    ) -> anyhow::Result<Arc<Mutex<WriteProgress>>> {
+        let mut writes = self.writes.lock().expect("writes lock");
+        let p = writes.entry(req.cookie).or_insert_with(|| {
+            Arc::new(Mutex::new(WriteProgress {
+                length: u64::from(req.length),
+                arrived: 0,
+                settled: 0,
+                failed: None,
+            }))
+        });
+        let mut w = p.lock().expect("progress lock");
+        if w.length != u64::from(req.length) || offset != w.arrived || offset + len > w.length {
+            bail!(
+                "write piece at {offset}+{len} of request {} does not follow the {} bytes before it (of {})",
+                req.cookie,
+                w.arrived,
+                w.length
+            );
+        }
+        if len == 0 && w.length != 0 {
+            bail!("an empty write piece");
+        }
+        w.arrived += len;
+        drop(w);
+        Ok(Arc::clone(p))
+    }
+
+    async fn write_piece(
+        &self,
+        req: &Request,
+        progress: &Arc<Mutex<WriteProgress>>,
+        chunk: Chunk,
+        fua: bool,
+    ) {
+        let at = req.offset + chunk.header().offset;
+        // The piece leaves its slot at once (its credit goes back to the
+        // client) and is written from memory of our own.
+        let data = chunk.payload().to_vec();
+        drop(chunk);
+        let len = data.len();
+        let (_, r) = self.storage.write(at, data, 0, len, fua).await;
+        let failed = r
+            .err()
+            .map(|e| (wire_errno(&e), format!("write failed: {e}")));
+        self.settle(req, progress, len as u64, failed).await;
+    }
+
+    /// Counts `len` more bytes of a write as done; the last of them
+    /// answers it.
+    async fn settle(
+        &self,
+        req: &Request,
+        progress: &Arc<Mutex<WriteProgress>>,
+        len: u64,
+        failed: Option<(u32, String)>,
+    ) {
+        let answer = {
+            let mut w = progress.lock().expect("progress lock");
+            w.settled += len;
+            if w.failed.is_none() {
+                w.failed = failed;
+            }
+            (w.settled == w.length).then(|| w.failed.take())
+        };
+        let Some(failed) = answer else {
+            return;
+        };
+        self.writes.lock().expect("writes lock").remove(&req.cookie);
+        match failed {
+            None => self.reply(req.cookie, 0, "").await,
+            Some((e, text)) => self.reply(req.cookie, e, &text).await,
+        }
+    }
+
+    async fn reply(&self, id: u64, error: u32, text: &str) {
+        let m = Msg::Reply {
+            id,
+            error,
+            text: text.to_string(),
+        };
+        // A failed send means the link is down: the client resends then.
+        let _ = self.link.send_message(&m.encode()).await;
+    }
+
+    async fn execute(&self, command: Command, req: Request) {
+        let (id, offset, len) = (req.cookie, req.offset, req.length);
+        let done = |r: std::io::Result<()>, what: &str| match r {
+            Ok(()) => (0, String::new()),
+            Err(e) => (wire_errno(&e), format!("{what}: {e}")),
+        };
+        let (error, text) = match command {
+            Command::Read if len == 0 => (0, String::new()),
+            Command::Read => match self.read(&req).await {
+                Ok(()) => return,
+                Err(failed) => failed,
+            },
+            Command::Flush => done(self.storage.flush().await, "flush failed"),
+            Command::Trim { fua } => done(
+                self.storage.trim(offset, u64::from(len), fua).await,
+                "trim failed",
+            ),
+            Command::Cache => {
+                self.storage.cache(offset, u64::from(len));
+                (0, String::new())
+            }
+            Command::WriteZeroes { fua, punch, fast } => {
+                match self
+                    .storage
+                    .zero(offset, u64::from(len), punch, fast, fua)
+                    .await
+                {
+                    Ok(()) => (0, String::new()),
+                    Err(e) if e == errno::ENOTSUP => (e, "no fast way to zero here".into()),
+                    Err(e) => (e, "zeroing failed".into()),
+                }
+            }
+            Command::BlockStatus { one } => {
+                let mut extents = self.storage.block_status(offset, len, one);
+                extents.truncate(max_extents(self.link.max_message()).max(1));
+                let m = Msg::Extents { id, extents };
+                let _ = self.link.send_message(&m.encode()).await;
+                return;
+            }
+            Command::Write { .. } | Command::Disc => unreachable!("refused in take"),
+        };
+        self.reply(id, error, &text).await;
+    }
+
+    /// Sends a read's data in pieces into the client's slots.
+    async fn read(&self, req: &Request) -> Result<(), (u32, String)> {
+        let piece = self.link.max_chunk();
+        let total = req.length as usize;
+        let mut sent = 0;
+        while sent < total {
+            let len = piece.min(total - sent);
+            let buf = self.pool.acquire().await;
+            let (buf, r) = self
+                .storage
+                .read_piece(req.offset + sent as u64, buf, len)
+                .await;
+            if let Err(e) = r {
+                return Err((wire_errno(&e), format!("read failed: {e}")));
+            }
+            let last = sent + len == total;
+            let meta = ChunkMeta {
+                stream: req.cookie,
+                offset: sent as u64,
+                flags: if last { chunk_flags::END_OF_STREAM } else { 0 },
+                digest: [0; 32],
+            };
+            if self.link.send_chunk(meta, &self.region, buf).await.is_err() {
+                // The link is down; the client asks again on the next one.
+                return Ok(());
+            }
+            sent += len;
+        }
+        Ok(())
+    }
+}
+
+/// One request being carried out; gives its place back when dropped.
+struct InFlight(Arc<Serving>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.add_permits(1);
+    }
+}

@@ -1,0 +1,148 @@
+//! Choosing and opening the transport: verbs when an RDMA device routes to
+//! the peer, else tcp (`auto`), or exactly the one asked for; and listening
+//! on both at one address.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::credit::SPARE_RECEIVES;
+use crate::link::LinkConfig;
+use crate::transport::tcp::{self, TcpListener};
+use crate::transport::verbs::{self, VerbsListener, VerbsOptions};
+use crate::transport::{Connection, Limits, TransportError};
+use crate::wire::{CHUNK_HEADER_LEN, Role};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum Transport {
+    /// RDMA when a device routes to the peer, else tcp.
+    Auto,
+    /// RDMA only (rdma_cm; InfiniBand, RoCE, iWARP).
+    Rdma,
+    /// TCP only.
+    Tcp,
+}
+
+impl Transport {
+    /// The name users type.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Auto => "auto",
+            Transport::Rdma => "rdma",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
+/// Resolves `host:port` to one address (`host` may be bracketed IPv6).
+pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, TransportError> {
+    use std::net::ToSocketAddrs;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| TransportError::Io(format!("cannot resolve {host}: {e}")))?
+        .next()
+        .ok_or_else(|| TransportError::Io(format!("{host} has no address")))
+}
+
+/// Connects to `addr` over the chosen transport.
+pub async fn connect(
+    addr: SocketAddr,
+    transport: Transport,
+) -> Result<Arc<dyn Connection>, TransportError> {
+    if transport != Transport::Tcp {
+        match verbs::connect(addr, VerbsOptions::default()).await {
+            Ok(c) => return Ok(Arc::new(c)),
+            // No RDMA stack or no device with a route: tcp, as asked.
+            Err(TransportError::Unavailable(_)) if transport == Transport::Auto => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Arc::new(tcp::connect(addr).await?))
+}
+
+/// Listens on tcp and, where an RDMA device has the address, rdma_cm too.
+pub struct Listener {
+    tcp: Option<TcpListener>,
+    rdma: Option<VerbsListener>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("tcp", &self.tcp.is_some())
+            .field("rdma", &self.rdma.is_some())
+            .finish()
+    }
+}
+
+impl Listener {
+    pub async fn bind(addr: SocketAddr, transport: Transport) -> Result<Listener, TransportError> {
+        let tcp = if transport == Transport::Rdma {
+            None
+        } else {
+            Some(TcpListener::bind(addr).await?)
+        };
+        // RDMA on the same port as tcp, so that one address serves both.
+        let port = match &tcp {
+            Some(t) => t.local_addr()?.port(),
+            None => addr.port(),
+        };
+        let raddr = SocketAddr::new(addr.ip(), port);
+        let rdma = match VerbsListener::bind(raddr, VerbsOptions::default()) {
+            Ok(l) => Some(l),
+            Err(e) if transport == Transport::Rdma => return Err(e),
+            Err(_) => None,
+        };
+        Ok(Listener { tcp, rdma })
+    }
+
+    /// The port listened on (tcp's, which rdma_cm shares).
+    pub fn port(&self) -> Result<u16, TransportError> {
+        match &self.tcp {
+            Some(t) => Ok(t.local_addr()?.port()),
+            None => Err(TransportError::Invalid("no tcp listener".into())),
+        }
+    }
+
+    pub fn has_rdma(&self) -> bool {
+        self.rdma.is_some()
+    }
+
+    pub fn has_tcp(&self) -> bool {
+        self.tcp.is_some()
+    }
+
+    pub async fn accept(&self) -> Result<Arc<dyn Connection>, TransportError> {
+        let c: Arc<dyn Connection> = match (&self.tcp, &self.rdma) {
+            (Some(t), Some(r)) => tokio::select! {
+                c = t.accept() => Arc::new(c?),
+                c = r.accept() => Arc::new(c?),
+            },
+            (Some(t), None) => Arc::new(t.accept().await?),
+            (None, Some(r)) => Arc::new(r.accept().await?),
+            (None, None) => return Err(TransportError::Invalid("nothing to listen on".into())),
+        };
+        Ok(c)
+    }
+}
+
+/// A link's shape cut down to what the connection's device allows: at most
+/// one receive per slot besides the control ones, and no transfer larger
+/// than the device's largest message.
+pub fn fitted_link_config(
+    role: Role,
+    window: u32,
+    chunk: usize,
+    control_depth: u32,
+    control_size: u32,
+    limits: &Limits,
+) -> LinkConfig {
+    let spare = control_depth + SPARE_RECEIVES;
+    let window = window.min(limits.max_recv_wr.saturating_sub(spare)).max(1);
+    let max_chunk = (limits.max_msg as usize).saturating_sub(CHUNK_HEADER_LEN);
+    let mut c = LinkConfig::new(role, window, chunk.min(max_chunk) as u32);
+    c.control_size = control_size;
+    c.control_depth = control_depth;
+    c
+}
