@@ -13,7 +13,7 @@ use rblock::export::ExportSpec;
 use rblock::fabric::client::{Remote, Target};
 use rblock::nbd::consts::tflags;
 use rblock::nbd::handshake::ExportInfo;
-use rblock::serve::{self, Export, Listen};
+use rblock::serve::{self, Export, Listen, Plan};
 use rblock::storage::Storage;
 use rfabric::endpoint::{self, Listener, Transport};
 
@@ -177,15 +177,14 @@ async fn serve_cmd(a: ServeArgs) -> anyhow::Result<()> {
             Some(l)
         }
     };
-    serve::run(
-        exports,
-        &a.listen,
+    let plan = Plan {
+        who: "rblock serve",
+        listen: a.listen,
         fabric,
-        a.max_connections,
-        stop_signal(),
-        Duration::from_secs(30),
-    )
-    .await
+        max_connections: a.max_connections,
+        grace: Duration::from_secs(30),
+    };
+    serve::run(exports, plan, stop_signal()).await
 }
 
 /// SIGTERM or SIGINT.
@@ -274,9 +273,7 @@ async fn connect_cmd(a: ConnectArgs) -> anyhow::Result<()> {
     // nbd-client reaches us on a socket of our own.
     let private = match &a.device {
         Some(_) => {
-            let dir = std::env::temp_dir().join(format!("rblock-connect-{}", std::process::id()));
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let dir = private_dir()?;
             let sock = dir.join("nbd.sock");
             listen.push(Listen::Unix(sock.clone()));
             Some((dir, sock))
@@ -312,15 +309,14 @@ async fn connect_cmd(a: ConnectArgs) -> anyhow::Result<()> {
             }
         }
     };
-    let served = serve::run(
-        exports,
-        &listen,
-        None,
-        a.max_connections,
-        stop,
-        Duration::from_secs(30),
-    )
-    .await;
+    let plan = Plan {
+        who: "rblock connect",
+        listen,
+        fabric: None,
+        max_connections: a.max_connections,
+        grace: Duration::from_secs(30),
+    };
+    let served = serve::run(exports, plan, stop).await;
     if let Some((dir, _)) = private {
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -328,4 +324,25 @@ async fn connect_cmd(a: ConnectArgs) -> anyhow::Result<()> {
         return Err(e);
     }
     served
+}
+
+/// A fresh directory of our own for the socket nbd-client uses: under
+/// systemd's RuntimeDirectory, else /run (a tmpfs, where sockets work even
+/// when /tmp is a network filesystem), else the temporary directory.
+fn private_dir() -> anyhow::Result<PathBuf> {
+    let leaf = format!("rblock-connect-{}", std::process::id());
+    let bases = std::env::var_os("RUNTIME_DIRECTORY")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([PathBuf::from("/run"), std::env::temp_dir()]);
+    let mut last = None;
+    for base in bases {
+        let dir = base.join(&leaf);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) => last = Some((dir, e)),
+        }
+    }
+    let (dir, e) = last.expect("at least one place tried");
+    Err(e).with_context(|| format!("cannot create {}", dir.display()))
 }

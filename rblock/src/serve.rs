@@ -71,25 +71,43 @@ impl std::fmt::Display for Listen {
     }
 }
 
-/// Serves `exports` on every address in `listen` (NBD) and on `fabric`
-/// (rblock's own protocol over RDMA or tcp) until `stop` resolves, then
-/// lets the connections finish (within `grace`). `stop` is first polled
-/// once every listener is up.
+/// How and where to serve.
+#[derive(Debug)]
+pub struct Plan {
+    /// Who speaks in messages ("rblock serve").
+    pub who: &'static str,
+    /// NBD listeners.
+    pub listen: Vec<Listen>,
+    /// rblock's own protocol over RDMA or tcp (`rblock connect`).
+    pub fabric: Option<rfabric::endpoint::Listener>,
+    /// Connections (NBD and fabric) served at once; more are refused.
+    pub max_connections: usize,
+    /// How long connections may take to finish after the stop.
+    pub grace: Duration,
+}
+
+/// Serves `exports` as `plan` says until `stop` resolves, then lets the
+/// connections finish. `stop` is first polled once every listener is up.
 pub async fn run(
     exports: Vec<Export>,
-    listen: &[Listen],
-    fabric: Option<rfabric::endpoint::Listener>,
-    max_connections: usize,
+    plan: Plan,
     stop: impl std::future::Future<Output = ()>,
-    grace: Duration,
 ) -> anyhow::Result<()> {
+    let Plan {
+        who,
+        listen,
+        fabric,
+        max_connections,
+        grace,
+    } = plan;
     let exports: Arc<[Export]> = exports.into();
     let (shutdown_tx, shutdown) = watch::channel(false);
     let slots = Arc::new(Semaphore::new(max_connections));
     let (conn_tx, mut conn_rx) = mpsc::channel::<()>(1);
     let mut acceptors = Vec::new();
-    for l in listen {
+    for l in &listen {
         let ctx = Accepting {
+            who,
             exports: Arc::clone(&exports),
             shutdown: shutdown.clone(),
             slots: Arc::clone(&slots),
@@ -100,7 +118,7 @@ pub async fn run(
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("cannot listen on {addr}"))?;
-                eprintln!("rblock serve: listening on {}", listener.local_addr()?);
+                eprintln!("{who}: listening on {}", listener.local_addr()?);
                 acceptors.push(tokio::spawn(async move {
                     loop {
                         match listener.accept().await {
@@ -108,7 +126,7 @@ pub async fn run(
                                 let _ = s.set_nodelay(true);
                                 ctx.start(s);
                             }
-                            Err(e) => eprintln!("rblock serve: accept failed: {e}"),
+                            Err(e) => eprintln!("{who}: accept failed: {e}"),
                         }
                     }
                 }));
@@ -117,12 +135,12 @@ pub async fn run(
                 remove_stale_socket(path)?;
                 let listener = tokio::net::UnixListener::bind(path)
                     .with_context(|| format!("cannot listen on {}", path.display()))?;
-                eprintln!("rblock serve: listening on unix:{}", path.display());
+                eprintln!("{who}: listening on unix:{}", path.display());
                 acceptors.push(tokio::spawn(async move {
                     loop {
                         match listener.accept().await {
                             Ok((s, _)) => ctx.start(s),
-                            Err(e) => eprintln!("rblock serve: accept failed: {e}"),
+                            Err(e) => eprintln!("{who}: accept failed: {e}"),
                         }
                     }
                 }));
@@ -131,6 +149,7 @@ pub async fn run(
     }
     if let Some(fabric) = fabric {
         let ctx = Accepting {
+            who,
             exports: Arc::clone(&exports),
             shutdown: shutdown.clone(),
             slots: Arc::clone(&slots),
@@ -140,14 +159,14 @@ pub async fn run(
             loop {
                 match fabric.accept().await {
                     Ok(conn) => ctx.start_link(conn),
-                    Err(e) => eprintln!("rblock serve: fabric accept failed: {e}"),
+                    Err(e) => eprintln!("{who}: fabric accept failed: {e}"),
                 }
             }
         }));
     }
     drop(conn_tx);
     stop.await;
-    eprintln!("rblock serve: shutting down");
+    eprintln!("{who}: shutting down");
     for a in &acceptors {
         a.abort();
     }
@@ -155,9 +174,9 @@ pub async fn run(
     drop(acceptors);
     // Every connection holds a sender: all gone means all closed.
     if tokio::time::timeout(grace, conn_rx.recv()).await.is_err() {
-        eprintln!("rblock serve: connections still open after {grace:?}; closing them");
+        eprintln!("{who}: connections still open after {grace:?}; closing them");
     }
-    for l in listen {
+    for l in &listen {
         if let Listen::Unix(p) = l {
             let _ = std::fs::remove_file(p);
         }
@@ -178,6 +197,7 @@ fn remove_stale_socket(path: &std::path::Path) -> anyhow::Result<()> {
 }
 
 struct Accepting {
+    who: &'static str,
     exports: Arc<[Export]>,
     shutdown: watch::Receiver<bool>,
     slots: Arc<Semaphore>,
@@ -187,8 +207,9 @@ struct Accepting {
 impl Accepting {
     /// A client of rblock's fabric protocol (`rblock connect`).
     fn start_link(&self, conn: Arc<dyn rfabric::transport::Connection>) {
+        let who = self.who;
         let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
-            eprintln!("rblock serve: refusing a fabric connection: too many open");
+            eprintln!("{who}: refusing a fabric connection: too many open");
             conn.close();
             return;
         };
@@ -199,7 +220,7 @@ impl Accepting {
         );
         tokio::spawn(async move {
             if let Err(e) = crate::fabric::server::serve_link(conn, exports, shutdown).await {
-                eprintln!("rblock serve: fabric link ended: {e:#}");
+                eprintln!("{who}: fabric link ended: {e:#}");
             }
             drop(permit);
             drop(alive);
@@ -210,8 +231,9 @@ impl Accepting {
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
+        let who = self.who;
         let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
-            eprintln!("rblock serve: refusing a connection: too many open");
+            eprintln!("{who}: refusing a connection: too many open");
             return;
         };
         let (exports, shutdown, alive) = (
@@ -221,7 +243,7 @@ impl Accepting {
         );
         tokio::spawn(async move {
             if let Err(e) = connection(stream, exports, shutdown).await {
-                eprintln!("rblock serve: connection ended: {e:#}");
+                eprintln!("{who}: connection ended: {e:#}");
             }
             drop(permit);
             drop(alive);

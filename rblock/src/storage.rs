@@ -309,7 +309,7 @@ impl Storage {
             && !self.write_inline.swap(true, Ordering::Relaxed)
         {
             eprintln!(
-                "rblock serve: buffered writes to {} go to kernel worker threads; \
+                "rblock: buffered writes to {} go to kernel worker threads; \
                  small ones are now written directly",
                 self.shown
             );

@@ -3,14 +3,16 @@
 //! on this machine. (`scripts/setup` installs them.)
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use test_support::{Scratch, pattern};
 
-const RBLOCK: &str = env!("CARGO_BIN_EXE_rblock");
+mod common;
+
+use common::{RBLOCK, files_equal, free_port, image, ok, run};
 
 /// `rblock serve` with two exports of one scratch image: `disk` (read-write,
 /// the default) and `ro`; on a TCP port and a unix socket. Killed on drop.
@@ -22,11 +24,7 @@ struct Server {
 
 impl Server {
     fn start(t: &Scratch, image: &Path) -> Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let socket = t.path("nbd.sock");
         let child = Command::new(RBLOCK)
             .arg("serve")
@@ -70,36 +68,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn run(cmd: &str, args: &[&str]) -> Output {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd} cannot run ({e}); scripts/setup installs it"))
-}
-
-fn ok(cmd: &str, args: &[&str]) -> String {
-    let out = run(cmd, args);
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A sparse image of `size` bytes (at least 2 MiB) with data only in its
-/// second MiB.
-fn image(t: &Scratch, size: u64) -> PathBuf {
-    assert!(size >= 2 << 20);
-    let p = t.path("disk.img");
-    let f = std::fs::File::create(&p).unwrap();
-    f.set_len(size).unwrap();
-    use std::os::unix::fs::FileExt;
-    f.write_all_at(&pattern(1 << 20, 1), 1 << 20).unwrap();
-    p
 }
 
 #[test]
@@ -195,31 +163,6 @@ fn nbdcopy_round_trip_with_four_connections_is_identical() {
     );
     assert!(files_equal(&src, &back));
     assert!(files_equal(&src, &target));
-}
-
-fn files_equal(a: &Path, b: &Path) -> bool {
-    let (mut fa, mut fb) = (
-        std::fs::File::open(a).unwrap(),
-        std::fs::File::open(b).unwrap(),
-    );
-    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
-    loop {
-        let na = fa.read(&mut ba).unwrap();
-        let mut nb = 0;
-        while nb < na {
-            let k = fb.read(&mut bb[nb..na]).unwrap();
-            if k == 0 {
-                return false;
-            }
-            nb += k;
-        }
-        if na == 0 {
-            return fb.read(&mut bb).unwrap() == 0;
-        }
-        if ba[..na] != bb[..na] {
-            return false;
-        }
-    }
 }
 
 #[test]

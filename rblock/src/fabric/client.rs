@@ -514,12 +514,15 @@ impl Session {
         Ok(())
     }
 
-    /// The link is gone: every request still waiting is sent again elsewhere.
-    fn fail_all(&self) {
+    /// The link is gone: every request still waiting is sent again on the
+    /// next one. How many there were.
+    fn fail_all(&self) -> usize {
         let lost = self.pending.lock().expect("pending lock").take();
+        let count = lost.as_ref().map_or(0, HashMap::len);
         for (_, p) in lost.into_iter().flatten() {
             p.lose();
         }
+        count
     }
 }
 
@@ -546,7 +549,13 @@ async fn receive(remote: Arc<Remote>, lane: usize, s: Arc<Session>) {
         }
     }
     remote.lanes[lane].lose(&s);
-    s.fail_all();
+    let unanswered = s.fail_all();
+    if unanswered > 0 {
+        eprintln!(
+            "rblock connect: lane {lane}: {unanswered} request(s) got no answer; \
+             they go again once connected"
+        );
+    }
 }
 
 /// Keeps lane `lane` dialled: whenever it is down, dials with backoff

@@ -1,0 +1,75 @@
+//! What the NBD client tests share: running the clients, images, ports.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use test_support::{Scratch, pattern};
+
+pub const RBLOCK: &str = env!("CARGO_BIN_EXE_rblock");
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn run(cmd: &str, args: &[&str]) -> Output {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd} cannot run ({e}); scripts/setup installs it"))
+}
+
+pub fn ok(cmd: &str, args: &[&str]) -> String {
+    let out = run(cmd, args);
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A sparse image of `size` bytes (at least 2 MiB) with data only in its
+/// second MiB.
+pub fn image(t: &Scratch, size: u64) -> PathBuf {
+    assert!(size >= 2 << 20);
+    let p = t.path("disk.img");
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(size).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&pattern(1 << 20, 1), 1 << 20).unwrap();
+    p
+}
+
+pub fn files_equal(a: &Path, b: &Path) -> bool {
+    let (mut fa, mut fb) = (
+        std::fs::File::open(a).unwrap(),
+        std::fs::File::open(b).unwrap(),
+    );
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let na = fa.read(&mut ba).unwrap();
+        let mut nb = 0;
+        while nb < na {
+            let k = fb.read(&mut bb[nb..na]).unwrap();
+            if k == 0 {
+                return false;
+            }
+            nb += k;
+        }
+        if na == 0 {
+            return fb.read(&mut bb).unwrap() == 0;
+        }
+        if ba[..na] != bb[..na] {
+            return false;
+        }
+    }
+}
