@@ -267,7 +267,7 @@ async fn connect_cmd(a: ConnectArgs) -> anyhow::Result<()> {
     };
     let exports = vec![Export {
         info,
-        source: Source::Remote(remote),
+        source: Source::Remote(Arc::clone(&remote)),
     }];
     let mut listen = a.listen.clone();
     // nbd-client reaches us on a socket of our own.
@@ -317,6 +317,7 @@ async fn connect_cmd(a: ConnectArgs) -> anyhow::Result<()> {
         grace: Duration::from_secs(30),
     };
     let served = serve::run(exports, plan, stop).await;
+    remote.close().await;
     if let Some((dir, _)) = private {
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,8 @@ pub struct Remote {
     lanes: Vec<Lane>,
     next_lane: AtomicUsize,
     give_up: Duration,
+    /// Set by `close`: no more dialling.
+    closed: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -148,6 +150,7 @@ impl Remote {
             lanes: all,
             next_lane: AtomicUsize::new(0),
             give_up,
+            closed: AtomicBool::new(false),
         });
         for i in 0..remote.lanes.len() {
             if let Some(s) = remote.lanes[i].current.borrow().clone() {
@@ -169,6 +172,17 @@ impl Remote {
 
     pub fn lanes(&self) -> usize {
         self.lanes.len()
+    }
+
+    /// Says goodbye on every lane (the server then sees a clean end).
+    pub async fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        for l in &self.lanes {
+            let s = l.current.send_replace(None);
+            if let Some(s) = s {
+                let _ = tokio::time::timeout(Duration::from_secs(5), s.link.finish()).await;
+            }
+        }
     }
 
     /// The lane for the next local connection (round robin).
@@ -230,6 +244,11 @@ impl Remote {
         data: &[u8],
         fua: bool,
     ) -> std::io::Result<()> {
+        if data.is_empty() {
+            // Nothing to carry (and no piece to carry it in): only the
+            // durability asked for.
+            return if fua { self.flush(lane).await } else { Ok(()) };
+        }
         loop {
             let s = self.session(lane).await?;
             let (id, rx) = match s.enlist(None) {
@@ -531,6 +550,7 @@ async fn receive(remote: Arc<Remote>, lane: usize, s: Arc<Session>) {
     loop {
         let item = match s.link.recv().await {
             Ok(Some(item)) => item,
+            _ if remote.closed.load(Ordering::Relaxed) => break,
             Ok(None) => {
                 eprintln!(
                     "rblock connect: lane {lane}: the server closed the link; dialling again"
@@ -576,6 +596,9 @@ async fn redial(remote: std::sync::Weak<Remote>, lane: usize) {
         let mut said = None::<String>;
         loop {
             let Some(r) = remote.upgrade() else { return };
+            if r.closed.load(Ordering::Relaxed) {
+                return;
+            }
             match open_session(&r.target).await {
                 Ok((s, opened)) if opened == r.opened => {
                     eprintln!("rblock connect: lane {lane}: connected again");
