@@ -105,10 +105,14 @@ struct ConnectArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // The gateway only forwards: on one thread, a request crosses it
+    // without waking another (each wake-up costs more than the forwarding).
+    let mut builder = match (&cli.command, std::env::var_os("RBLOCK_THREADS")) {
+        (_, Some(v)) if v == "1" => tokio::runtime::Builder::new_current_thread(),
+        (Cmd::Connect(_), None) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rblock: cannot start: {e}");
