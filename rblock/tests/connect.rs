@@ -363,3 +363,116 @@ fn connect_says_clearly_what_is_wrong() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("HOST[:PORT]/NAME"));
 }
+
+/// A raw client of the fabric protocol: a link with the export opened.
+async fn open_raw(fabric: u16, export: &str) -> rfabric::link::Link {
+    use rblock::fabric::proto::{Msg, VERSION};
+    use rfabric::endpoint::{Transport, connect};
+    use rfabric::link::{Incoming, Link};
+    use rfabric::wire::Role;
+    let addr = format!("127.0.0.1:{fabric}").parse().unwrap();
+    let conn = connect(addr, Transport::Tcp).await.unwrap();
+    let config = rblock::fabric::link_config(Role::Client, &conn.limits());
+    let link = Link::establish(conn, config).await.unwrap();
+    let open = Msg::Open {
+        version: VERSION,
+        name: export.into(),
+    };
+    link.send_message(&open.encode()).await.unwrap();
+    match link.recv().await.unwrap() {
+        Some(Incoming::Message(m)) => {
+            assert!(matches!(Msg::decode(&m), Ok(Msg::Opened { .. })), "{m:?}");
+        }
+        other => panic!("no answer to the open: {other:?}"),
+    }
+    link
+}
+
+#[tokio::test]
+async fn the_server_checks_requests_and_cuts_off_a_peer_that_breaks_the_protocol() {
+    use rblock::fabric::proto::{Msg, write_tag};
+    use rblock::nbd::consts::cmd;
+    use rblock::nbd::transmission::Request;
+    use rfabric::link::{ChunkMeta, Incoming, LinkError};
+    use rfabric::memory::BufferPool;
+
+    let t = Scratch::new("gw-breach");
+    let img = image(&t, 4 << 20);
+    let fabric = free_port();
+    let _s = Serve::start(&img, fabric);
+
+    // A read past the end gets the NBD error, and the link goes on.
+    let link = open_raw(fabric, "disk").await;
+    let past = Request {
+        flags: 0,
+        kind: cmd::READ,
+        cookie: 1,
+        offset: 4 << 20,
+        length: 4096,
+    };
+    link.send_message(&Msg::Request(past).encode())
+        .await
+        .unwrap();
+    match link.recv().await.unwrap() {
+        Some(Incoming::Message(m)) => match Msg::decode(&m).unwrap() {
+            Msg::Reply { id: 1, error, .. } => assert_eq!(error, libc::EINVAL as u32),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+
+    // A write piece whose header names another request ends the link.
+    let pool = BufferPool::new(1, link.max_chunk()).unwrap();
+    let region = link.register(pool.memory()).unwrap();
+    let mut buf = pool.acquire().await;
+    buf.fill_from(&[7u8; 4096]);
+    let write = Request {
+        flags: 0,
+        kind: cmd::WRITE,
+        cookie: 5,
+        offset: 0,
+        length: 4096,
+    };
+    let meta = ChunkMeta {
+        stream: 6,
+        offset: 0,
+        flags: 0,
+        digest: write_tag(&write),
+    };
+    link.send_chunk(meta, &region, buf).await.unwrap();
+    let end = link.recv().await;
+    assert!(
+        matches!(&end, Err(LinkError::Peer { text, .. }) if text.contains("carries the header of 5")),
+        "{end:?}"
+    );
+
+    // Others are served as before, and the refused piece changed nothing.
+    let g = Gateway::start(&t, fabric, "disk", &[]);
+    let out = ok(
+        "qemu-io",
+        &["-f", "raw", &g.uri("disk"), "-c", "read -P 0 0 4096"],
+    );
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+}
+
+#[test]
+fn sigterm_stops_the_gateway_cleanly() {
+    let t = Scratch::new("gw-term");
+    let img = image(&t, 4 << 20);
+    let fabric = free_port();
+    let _s = Serve::start(&img, fabric);
+    let mut g = Gateway::start(&t, fabric, "disk", &["--connections", "2"]);
+    ok(
+        "qemu-io",
+        &["-f", "raw", &g.uri("disk"), "-c", "read 0 4096"],
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(g.child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = g.child.wait().unwrap();
+    assert!(status.success(), "{status}: {}", g.log());
+    assert!(!g.socket.exists(), "the socket file is removed");
+    assert!(!g.log().contains("dialling again"), "{}", g.log());
+}
