@@ -515,13 +515,16 @@ impl Session {
                     format!("an answer to request {id}, which is not in flight")
                 })?;
                 match (pending, answer) {
-                    // A read that worked with no data to carry.
+                    // A read that worked: only one with no data says so.
                     (
                         Pending::Read {
                             buf, target, reply, ..
                         },
-                        Answer::Done { error: 0, .. },
-                    ) if buf.len() == target => {
+                        Answer::Done { error: 0 },
+                    ) => {
+                        if buf.len() != target {
+                            bail!("request {id}: a read answered done before all its data came");
+                        }
                         let _ = reply.send(Answer::Data(buf));
                     }
                     (Pending::Read { reply, .. }, a @ Answer::Done { .. }) => drop(reply.send(a)),
