@@ -13,6 +13,7 @@
 
 pub mod attach;
 pub mod backend;
+pub mod cli;
 pub mod export;
 pub mod fabric;
 pub mod nbd;

@@ -7,101 +7,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
 use rblock::backend::Source;
-use rblock::export::ExportSpec;
+use rblock::cli::{Cli, Cmd, ConnectArgs, FABRIC_PORT, ServeArgs};
 use rblock::fabric::client::{Remote, Target};
 use rblock::nbd::consts::tflags;
 use rblock::nbd::handshake::ExportInfo;
 use rblock::serve::{self, Export, Listen, Plan};
 use rblock::storage::Storage;
-use rfabric::endpoint::{self, Listener, Transport};
-
-/// The port `rblock serve --listen` and `rblock connect` use by default.
-const FABRIC_PORT: u16 = 10810;
-
-/// Export block devices and files over NBD and over RDMA: `rblock serve`
-/// on the node with the storage, `rblock connect` on the node that uses
-/// it (the kernel's nbd-client, qemu or libnbd's tools talk to it there).
-#[derive(Parser, Debug)]
-#[command(name = "rblock", version)]
-struct Cli {
-    #[command(subcommand)]
-    command: Cmd,
-}
-
-#[derive(Subcommand, Debug)]
-enum Cmd {
-    /// Serve exports over NBD (TCP or a unix socket) and, with --listen,
-    /// to `rblock connect` over RDMA or tcp; until SIGTERM.
-    Serve(ServeArgs),
-    /// Reach an export of a remote `rblock serve` over RDMA (or tcp) and
-    /// offer it to local NBD clients; with --device, attach it as a kernel
-    /// block device. Until SIGTERM (which detaches the device first).
-    Connect(ConnectArgs),
-}
-
-#[derive(Args, Debug)]
-struct ServeArgs {
-    /// An export: NAME=PATH, or NAME=PATH,ro for read-only. PATH is a
-    /// regular file or a block device; its size is the export's size.
-    /// Repeat for more; the first one is also the default export (the
-    /// empty name).
-    #[arg(long = "export", required = true, value_name = "NAME=PATH[,ro]")]
-    exports: Vec<ExportSpec>,
-    /// Where NBD clients connect: ADDR:PORT or unix:PATH. Repeat for more.
-    #[arg(
-        long = "nbd-listen",
-        value_name = "ADDR:PORT|unix:PATH",
-        default_value = "127.0.0.1:10809"
-    )]
-    listen: Vec<Listen>,
-    /// Also serve `rblock connect` clients here (RDMA through rdma_cm
-    /// and tcp on the same port, see --transport). Port 10810 if left
-    /// out.
-    #[arg(long = "listen", value_name = "ADDR[:PORT]")]
-    fabric: Option<String>,
-    /// What --listen offers: rdma and tcp where an RDMA device has the
-    /// address (auto), or only one of them.
-    #[arg(long, value_enum, default_value_t = Transport::Auto)]
-    transport: Transport,
-    /// Connections served at once; more are refused.
-    #[arg(long, default_value_t = 256)]
-    max_connections: usize,
-}
-
-#[derive(Args, Debug)]
-struct ConnectArgs {
-    /// The export: HOST[:PORT]/NAME (port 10810 if left out; an IPv6
-    /// address in brackets).
-    #[arg(value_name = "HOST[:PORT]/NAME")]
-    target: String,
-    /// Where local NBD clients connect: ADDR:PORT or unix:PATH. Repeat for
-    /// more. Default: 127.0.0.1:10809, or only a private unix socket when
-    /// --device is given.
-    #[arg(long = "nbd-listen", value_name = "ADDR:PORT|unix:PATH")]
-    listen: Vec<Listen>,
-    /// Attach the export as this kernel block device (/dev/nbdX) with the
-    /// kernel's nbd-client, one kernel connection per lane.
-    #[arg(long, value_name = "/dev/nbdX")]
-    device: Option<PathBuf>,
-    /// Lanes to the server: one queue pair (or tcp connection) each. Local
-    /// NBD connections take turns on them.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
-    connections: u16,
-    /// rdma when an RDMA device routes to the server, else tcp (auto); or
-    /// only one of them.
-    #[arg(long, value_enum, default_value_t = Transport::Auto)]
-    transport: Transport,
-    /// When the server cannot be reached (restarting, network down),
-    /// requests wait this many seconds for it before they fail with an
-    /// I/O error.
-    #[arg(long, value_name = "SECS", default_value_t = 120)]
-    give_up_after: u64,
-    /// Local NBD connections served at once; more are refused.
-    #[arg(long, default_value_t = 256)]
-    max_connections: usize,
-}
+use rfabric::endpoint::{self, Listener};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -18,6 +18,7 @@
 #![deny(unsafe_code)]
 
 pub mod auth;
+pub mod cli;
 pub mod connect;
 pub mod digest;
 pub mod operand;

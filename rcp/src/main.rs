@@ -8,133 +8,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
+use rcp::cli::{Cli, Cmd, CopyArgs, ServeArgs, ServerOnceArgs, Tuning};
 use rcp::operand::Operand;
 use rcp::report::Progress;
 use rcp::session::{self, Params, Report, Request, ServeConfig, Served, Target};
 use rcp::{auth, digest, shell};
 use rfabric::endpoint::{self, Listener, Transport};
-
-/// Copy files between nodes over RDMA (or TCP), pipelined and verified end
-/// to end with SHA-256.
-///
-/// Operands are local paths, [user@]host:path (rcp is started on the far
-/// side through --rsh, as scp does), or rcp://host[:port]/path (a running
-/// `rcp serve`, which needs --secret-file). The last operand is the
-/// destination. Files appear under their final name only once complete,
-/// verified and synced to disk.
-#[derive(Parser, Debug)]
-#[command(name = "rcp", version, args_conflicts_with_subcommands = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Cmd>,
-    #[command(flatten)]
-    copy: CopyArgs,
-}
-
-#[derive(Subcommand, Debug)]
-enum Cmd {
-    /// Run the rcp daemon: serve copies to and from the given roots.
-    Serve(ServeArgs),
-    /// Internal: the far side of remote-shell mode (one session, then exit).
-    #[command(hide = true)]
-    ServerOnce(ServerOnceArgs),
-}
-
-#[derive(Args, Debug, Clone)]
-struct Tuning {
-    /// Bytes per chunk (suffixes K, M).
-    #[arg(long, default_value = "1M", value_parser = parse_size)]
-    chunk_size: usize,
-    /// Chunks in flight: landing slots of the receiver.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    window: u32,
-    /// Transport for the data: auto picks RDMA when a device routes to the
-    /// peer, else TCP.
-    #[arg(long, value_enum, default_value_t = Transport::Auto)]
-    transport: Transport,
-}
-
-#[derive(Args, Debug)]
-struct CopyArgs {
-    /// Sources, then the destination.
-    #[arg(value_name = "SRC... DEST", num_args = 2..)]
-    operands: Vec<String>,
-    /// Copy directories recursively (symlinks are copied as symlinks).
-    #[arg(short = 'r', long)]
-    recursive: bool,
-    /// Preserve modes and modification times.
-    #[arg(short = 'p', long)]
-    preserve: bool,
-    /// Skip the SHA-256 checks (faster; a corrupted chunk goes unnoticed).
-    #[arg(long)]
-    no_verify: bool,
-    /// Finish an interrupted copy: keep what reached the destination and
-    /// send only the chunks that are missing or differ (also updates an
-    /// existing destination file that way).
-    #[arg(long)]
-    resume: bool,
-    /// Remote shell for host:path operands.
-    #[arg(long, default_value = "ssh", value_name = "CMD")]
-    rsh: String,
-    /// Shared secret for rcp:// operands (a file readable only by you).
-    #[arg(long, value_name = "FILE")]
-    secret_file: Option<PathBuf>,
-    /// Print one JSON object with the results on stdout.
-    #[arg(long)]
-    json: bool,
-    /// Print nothing but errors.
-    #[arg(short, long)]
-    quiet: bool,
-    /// Connections (queue pairs) to stripe the data over; more than one
-    /// helps when a single connection is the bottleneck (one core per
-    /// connection on tcp, a NIC's per-QP limit on RDMA).
-    #[arg(long, default_value_t = 1, value_name = "N",
-          value_parser = clap::value_parser!(u32).range(1..=rcp::proto::MAX_STREAMS as i64))]
-    streams: u32,
-    #[command(flatten)]
-    tuning: Tuning,
-}
-
-#[derive(Args, Debug)]
-struct ServeArgs {
-    /// Address and port to listen on (TCP, and RDMA where a device has it).
-    #[arg(long, default_value = "127.0.0.1:7470")]
-    listen: SocketAddr,
-    /// A directory clients may read and write beneath; repeat for more.
-    #[arg(long = "root", required = true, value_name = "DIR")]
-    roots: Vec<PathBuf>,
-    /// Shared secret clients must prove they know (mode 0600 or stricter).
-    #[arg(long, value_name = "FILE")]
-    secret_file: PathBuf,
-    /// Sessions served at once; more are refused.
-    #[arg(long, default_value_t = 64)]
-    max_clients: usize,
-    #[command(flatten)]
-    tuning: Tuning,
-}
-
-#[derive(Args, Debug)]
-struct ServerOnceArgs {
-    #[command(flatten)]
-    tuning: Tuning,
-}
-
-fn parse_size(s: &str) -> Result<usize, String> {
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    let n = num
-        .parse::<usize>()
-        .map_err(|e| format!("bad size {s:?}: {e}"))?
-        * mult;
-    if !(4096..=64 << 20).contains(&n) {
-        return Err(format!("{s}: chunk size must be between 4K and 64M"));
-    }
-    Ok(n)
-}
 
 fn params(t: &Tuning, recursive: bool, preserve: bool, verify: bool) -> Params {
     Params {

@@ -1,0 +1,97 @@
+//! The command line, as clap sees it: here in the library so that the man
+//! page and the shell completions are generated from the same definitions
+//! (`packaging/docgen`).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use rfabric::endpoint::Transport;
+
+use crate::export::ExportSpec;
+use crate::serve::Listen;
+
+/// The port `rblock serve --listen` and `rblock connect` use by default.
+pub const FABRIC_PORT: u16 = 10810;
+
+/// Export block devices and files over NBD and over RDMA: `rblock serve`
+/// on the node with the storage, `rblock connect` on the node that uses
+/// it (the kernel's nbd-client, qemu or libnbd's tools talk to it there).
+#[derive(Parser, Debug)]
+#[command(name = "rblock", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Serve exports over NBD (TCP or a unix socket) and, with --listen,
+    /// to `rblock connect` over RDMA or tcp; until SIGTERM.
+    Serve(ServeArgs),
+    /// Reach an export of a remote `rblock serve` over RDMA (or tcp) and
+    /// offer it to local NBD clients; with --device, attach it as a kernel
+    /// block device. Until SIGTERM (which detaches the device first).
+    Connect(ConnectArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// An export: NAME=PATH, or NAME=PATH,ro for read-only. PATH is a
+    /// regular file or a block device; its size is the export's size.
+    /// Repeat for more; the first one is also the default export (the
+    /// empty name).
+    #[arg(long = "export", required = true, value_name = "NAME=PATH[,ro]")]
+    pub exports: Vec<ExportSpec>,
+    /// Where NBD clients connect: ADDR:PORT or unix:PATH. Repeat for more.
+    #[arg(
+        long = "nbd-listen",
+        value_name = "ADDR:PORT|unix:PATH",
+        default_value = "127.0.0.1:10809"
+    )]
+    pub listen: Vec<Listen>,
+    /// Also serve `rblock connect` clients here (RDMA through rdma_cm
+    /// and tcp on the same port, see --transport). Port 10810 if left
+    /// out.
+    #[arg(long = "listen", value_name = "ADDR[:PORT]")]
+    pub fabric: Option<String>,
+    /// What --listen offers: rdma and tcp where an RDMA device has the
+    /// address (auto), or only one of them.
+    #[arg(long, value_enum, default_value_t = Transport::Auto)]
+    pub transport: Transport,
+    /// Connections served at once; more are refused.
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct ConnectArgs {
+    /// The export: HOST[:PORT]/NAME (port 10810 if left out; an IPv6
+    /// address in brackets).
+    #[arg(value_name = "HOST[:PORT]/NAME")]
+    pub target: String,
+    /// Where local NBD clients connect: ADDR:PORT or unix:PATH. Repeat for
+    /// more. Default: 127.0.0.1:10809, or only a private unix socket when
+    /// --device is given.
+    #[arg(long = "nbd-listen", value_name = "ADDR:PORT|unix:PATH")]
+    pub listen: Vec<Listen>,
+    /// Attach the export as this kernel block device (/dev/nbdX) with the
+    /// kernel's nbd-client, one kernel connection per lane.
+    #[arg(long, value_name = "/dev/nbdX")]
+    pub device: Option<PathBuf>,
+    /// Lanes to the server: one queue pair (or tcp connection) each. Local
+    /// NBD connections take turns on them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub connections: u16,
+    /// rdma when an RDMA device routes to the server, else tcp (auto); or
+    /// only one of them.
+    #[arg(long, value_enum, default_value_t = Transport::Auto)]
+    pub transport: Transport,
+    /// When the server cannot be reached (restarting, network down),
+    /// requests wait this many seconds for it before they fail with an
+    /// I/O error.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub give_up_after: u64,
+    /// Local NBD connections served at once; more are refused.
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: usize,
+}

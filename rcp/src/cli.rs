@@ -1,0 +1,130 @@
+//! The command line, as clap sees it: here in the library so that the man
+//! page and the shell completions are generated from the same definitions
+//! (`packaging/docgen`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use rfabric::endpoint::Transport;
+
+/// Copy files between nodes over RDMA (or TCP), pipelined and verified end
+/// to end with SHA-256.
+///
+/// Operands are local paths, [user@]host:path (rcp is started on the far
+/// side through --rsh, as scp does), or rcp://host[:port]/path (a running
+/// `rcp serve`, which needs --secret-file). The last operand is the
+/// destination. Files appear under their final name only once complete,
+/// verified and synced to disk.
+#[derive(Parser, Debug)]
+#[command(name = "rcp", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Cmd>,
+    #[command(flatten)]
+    pub copy: CopyArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Run the rcp daemon: serve copies to and from the given roots.
+    Serve(ServeArgs),
+    /// Internal: the far side of remote-shell mode (one session, then exit).
+    #[command(hide = true)]
+    ServerOnce(ServerOnceArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Tuning {
+    /// Bytes per chunk (suffixes K, M).
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    pub chunk_size: usize,
+    /// Chunks in flight: landing slots of the receiver.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub window: u32,
+    /// Transport for the data: auto picks RDMA when a device routes to the
+    /// peer, else TCP.
+    #[arg(long, value_enum, default_value_t = Transport::Auto)]
+    pub transport: Transport,
+}
+
+#[derive(Args, Debug)]
+pub struct CopyArgs {
+    /// Sources, then the destination.
+    #[arg(value_name = "SRC... DEST", num_args = 2..)]
+    pub operands: Vec<String>,
+    /// Copy directories recursively (symlinks are copied as symlinks).
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+    /// Preserve modes and modification times.
+    #[arg(short = 'p', long)]
+    pub preserve: bool,
+    /// Skip the SHA-256 checks (faster; a corrupted chunk goes unnoticed).
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Finish an interrupted copy: keep what reached the destination and
+    /// send only the chunks that are missing or differ (also updates an
+    /// existing destination file that way).
+    #[arg(long)]
+    pub resume: bool,
+    /// Remote shell for host:path operands.
+    #[arg(long, default_value = "ssh", value_name = "CMD")]
+    pub rsh: String,
+    /// Shared secret for rcp:// operands (a file readable only by you).
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+    /// Print one JSON object with the results on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Print nothing but errors.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Connections (queue pairs) to stripe the data over; more than one
+    /// helps when a single connection is the bottleneck (one core per
+    /// connection on tcp, a NIC's per-QP limit on RDMA).
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=crate::proto::MAX_STREAMS as i64))]
+    pub streams: u32,
+    #[command(flatten)]
+    pub tuning: Tuning,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address and port to listen on (TCP, and RDMA where a device has it).
+    #[arg(long, default_value = "127.0.0.1:7470")]
+    pub listen: SocketAddr,
+    /// A directory clients may read and write beneath; repeat for more.
+    #[arg(long = "root", required = true, value_name = "DIR")]
+    pub roots: Vec<PathBuf>,
+    /// Shared secret clients must prove they know (mode 0600 or stricter).
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: PathBuf,
+    /// Sessions served at once; more are refused.
+    #[arg(long, default_value_t = 64)]
+    pub max_clients: usize,
+    #[command(flatten)]
+    pub tuning: Tuning,
+}
+
+#[derive(Args, Debug)]
+pub struct ServerOnceArgs {
+    #[command(flatten)]
+    pub tuning: Tuning,
+}
+
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    let n = num
+        .parse::<usize>()
+        .map_err(|e| format!("bad size {s:?}: {e}"))?
+        * mult;
+    if !(4096..=64 << 20).contains(&n) {
+        return Err(format!("{s}: chunk size must be between 4K and 64M"));
+    }
+    Ok(n)
+}
