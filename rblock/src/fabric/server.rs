@@ -28,6 +28,9 @@ use crate::storage::{Storage, wire_errno};
 const OPEN_TIME: Duration = Duration::from_secs(60);
 /// Requests carried out at once per link.
 const MAX_IN_FLIGHT: usize = 256;
+/// Writes whose pieces are still coming, per link at most: a client's
+/// slots bound the data in flight, this bounds the bookkeeping.
+const MAX_OPEN_WRITES: usize = 4096;
 
 /// Serves one client link from its hello to its goodbye (or failure).
 pub async fn serve_link(
@@ -80,7 +83,13 @@ pub async fn serve_link(
         }
         let item = tokio::select! {
             item = link.recv() => item,
-            _ = shutdown.changed() => continue,
+            changed = shutdown.changed() => {
+                // (The sender gone means the server is going away.)
+                if changed.is_err() {
+                    break Ok(());
+                }
+                continue;
+            }
         };
         let item = match item {
             Ok(Some(item)) => item,
@@ -230,6 +239,9 @@ impl Serving {
         len: u64,
     ) -> anyhow::Result<Arc<Mutex<WriteProgress>>> {
         let mut writes = self.writes.lock().expect("writes lock");
+        if writes.len() >= MAX_OPEN_WRITES && !writes.contains_key(&req.cookie) {
+            bail!("more than {MAX_OPEN_WRITES} writes begun and not finished");
+        }
         let p = writes.entry(req.cookie).or_insert_with(|| {
             Arc::new(Mutex::new(WriteProgress {
                 length: u64::from(req.length),
