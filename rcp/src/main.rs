@@ -297,11 +297,13 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             }
         };
         let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-            eprintln!(
-                "rcp serve: refusing a client: {} sessions already",
+            let reason = format!(
+                "busy: {} connections already (--max-clients)",
                 a.max_clients
             );
-            drop(conn);
+            eprintln!("rcp serve: refusing a client: {reason}");
+            let config = Arc::clone(&config);
+            tokio::spawn(async move { session::refuse(conn, &config, reason).await });
             continue;
         };
         let config = Arc::clone(&config);

@@ -122,6 +122,18 @@ async fn next_msg(link: &Link) -> anyhow::Result<Msg> {
     }
 }
 
+/// A client has this long for each step before its session begins (link
+/// set-up, the answer to the challenge, the request): one that stalls
+/// does not hold a place among `--max-clients` for ever.
+const SETUP_TIME: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The next message of the set-up, within [`SETUP_TIME`].
+async fn setup_msg(link: &Link) -> anyhow::Result<Msg> {
+    tokio::time::timeout(SETUP_TIME, next_msg(link))
+        .await
+        .with_context(|| format!("the client said nothing for {SETUP_TIME:?}"))?
+}
+
 /// Where the client connects.
 #[derive(Debug, Clone, Copy)]
 pub struct Target {
@@ -179,11 +191,10 @@ pub async fn client(
 
 /// Proves the secret to the server and checks the server's proof.
 async fn authenticate(link: &Link, secret: &[u8]) -> anyhow::Result<()> {
-    let Msg::Challenge {
-        nonce: server_nonce,
-    } = next_msg(link).await?
-    else {
-        bail!("the server did not start with a challenge");
+    let server_nonce = match next_msg(link).await? {
+        Msg::Challenge { nonce } => nonce,
+        Msg::Fail { reason } => bail!("refused by the server: {reason}"),
+        _ => bail!("the server did not start with a challenge"),
     };
     let nonce = auth::nonce();
     let mac = auth::client_proof(secret, &server_nonce, &nonce);
@@ -368,8 +379,9 @@ pub enum Served {
 pub async fn server(conn: Arc<dyn Connection>, config: &ServeConfig) -> anyhow::Result<Served> {
     let p = config.params;
     let shape = link_config(Role::Server, p.window, p.chunk, &conn.limits());
-    let link = Link::establish(conn, shape)
+    let link = tokio::time::timeout(SETUP_TIME, Link::establish(conn, shape))
         .await
+        .with_context(|| format!("no session set-up within {SETUP_TIME:?}"))?
         .context("session set-up failed")?;
     let mut links = vec![link.clone()];
     let result = server_session(&mut links, config).await;
@@ -384,6 +396,19 @@ pub async fn server(conn: Arc<dyn Connection>, config: &ServeConfig) -> anyhow::
     result
 }
 
+/// Turns a connection away with `reason` (the client sees it), within a
+/// few seconds whatever the client does.
+pub async fn refuse(conn: Arc<dyn Connection>, config: &ServeConfig, reason: String) {
+    let p = config.params;
+    let shape = link_config(Role::Server, p.window, p.chunk, &conn.limits());
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        let link = Link::establish(conn, shape).await?;
+        link.send_message(&Msg::Fail { reason }.encode()).await?;
+        link.finish().await
+    })
+    .await;
+}
+
 async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::Result<Served> {
     let link = links[0].clone();
     let nonce = auth::nonce();
@@ -392,7 +417,7 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
     let Msg::Auth {
         nonce: client_nonce,
         mac,
-    } = next_msg(&link).await?
+    } = setup_msg(&link).await?
     else {
         bail!("authentication failed: no answer to the challenge");
     };
@@ -403,7 +428,7 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
     link.send_message(&Msg::AuthOk { mac: proof }.encode())
         .await?;
     let progress = Progress::hidden();
-    let stats = match next_msg(&link).await? {
+    let stats = match setup_msg(&link).await? {
         Msg::Push {
             flags,
             streams,

@@ -109,3 +109,17 @@ async fn a_send_with_no_receive_posted_fails_after_the_rnr_wait() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_silent_peer_does_not_hold_up_the_next_one() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Connects and says nothing (no preface), and stays.
+    let _silent = TcpStream::connect(addr).await.unwrap();
+    let real = tokio::spawn(tcp::connect(addr));
+    let accepted = tokio::time::timeout(std::time::Duration::from_secs(5), listener.accept())
+        .await
+        .expect("the speaking peer is accepted while the silent one waits");
+    assert!(accepted.is_ok(), "{accepted:?}");
+    assert!(real.await.unwrap().is_ok());
+}

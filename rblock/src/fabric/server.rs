@@ -40,8 +40,9 @@ pub async fn serve_link(
 ) -> anyhow::Result<()> {
     let config = link_config(Role::Server, &conn.limits());
     let link = Arc::new(
-        Link::establish(conn, config)
+        tokio::time::timeout(OPEN_TIME, Link::establish(conn, config))
             .await
+            .context("the client did not set up the link in time")?
             .context("cannot set up the link")?,
     );
     let Some(export) = tokio::time::timeout(OPEN_TIME, open(&link, &exports))

@@ -61,27 +61,91 @@ const WRITE_BATCH: usize = 64;
 /// (finite here, so a peer that never posts one is noticed).
 const RNR_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Listens for tcp-backend connections.
+/// Listens for tcp-backend connections. Prefaces are exchanged off the
+/// accepting path, each within [`PREFACE_TIME`]: a peer that connects and
+/// says nothing delays nobody else.
 #[derive(Debug)]
 pub struct TcpListener {
-    inner: tokio::net::TcpListener,
+    local: SocketAddr,
+    ready: tokio::sync::Mutex<mpsc::Receiver<Result<TcpConnection, TransportError>>>,
+    acceptor: tokio::task::JoinHandle<()>,
 }
+
+/// A connecting peer has this long to send its preface.
+pub const PREFACE_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+/// Prefaces awaited at once; connections beyond are closed at once.
+const MAX_HANDSHAKES: usize = 1024;
 
 impl TcpListener {
     pub async fn bind(addr: impl ToSocketAddrs) -> Result<TcpListener, TransportError> {
+        let inner = tokio::net::TcpListener::bind(addr).await?;
+        let local = inner.local_addr()?;
+        let (tx, rx) = mpsc::channel(64);
+        let acceptor = tokio::spawn(accept_loop(inner, tx));
         Ok(TcpListener {
-            inner: tokio::net::TcpListener::bind(addr).await?,
+            local,
+            ready: tokio::sync::Mutex::new(rx),
+            acceptor,
         })
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr, TransportError> {
-        Ok(self.inner.local_addr()?)
+        Ok(self.local)
     }
 
-    /// Accepts one connection and exchanges the preface.
+    /// The next connection whose preface has been exchanged (or why one
+    /// failed to get there).
     pub async fn accept(&self) -> Result<TcpConnection, TransportError> {
-        let (stream, _) = self.inner.accept().await?;
-        TcpConnection::establish(stream, DEFAULT_LIMITS).await
+        self.ready
+            .lock()
+            .await
+            .recv()
+            .await
+            .unwrap_or_else(|| Err(TransportError::Closed("the listener stopped".into())))
+    }
+}
+
+impl Drop for TcpListener {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+    }
+}
+
+/// Accepts connections and exchanges each preface in a task of its own.
+async fn accept_loop(
+    inner: tokio::net::TcpListener,
+    ready: mpsc::Sender<Result<TcpConnection, TransportError>>,
+) {
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    loop {
+        let stream = match inner.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                if ready.send(Err(e.into())).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&handshakes).try_acquire_owned() else {
+            // Too many peers that have not said hello yet: this one goes.
+            continue;
+        };
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let r = tokio::time::timeout(
+                PREFACE_TIME,
+                TcpConnection::establish(stream, DEFAULT_LIMITS),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(TransportError::Protocol(format!(
+                    "no rfabric preface from the peer within {PREFACE_TIME:?}"
+                )))
+            });
+            drop(permit);
+            let _ = ready.send(r).await;
+        });
     }
 }
 
