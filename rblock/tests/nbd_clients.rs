@@ -341,19 +341,14 @@ fn fio_random_writes_verify_with_crc32c() {
     assert_eq!(job["read"]["io_bytes"], 32 << 20);
 }
 
-/// Speaks NBD by hand where no client will: an unknown command, and a DISC
-/// with requests still in flight.
-#[test]
-fn raw_requests_unknown_commands_and_disconnect() {
-    let t = Scratch::new("raw");
-    let img = image(&t, 4 << 20);
-    let s = Server::start(&t, &img);
-    let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+/// A raw connection through the handshake (fixed newstyle, no zeroes,
+/// EXPORT_NAME "disk"), checking the export's size on the way.
+fn raw_attach(port: u16) -> TcpStream {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut greeting = [0u8; 18];
     c.read_exact(&mut greeting).unwrap();
     assert_eq!(&greeting[..8], b"NBDMAGIC");
-    // Fixed newstyle, no zeroes; then EXPORT_NAME "disk".
     c.write_all(&3u32.to_be_bytes()).unwrap();
     let mut opt = b"IHAVEOPT".to_vec();
     opt.extend_from_slice(&1u32.to_be_bytes());
@@ -363,15 +358,82 @@ fn raw_requests_unknown_commands_and_disconnect() {
     let mut export = [0u8; 10];
     c.read_exact(&mut export).unwrap();
     assert_eq!(u64::from_be_bytes(export[..8].try_into().unwrap()), 4 << 20);
-    let request = |kind: u16, cookie: u64, offset: u64, len: u32| {
-        let mut r = 0x2560_9513u32.to_be_bytes().to_vec();
-        r.extend_from_slice(&0u16.to_be_bytes());
-        r.extend_from_slice(&kind.to_be_bytes());
-        r.extend_from_slice(&cookie.to_be_bytes());
-        r.extend_from_slice(&offset.to_be_bytes());
-        r.extend_from_slice(&len.to_be_bytes());
-        r
-    };
+    c
+}
+
+/// A request header as the wire has it.
+fn raw_request(kind: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
+    let mut r = 0x2560_9513u32.to_be_bytes().to_vec();
+    r.extend_from_slice(&0u16.to_be_bytes());
+    r.extend_from_slice(&kind.to_be_bytes());
+    r.extend_from_slice(&cookie.to_be_bytes());
+    r.extend_from_slice(&offset.to_be_bytes());
+    r.extend_from_slice(&len.to_be_bytes());
+    r
+}
+
+/// Everything the server still sends before it closes (it must close).
+fn rest_until_closed(c: &mut TcpStream) -> Vec<u8> {
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest)
+        .expect("the server closes the connection");
+    rest
+}
+
+/// Bad magic, a write beyond the largest payload, and requests after DISC
+/// each end their own connection, unanswered; a connection alongside is
+/// served throughout.
+#[test]
+fn malformed_requests_close_only_their_own_connection() {
+    let t = Scratch::new("malformed");
+    let img = image(&t, 4 << 20);
+    let s = Server::start(&t, &img);
+    let mut watcher = raw_attach(s.port);
+
+    let mut bad = raw_attach(s.port);
+    let mut header = raw_request(0, 1, 0, 4096);
+    header[..4].copy_from_slice(&0xdead_beefu32.to_be_bytes());
+    bad.write_all(&header).unwrap();
+    assert!(
+        rest_until_closed(&mut bad).is_empty(),
+        "bad magic is not answered"
+    );
+
+    let mut huge = raw_attach(s.port);
+    huge.write_all(&raw_request(1, 2, 0, 64 << 20)).unwrap();
+    assert!(
+        rest_until_closed(&mut huge).is_empty(),
+        "a 64 MiB write is not taken"
+    );
+
+    let mut late = raw_attach(s.port);
+    let mut after = raw_request(2, 3, 0, 0);
+    after.extend(raw_request(0, 4, 0, 4096));
+    late.write_all(&after).unwrap();
+    assert!(
+        rest_until_closed(&mut late).is_empty(),
+        "nothing after DISC is answered"
+    );
+
+    watcher
+        .write_all(&raw_request(0, 9, 1 << 20, 4096))
+        .unwrap();
+    let mut reply = [0u8; 16 + 4096];
+    watcher.read_exact(&mut reply).unwrap();
+    assert_eq!(u32::from_be_bytes(reply[4..8].try_into().unwrap()), 0);
+    assert_eq!(u64::from_be_bytes(reply[8..16].try_into().unwrap()), 9);
+    assert_eq!(&reply[16..], &pattern(1 << 20, 1)[..4096]);
+}
+
+/// Speaks NBD by hand where no client will: an unknown command, and a DISC
+/// with requests still in flight.
+#[test]
+fn raw_requests_unknown_commands_and_disconnect() {
+    let t = Scratch::new("raw");
+    let img = image(&t, 4 << 20);
+    let s = Server::start(&t, &img);
+    let mut c = raw_attach(s.port);
+    let request = raw_request;
     // Unknown command 42: EINVAL, and the connection goes on.
     c.write_all(&request(42, 1, 0, 512)).unwrap();
     let mut reply = [0u8; 16];
@@ -387,8 +449,7 @@ fn raw_requests_unknown_commands_and_disconnect() {
     burst.extend(request(0, 3, 0, 4096));
     burst.extend(request(2, 4, 0, 0));
     c.write_all(&burst).unwrap();
-    let mut rest = Vec::new();
-    c.read_to_end(&mut rest).unwrap();
+    let rest = rest_until_closed(&mut c);
     assert_eq!(rest.len(), 2 * (16 + 4096));
     let mut cookies: Vec<u64> = [0, 16 + 4096]
         .iter()

@@ -670,3 +670,115 @@ fn resume_after_the_receiver_is_killed_sends_less_and_ends_identical() {
     assert_eq!(v["bytes"], 0);
     assert_eq!(std::fs::read(root.join("big")).unwrap(), data);
 }
+
+/// A raw client of the daemon: a link, and the daemon's challenge.
+async fn raw_session(port: u16) -> (rfabric::link::Link, [u8; 32]) {
+    use rcp::proto::Msg;
+    use rfabric::endpoint::{Transport, connect};
+    use rfabric::link::{Incoming, Link};
+    use rfabric::wire::Role;
+    let conn = connect(format!("127.0.0.1:{port}").parse().unwrap(), Transport::Tcp)
+        .await
+        .unwrap();
+    let shape = rcp::connect::link_config(Role::Client, 16, 1 << 20, &conn.limits());
+    let link = Link::establish(conn, shape).await.unwrap();
+    let Some(Incoming::Message(m)) = link.recv().await.unwrap() else {
+        panic!("no challenge");
+    };
+    let Msg::Challenge { nonce } = Msg::decode(&m).unwrap() else {
+        panic!("not a challenge: {m:?}");
+    };
+    (link, nonce)
+}
+
+async fn answer(link: &rfabric::link::Link) -> rcp::proto::Msg {
+    use rfabric::link::Incoming;
+    let Some(Incoming::Message(m)) = link.recv().await.unwrap() else {
+        panic!("no answer");
+    };
+    rcp::proto::Msg::decode(&m).unwrap()
+}
+
+#[tokio::test]
+async fn a_replayed_answer_to_an_old_challenge_is_refused() {
+    use rcp::proto::Msg;
+    let t = Scratch::new("replay");
+    let root = t.path("root");
+    std::fs::create_dir(&root).unwrap();
+    let key = secret(&t, "key");
+    let d = Daemon::start(&[&root], &key);
+    let secret = rcp::auth::read_secret(&key).unwrap();
+    // An honest session, overheard.
+    let (first, server_nonce) = raw_session(d.port).await;
+    let client_nonce = [7u8; 32];
+    let mac = rcp::auth::client_proof(&secret, &server_nonce, &client_nonce);
+    let heard = Msg::Auth {
+        nonce: client_nonce,
+        mac,
+    };
+    first.send_message(&heard.encode()).await.unwrap();
+    assert!(matches!(answer(&first).await, Msg::AuthOk { .. }));
+    first.abort("done");
+    // The same answer, replayed to a fresh challenge.
+    let (second, fresh) = raw_session(d.port).await;
+    assert_ne!(fresh, server_nonce, "every challenge is new");
+    second.send_message(&heard.encode()).await.unwrap();
+    match answer(&second).await {
+        Msg::Fail { reason } => assert!(reason.contains("authentication failed"), "{reason}"),
+        other => panic!("a replayed answer was taken: {other:?}"),
+    }
+}
+
+#[test]
+fn a_destination_swapped_for_a_symlink_mid_copy_writes_nothing_outside() {
+    let t = Scratch::new("swap");
+    let root = t.path("root");
+    let outside = t.path("outside");
+    std::fs::create_dir_all(root.join("dst")).unwrap();
+    std::fs::create_dir(&outside).unwrap();
+    let src = t.path("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..300 {
+        std::fs::write(src.join(format!("f{i}")), pattern(16 << 10, i)).unwrap();
+    }
+    let key = secret(&t, "key");
+    let d = Daemon::start(&[&root], &key);
+    let client = Command::new(RCP)
+        .args(["-q", "-r", "--chunk-size", "4K", "--window", "1"])
+        .args(["--secret-file", s(&key), s(&src), &d.url(&root.join("dst"))])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // Mid-copy, the destination directory becomes a symlink out of the root.
+    std::fs::rename(root.join("dst"), root.join("moved")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("dst")).unwrap();
+    let _ = client.wait_with_output().unwrap();
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "the copy followed the swapped symlink out of the root"
+    );
+}
+
+#[test]
+fn an_over_long_destination_is_refused_and_the_daemon_goes_on() {
+    let t = Scratch::new("long");
+    let root = t.path("root");
+    std::fs::create_dir(&root).unwrap();
+    let key = secret(&t, "key");
+    let d = Daemon::start(&[&root], &key);
+    std::fs::write(t.path("f"), b"payload").unwrap();
+    let long = root.join("x".repeat(300)).join("y".repeat(5000));
+    let out = rcp(&["--secret-file", s(&key), s(&t.path("f")), &d.url(&long)]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rcp:"), "a clear error: {err}");
+    ok(&rcp(&[
+        "--secret-file",
+        s(&key),
+        s(&t.path("f")),
+        &d.url(&root.join("f")),
+    ]));
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), b"payload");
+}
