@@ -700,7 +700,7 @@ async fn answer(link: &rfabric::link::Link) -> rcp::proto::Msg {
 }
 
 #[tokio::test]
-async fn a_replayed_answer_to_an_old_challenge_is_refused() {
+async fn unauthenticated_and_replayed_answers_are_refused() {
     use rcp::proto::Msg;
     let t = Scratch::new("replay");
     let root = t.path("root");
@@ -719,6 +719,20 @@ async fn a_replayed_answer_to_an_old_challenge_is_refused() {
     first.send_message(&heard.encode()).await.unwrap();
     assert!(matches!(answer(&first).await, Msg::AuthOk { .. }));
     first.abort("done");
+    // A request with no answer to the challenge at all.
+    let (bold, _) = raw_session(d.port).await;
+    let push = Msg::Push {
+        flags: 0,
+        streams: 1,
+        sources: 1,
+        dest: root.join("planted").into_os_string().into_encoded_bytes(),
+    };
+    bold.send_message(&push.encode()).await.unwrap();
+    match answer(&bold).await {
+        Msg::Fail { reason } => assert!(reason.contains("authentication failed"), "{reason}"),
+        other => panic!("an unauthenticated request was taken: {other:?}"),
+    }
+    assert!(!root.join("planted").exists());
     // The same answer, replayed to a fresh challenge.
     let (second, fresh) = raw_session(d.port).await;
     assert_ne!(fresh, server_nonce, "every challenge is new");
