@@ -105,14 +105,15 @@ pub async fn run(
     let slots = Arc::new(Semaphore::new(max_connections));
     let (conn_tx, mut conn_rx) = mpsc::channel::<()>(1);
     let mut acceptors = Vec::new();
+    let accepting = || Accepting {
+        who,
+        exports: Arc::clone(&exports),
+        shutdown: shutdown.clone(),
+        slots: Arc::clone(&slots),
+        alive: conn_tx.clone(),
+    };
     for l in &listen {
-        let ctx = Accepting {
-            who,
-            exports: Arc::clone(&exports),
-            shutdown: shutdown.clone(),
-            slots: Arc::clone(&slots),
-            alive: conn_tx.clone(),
-        };
+        let ctx = accepting();
         match l {
             Listen::Tcp(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)
@@ -148,13 +149,7 @@ pub async fn run(
         }
     }
     if let Some(fabric) = fabric {
-        let ctx = Accepting {
-            who,
-            exports: Arc::clone(&exports),
-            shutdown: shutdown.clone(),
-            slots: Arc::clone(&slots),
-            alive: conn_tx.clone(),
-        };
+        let ctx = accepting();
         acceptors.push(tokio::spawn(async move {
             loop {
                 match fabric.accept().await {

@@ -231,7 +231,7 @@ impl Remote {
                     self.lost(lane, &s);
                 }
                 Ok(other) => return (Vec::new(), Err(confused(&other))),
-                Err(_) => unreachable!("every pending request is answered"),
+                Err(_) => return (Vec::new(), Err(dropped())),
             }
         }
     }
@@ -287,7 +287,7 @@ impl Remote {
                 Ok(Answer::Done { error }) => return Err(as_io(error)),
                 Ok(Answer::Lost(_)) => self.lost(lane, &s),
                 Ok(other) => return Err(confused(&other)),
-                Err(_) => unreachable!("every pending request is answered"),
+                Err(_) => return Err(dropped()),
             }
         }
     }
@@ -321,7 +321,7 @@ impl Remote {
             match rx.await {
                 Ok(Answer::Lost(_)) => self.lost(lane, &s),
                 Ok(answer) => return Ok(answer),
-                Err(_) => unreachable!("every pending request is answered"),
+                Err(_) => return Err(dropped()),
             }
         }
     }
@@ -685,6 +685,12 @@ async fn open_session(t: &Target) -> anyhow::Result<(Arc<Session>, Opened)> {
 /// An NBD error number as an I/O error (they are Linux's numbers).
 fn as_io(error: u32) -> std::io::Error {
     std::io::Error::from_raw_os_error(error as i32)
+}
+
+/// A request whose answer can no longer come (every pending request is
+/// answered or handed back when its link ends, so this means a bug).
+fn dropped() -> std::io::Error {
+    std::io::Error::other("the request was dropped without an answer")
 }
 
 fn confused(a: &Answer) -> std::io::Error {
