@@ -17,42 +17,22 @@ pub async fn attach(
     connections: u16,
     timeout: u64,
 ) -> anyhow::Result<()> {
-    let out = Command::new("nbd-client")
-        .arg("-unix")
+    let mut cmd = Command::new("nbd-client");
+    cmd.arg("-unix")
         .arg(sock)
         .arg(device)
         .args(["-N", name])
         .args(["-C", &connections.to_string()])
         .args(["-b", "4096"])
-        .args(["-t", &timeout.to_string()])
-        .output()
-        .await
-        .context("cannot run nbd-client (is the nbd package installed?)")?;
-    if !out.status.success() {
-        bail!(
-            "nbd-client could not attach {}: {}",
-            device.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+        .args(["-t", &timeout.to_string()]);
+    nbd_client(cmd, "attach", device).await
 }
 
 /// Detaches `device` and waits until the kernel has let it go.
 pub async fn detach(device: &Path) -> anyhow::Result<()> {
-    let out = Command::new("nbd-client")
-        .arg("-d")
-        .arg(device)
-        .output()
-        .await
-        .context("cannot run nbd-client")?;
-    if !out.status.success() {
-        bail!(
-            "nbd-client could not detach {}: {}",
-            device.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    let mut cmd = Command::new("nbd-client");
+    cmd.arg("-d").arg(device);
+    nbd_client(cmd, "detach", device).await?;
     // The kernel finishes the disconnect after nbd-client returns; its
     // pid file goes when it has.
     let Some(dev) = device.file_name() else {
@@ -69,4 +49,20 @@ pub async fn detach(device: &Path) -> anyhow::Result<()> {
         "{} is still attached 10 s after the detach",
         device.display()
     )
+}
+
+/// Runs `cmd` (an nbd-client) to `what` `device`; its stderr says why not.
+async fn nbd_client(mut cmd: Command, what: &str, device: &Path) -> anyhow::Result<()> {
+    let out = cmd
+        .output()
+        .await
+        .context("cannot run nbd-client (is the nbd package installed?)")?;
+    if !out.status.success() {
+        bail!(
+            "nbd-client could not {what} {}: {}",
+            device.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }

@@ -202,47 +202,49 @@ struct Accepting {
 impl Accepting {
     /// A client of rblock's fabric protocol (`rblock connect`).
     fn start_link(&self, conn: Arc<dyn rfabric::transport::Connection>) {
-        let who = self.who;
-        let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
-            eprintln!("{who}: refusing a fabric connection: too many open");
-            conn.close();
-            return;
-        };
-        let (exports, shutdown, alive) = (
-            Arc::clone(&self.exports),
-            self.shutdown.clone(),
-            self.alive.clone(),
-        );
-        tokio::spawn(async move {
-            if let Err(e) = crate::fabric::server::serve_link(conn, exports, shutdown).await {
-                eprintln!("{who}: fabric link ended: {e:#}");
-            }
-            drop(permit);
-            drop(alive);
+        let closer = Arc::clone(&conn);
+        let admitted = self.admit("fabric connection", move |exports, shutdown| {
+            crate::fabric::server::serve_link(conn, exports, shutdown)
         });
+        if !admitted {
+            closer.close();
+        }
     }
 
     fn start<S>(&self, stream: S)
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
+        self.admit("connection", move |exports, shutdown| {
+            connection(stream, exports, shutdown)
+        });
+    }
+
+    /// Serves one `what` (made by `serve`) in a task of its own while it
+    /// holds a place among the connections; false when all are taken.
+    fn admit<F>(
+        &self,
+        what: &'static str,
+        serve: impl FnOnce(Arc<[Export]>, watch::Receiver<bool>) -> F,
+    ) -> bool
+    where
+        F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
         let who = self.who;
         let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
-            eprintln!("{who}: refusing a connection: too many open");
-            return;
+            eprintln!("{who}: refusing a {what}: too many open");
+            return false;
         };
-        let (exports, shutdown, alive) = (
-            Arc::clone(&self.exports),
-            self.shutdown.clone(),
-            self.alive.clone(),
-        );
+        let served = serve(Arc::clone(&self.exports), self.shutdown.clone());
+        let alive = self.alive.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, exports, shutdown).await {
-                eprintln!("{who}: connection ended: {e:#}");
+            if let Err(e) = served.await {
+                eprintln!("{who}: {what} ended: {e:#}");
             }
             drop(permit);
             drop(alive);
         });
+        true
     }
 }
 

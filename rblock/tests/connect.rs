@@ -13,7 +13,7 @@ use test_support::{Scratch, pattern};
 
 mod common;
 
-use common::{RBLOCK, files_equal, free_port, image, ok, run};
+use common::{RBLOCK, files_equal, fio_verify, free_port, image, ok, run};
 
 /// `rblock serve` with `disk` and a read-only `ro` of one image, for the
 /// fabric on `fabric` (tcp). Killed on drop.
@@ -234,33 +234,6 @@ fn qemu_io_patterns_across_pieces_and_qemu_img_compare() {
     );
 }
 
-fn fio_verify(uri: &str, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec![
-        "--name=verify".to_string(),
-        "--ioengine=nbd".to_string(),
-        format!("--uri={uri}"),
-        "--rw=randwrite".to_string(),
-        "--bs=4k".to_string(),
-        "--size=16m".to_string(),
-        "--iodepth=16".to_string(),
-        "--verify=crc32c".to_string(),
-        "--do_verify=1".to_string(),
-        "--verify_fatal=1".to_string(),
-        "--verify_state_save=0".to_string(),
-        "--output-format=json".to_string(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let out = Command::new("fio").args(&args).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "fio failed: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let start = text.find('{').expect("fio json");
-    serde_json::from_str(&text[start..]).unwrap()
-}
-
 #[test]
 fn fio_random_writes_through_the_gateway_verify() {
     let t = Scratch::new("gw-fio");
@@ -268,7 +241,7 @@ fn fio_random_writes_through_the_gateway_verify() {
     let fabric = free_port();
     let _s = Serve::start(&img, fabric);
     let g = Gateway::start(&t, fabric, "disk", &["--connections", "2"]);
-    let v = fio_verify(&g.uri("disk"), &[]);
+    let v = fio_verify(&g.uri("disk"), 16, 16, &[]);
     let job = &v["jobs"][0];
     assert_eq!(job["error"], 0);
     assert_eq!(job["write"]["io_bytes"], 16 << 20);
@@ -284,7 +257,7 @@ fn a_server_restart_is_ridden_out_and_nothing_is_lost() {
     let g = Gateway::start(&t, fabric, "disk", &["--connections", "2"]);
     let uri = g.uri("disk");
     // A verify job slowed down so that it is mid-way when the server dies.
-    let job = std::thread::spawn(move || fio_verify(&uri, &["--rate=4m"]));
+    let job = std::thread::spawn(move || fio_verify(&uri, 16, 16, &["--rate=4m"]));
     std::thread::sleep(Duration::from_millis(1500));
     let _ = s.child.kill();
     let _ = s.child.wait();

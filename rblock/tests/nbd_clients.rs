@@ -12,7 +12,7 @@ use test_support::{Scratch, pattern};
 
 mod common;
 
-use common::{RBLOCK, files_equal, free_port, image, ok, run};
+use common::{RBLOCK, files_equal, fio_verify, free_port, image, ok, run};
 
 /// `rblock serve` with two exports of one scratch image: `disk` (read-write,
 /// the default) and `ro`; on a TCP port and a unix socket. Killed on drop.
@@ -313,27 +313,7 @@ fn fio_random_writes_verify_with_crc32c() {
     let t = Scratch::new("fio");
     let img = image(&t, 64 << 20);
     let s = Server::start(&t, &img);
-    let uri = s.uri("disk");
-    let out = ok(
-        "fio",
-        &[
-            "--name=verify",
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
-            "--rw=randwrite",
-            "--bs=4k",
-            "--size=32m",
-            "--iodepth=32",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            // No state file left in the working directory.
-            "--verify_state_save=0",
-            "--output-format=json",
-        ],
-    );
-    let start = out.find('{').expect("fio json");
-    let v: serde_json::Value = serde_json::from_str(&out[start..]).unwrap();
+    let v = fio_verify(&s.uri("disk"), 32, 32, &[]);
     let job = &v["jobs"][0];
     assert_eq!(job["error"], 0);
     assert_eq!(job["write"]["io_bytes"], 32 << 20);

@@ -249,50 +249,15 @@ impl Remote {
             // durability asked for.
             return if fua { self.flush(lane).await } else { Ok(()) };
         }
-        loop {
-            let s = self.session(lane).await?;
-            let (id, rx) = match s.enlist(None) {
-                Ok(x) => x,
-                Err(_) => {
-                    self.lost(lane, &s);
-                    continue;
-                }
-            };
-            let req = Request {
-                flags: if fua { cflags::FUA } else { 0 },
-                kind: cmd::WRITE,
-                cookie: id,
-                offset,
-                length: data.len() as u32,
-            };
-            let tag = write_tag(&req);
-            let piece = s.link.max_chunk();
-            for (i, part) in data.chunks(piece).enumerate() {
-                let mut buf = s.pool.acquire().await;
-                buf.fill_from(part);
-                let last = (i + 1) * piece >= data.len();
-                let meta = ChunkMeta {
-                    stream: id,
-                    offset: (i * piece) as u64,
-                    flags: if last { chunk_flags::END_OF_STREAM } else { 0 },
-                    digest: tag,
-                };
-                if s.link.send_chunk(meta, &s.region, buf).await.is_err() {
-                    // The link is down: the answer below says so.
-                    break;
-                }
-            }
-            match rx.await {
-                Ok(Answer::Done { error: 0, .. }) => return Ok(()),
-                Ok(Answer::Done { error }) => return Err(as_io(error)),
-                Ok(Answer::Lost(_)) => self.lost(lane, &s),
-                Ok(other) => return Err(confused(&other)),
-                Err(_) => return Err(dropped()),
-            }
-        }
+        let flags = if fua { cflags::FUA } else { 0 };
+        let length = data.len() as u32;
+        self.simple(lane, cmd::WRITE, flags, offset, length, data)
+            .await
+            .map_err(as_io)
     }
 
-    /// Any request other than READ and WRITE; its answer.
+    /// Any request but READ (a WRITE carries `payload`, the others none);
+    /// its answer, asked again on the next link until one comes.
     async fn call(
         &self,
         lane: usize,
@@ -300,6 +265,7 @@ impl Remote {
         flags: u16,
         offset: u64,
         length: u32,
+        payload: &[u8],
     ) -> std::io::Result<Answer> {
         loop {
             let s = self.session(lane).await?;
@@ -317,7 +283,12 @@ impl Remote {
                 offset,
                 length,
             };
-            let _ = s.link.send_message(&Msg::Request(req).encode()).await;
+            // A failed send means the link is down: the answer says so.
+            if kind == cmd::WRITE {
+                s.send_write(&req, payload).await;
+            } else {
+                let _ = s.link.send_message(&Msg::Request(req).encode()).await;
+            }
             match rx.await {
                 Ok(Answer::Lost(_)) => self.lost(lane, &s),
                 Ok(answer) => return Ok(answer),
@@ -334,8 +305,9 @@ impl Remote {
         flags: u16,
         offset: u64,
         length: u32,
+        payload: &[u8],
     ) -> Result<(), u32> {
-        match self.call(lane, kind, flags, offset, length).await {
+        match self.call(lane, kind, flags, offset, length, payload).await {
             Ok(Answer::Done { error: 0, .. }) => Ok(()),
             Ok(Answer::Done { error, .. }) => Err(error),
             Ok(_) | Err(_) => Err(errno::EIO),
@@ -343,25 +315,27 @@ impl Remote {
     }
 
     pub async fn flush(&self, lane: usize) -> std::io::Result<()> {
-        self.simple(lane, cmd::FLUSH, 0, 0, 0).await.map_err(as_io)
+        self.simple(lane, cmd::FLUSH, 0, 0, 0, &[])
+            .await
+            .map_err(as_io)
     }
 
     pub async fn trim(&self, lane: usize, offset: u64, len: u32, fua: bool) -> std::io::Result<()> {
         let flags = if fua { cflags::FUA } else { 0 };
-        self.simple(lane, cmd::TRIM, flags, offset, len)
+        self.simple(lane, cmd::TRIM, flags, offset, len, &[])
             .await
             .map_err(as_io)
     }
 
     pub async fn cache(&self, lane: usize, offset: u64, len: u32) -> std::io::Result<()> {
-        self.simple(lane, cmd::CACHE, 0, offset, len)
+        self.simple(lane, cmd::CACHE, 0, offset, len, &[])
             .await
             .map_err(as_io)
     }
 
     /// WRITE_ZEROES; `Err` carries the NBD error number.
     pub async fn zero(&self, lane: usize, offset: u64, len: u32, flags: u16) -> Result<(), u32> {
-        self.simple(lane, cmd::WRITE_ZEROES, flags, offset, len)
+        self.simple(lane, cmd::WRITE_ZEROES, flags, offset, len, &[])
             .await
     }
 
@@ -373,7 +347,7 @@ impl Remote {
         flags: u16,
     ) -> std::io::Result<Vec<Extent>> {
         match self
-            .call(lane, cmd::BLOCK_STATUS, flags, offset, len)
+            .call(lane, cmd::BLOCK_STATUS, flags, offset, len, &[])
             .await?
         {
             Answer::Extents(e) => Ok(e),
@@ -469,6 +443,28 @@ impl Session {
         };
         m.insert(id, pending);
         Ok((id, rx))
+    }
+
+    /// Sends a write's data in pieces into the server's slots, each
+    /// carrying the request; stops at the first failed send (the link is
+    /// down then).
+    async fn send_write(&self, req: &Request, data: &[u8]) {
+        let tag = write_tag(req);
+        let piece = self.link.max_chunk();
+        for (i, part) in data.chunks(piece).enumerate() {
+            let mut buf = self.pool.acquire().await;
+            buf.fill_from(part);
+            let last = (i + 1) * piece >= data.len();
+            let meta = ChunkMeta {
+                stream: req.cookie,
+                offset: (i * piece) as u64,
+                flags: if last { chunk_flags::END_OF_STREAM } else { 0 },
+                digest: tag,
+            };
+            if self.link.send_chunk(meta, &self.region, buf).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Hands an incoming item to the request it answers.

@@ -125,27 +125,21 @@ impl Msg {
 
     pub fn decode(b: &[u8]) -> Result<Msg, ProtoError> {
         let (&t, body) = b.split_first().ok_or(ProtoError::Empty)?;
+        // The body's length where `expected` bytes were due.
+        let wrong = |what, expected| ProtoError::Length {
+            what,
+            len: body.len(),
+            expected,
+        };
         let exact = |what, expected| {
-            if body.len() == expected {
-                Ok(())
-            } else {
-                Err(ProtoError::Length {
-                    what,
-                    len: body.len(),
-                    expected,
-                })
-            }
+            (body.len() == expected)
+                .then_some(())
+                .ok_or_else(|| wrong(what, expected))
         };
         let at_least = |what, expected| {
-            if body.len() >= expected {
-                Ok(())
-            } else {
-                Err(ProtoError::Length {
-                    what,
-                    len: body.len(),
-                    expected,
-                })
-            }
+            (body.len() >= expected)
+                .then_some(())
+                .ok_or_else(|| wrong(what, expected))
         };
         let text = |what, bytes: &[u8]| {
             String::from_utf8(bytes.to_vec()).map_err(|_| ProtoError::Text(what))
@@ -156,11 +150,7 @@ impl Msg {
             tag::OPEN => {
                 at_least("open", 2)?;
                 if body.len() - 2 > MAX_NAME {
-                    return Err(ProtoError::Length {
-                        what: "open",
-                        len: body.len(),
-                        expected: 2 + MAX_NAME,
-                    });
+                    return Err(wrong("open", 2 + MAX_NAME));
                 }
                 Msg::Open {
                     version: u16::from_le_bytes([body[0], body[1]]),
@@ -194,11 +184,7 @@ impl Msg {
             tag::EXTENTS => {
                 at_least("extents", 8)?;
                 if (body.len() - 8) % 8 != 0 {
-                    return Err(ProtoError::Length {
-                        what: "extents",
-                        len: body.len(),
-                        expected: 8 + (body.len() - 8) / 8 * 8,
-                    });
+                    return Err(wrong("extents", 8 + (body.len() - 8) / 8 * 8));
                 }
                 Msg::Extents {
                     id: u64_at(0),

@@ -73,3 +73,34 @@ pub fn files_equal(a: &Path, b: &Path) -> bool {
         }
     }
 }
+
+/// fio's nbd engine at `uri`: 4 KiB random writes over `size_mib` MiB at
+/// `iodepth` with crc32c verify headers, then the verify pass (fatal on
+/// the first mismatch); `extra` options after those. Its JSON report.
+pub fn fio_verify(uri: &str, size_mib: u32, iodepth: u32, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "--name=verify".to_string(),
+        "--ioengine=nbd".to_string(),
+        format!("--uri={uri}"),
+        "--rw=randwrite".to_string(),
+        "--bs=4k".to_string(),
+        format!("--size={size_mib}m"),
+        format!("--iodepth={iodepth}"),
+        "--verify=crc32c".to_string(),
+        "--do_verify=1".to_string(),
+        "--verify_fatal=1".to_string(),
+        // No state file left in the working directory.
+        "--verify_state_save=0".to_string(),
+        "--output-format=json".to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let out = Command::new("fio").args(&args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "fio failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let start = text.find('{').expect("fio json");
+    serde_json::from_str(&text[start..]).unwrap()
+}
