@@ -18,4 +18,5 @@ pub mod export;
 pub mod fabric;
 pub mod nbd;
 pub mod serve;
+pub mod socket;
 pub mod storage;

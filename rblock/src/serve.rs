@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use std::io::Cursor;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::{
-    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter, Chain,
 };
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
@@ -23,6 +24,7 @@ use crate::nbd::handshake::{ExportInfo, Handshake, MAX_PAYLOAD, Outcome};
 use crate::nbd::transmission::{
     Command, Limits, Request, block_status_reply, check, error_reply, ok_reply, read_reply_header,
 };
+use crate::socket::{Inbound, Outbound, Pipe, Stream};
 use crate::storage::{StartedRead, Storage, wire_errno};
 
 /// Requests in flight per connection at most.
@@ -125,7 +127,7 @@ pub async fn run(
                         match listener.accept().await {
                             Ok((s, _)) => {
                                 let _ = s.set_nodelay(true);
-                                ctx.start(s);
+                                ctx.start(Stream::Tcp(s));
                             }
                             Err(e) => eprintln!("{who}: accept failed: {e}"),
                         }
@@ -140,7 +142,7 @@ pub async fn run(
                 acceptors.push(tokio::spawn(async move {
                     loop {
                         match listener.accept().await {
-                            Ok((s, _)) => ctx.start(s),
+                            Ok((s, _)) => ctx.start(Stream::Unix(s)),
                             Err(e) => eprintln!("{who}: accept failed: {e}"),
                         }
                     }
@@ -211,10 +213,7 @@ impl Accepting {
         }
     }
 
-    fn start<S>(&self, stream: S)
-    where
-        S: AsyncRead + AsyncWrite + Send + 'static,
-    {
+    fn start(&self, stream: Stream) {
         self.admit("connection", move |exports, shutdown| {
             connection(stream, exports, shutdown)
         });
@@ -249,15 +248,12 @@ impl Accepting {
 }
 
 /// One client, from greeting to close.
-pub async fn connection<S>(
-    stream: S,
+pub async fn connection(
+    stream: Stream,
     exports: Arc<[Export]>,
     shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<()>
-where
-    S: AsyncRead + AsyncWrite + Send + 'static,
-{
-    let (mut rd, mut wr) = tokio::io::split(stream);
+) -> anyhow::Result<()> {
+    let (mut rd, mut wr) = stream.split();
     let infos = exports.iter().map(|e| e.info.clone()).collect();
     let mut hs = Handshake::new(infos);
     let mut buf = Vec::new();
@@ -332,18 +328,17 @@ impl Buffers {
     }
 }
 
-async fn transmission<R, W>(
+/// What the reader reads: what the handshake read ahead, then the socket.
+type Input = BufReader<Chain<Cursor<Vec<u8>>, Inbound>>;
+
+async fn transmission(
     pending: Vec<u8>,
-    rd: R,
-    wr: W,
+    rd: Inbound,
+    wr: Outbound,
     limits: Limits,
     backend: Backend,
     mut shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin + Send + 'static,
-{
+) -> anyhow::Result<()> {
     let buffers = Buffers::default();
     let replies = Arc::new(Replies {
         out: tokio::sync::Mutex::new(BufWriter::with_capacity(256 * 1024, wr)),
@@ -354,7 +349,9 @@ where
     let budget = Arc::new(Semaphore::new(MAX_BUFFERED));
     let mut stopping = *shutdown.borrow();
     // What the handshake read ahead comes first.
-    let mut rd = BufReader::with_capacity(256 * 1024, std::io::Cursor::new(pending).chain(rd));
+    let mut rd: Input = BufReader::with_capacity(256 * 1024, Cursor::new(pending).chain(rd));
+    // Made at the first large write.
+    let mut pipe = Spare::Untried;
     let result = async {
         loop {
             // The next header, or (once stopping) the moment nothing is in
@@ -399,6 +396,15 @@ where
                 .acquire_many_owned(cost.min(MAX_BUFFERED) as u32)
                 .await
                 .expect("never closed");
+            if let (Ok(Command::Write { fua: false }), Backend::Local(storage), false) =
+                (&checked, &backend, stopping)
+                && can_splice(&rd, &req)
+                && let Some(pipe) = pipe.get()
+            {
+                let reply = splice_write(&mut rd, pipe, storage, &req, limits.structured).await?;
+                replies.send(reply.into(), money).await?;
+                continue;
+            }
             let payload = if payload_len > 0 {
                 Some(read_payload(&mut rd, buffers.take(payload_len), payload_len).await?)
             } else {
@@ -412,14 +418,14 @@ where
                     errno::ESHUTDOWN,
                     "server shutting down",
                 );
-                replies.send(m, money).await?;
+                replies.send(m.into(), money).await?;
                 continue;
             }
             let command = match checked {
                 Ok(c) => c,
                 Err(refusal) => {
                     let m = error_reply(structured, req.cookie, refusal.errno, refusal.message);
-                    replies.send(m, money).await?;
+                    replies.send(m.into(), money).await?;
                     continue;
                 }
             };
@@ -457,31 +463,41 @@ where
 /// ready (no hand-off to a writer task). Replies that find it busy wait
 /// their turn; the last of them flushes, so replies that pile up leave in
 /// one system call.
-struct Replies<W> {
-    out: tokio::sync::Mutex<BufWriter<W>>,
+struct Replies {
+    out: tokio::sync::Mutex<BufWriter<Outbound>>,
     /// Replies waiting for or holding the socket.
     queued: AtomicUsize,
     buffers: Buffers,
 }
 
-impl<W: AsyncWrite + Unpin> Replies<W> {
-    async fn send(&self, reply: Vec<u8>, budget: OwnedSemaphorePermit) -> std::io::Result<()> {
+impl Replies {
+    async fn send(&self, reply: Reply, budget: OwnedSemaphorePermit) -> std::io::Result<()> {
         self.send_all([(reply, budget)]).await
     }
 
     /// Replies that leave together (each with the budget it held).
     async fn send_all(
         &self,
-        replies: impl IntoIterator<Item = (Vec<u8>, OwnedSemaphorePermit)>,
+        replies: impl IntoIterator<Item = (Reply, OwnedSemaphorePermit)>,
     ) -> std::io::Result<()> {
         self.queued.fetch_add(1, Ordering::AcqRel);
         let mut out = self.out.lock().await;
         let mut result = Ok(());
         for (reply, budget) in replies {
             if result.is_ok() {
-                result = out.write_all(&reply).await;
+                result = match &reply {
+                    Reply::Bytes(b) => out.write_all(b).await,
+                    Reply::File {
+                        head,
+                        storage,
+                        offset,
+                        len,
+                    } => send_from_file(&mut out, head, storage, *offset, *len).await,
+                };
             }
-            self.buffers.give(reply);
+            if let Reply::Bytes(b) = reply {
+                self.buffers.give(b);
+            }
             drop(budget);
         }
         let last = self.queued.fetch_sub(1, Ordering::AcqRel) == 1;
@@ -500,7 +516,7 @@ const BURST: usize = 64;
 /// What a burst leaves to do: reads to start, replies ready to go.
 struct Burst {
     reads: Vec<(Request, OwnedSemaphorePermit)>,
-    answered: Vec<(Vec<u8>, OwnedSemaphorePermit)>,
+    answered: Vec<(Reply, OwnedSemaphorePermit)>,
 }
 
 /// Takes the small requests waiting whole in the input, up to the first
@@ -513,7 +529,7 @@ fn take_burst<R: AsyncRead + Unpin>(
     rd: &mut BufReader<R>,
     limits: &Limits,
     budget: &Arc<Semaphore>,
-    storage: &Storage,
+    storage: &Arc<Storage>,
 ) -> Burst {
     let mut burst = Burst {
         reads: Vec::new(),
@@ -536,7 +552,10 @@ fn take_burst<R: AsyncRead + Unpin>(
                 let Ok(money) = Arc::clone(budget).try_acquire_many_owned(req.length) else {
                     break;
                 };
-                burst.reads.push((req, money));
+                match from_cache(storage, &req, limits.structured) {
+                    Some(reply) => burst.answered.push((reply, money)),
+                    None => burst.reads.push((req, money)),
+                }
                 used += REQUEST_LEN;
             }
             Ok(Command::Write { fua }) => {
@@ -554,7 +573,7 @@ fn take_burst<R: AsyncRead + Unpin>(
                 let nothing = Arc::clone(budget)
                     .try_acquire_many_owned(0)
                     .expect("an empty permit");
-                burst.answered.push((reply, nothing));
+                burst.answered.push((reply.into(), nothing));
                 used = data_at + req.length as usize;
             }
             _ => break,
@@ -567,10 +586,10 @@ fn take_burst<R: AsyncRead + Unpin>(
 /// Starts a burst's reads together; answers those that finished at once,
 /// with the burst's other answers, in one write, and leaves the rest to
 /// tasks of their own.
-async fn serve_burst<W: AsyncWrite + Unpin + Send + 'static>(
+async fn serve_burst(
     burst: Burst,
     storage: &Arc<Storage>,
-    replies: &Arc<Replies<W>>,
+    replies: &Arc<Replies>,
     buffers: &Buffers,
     in_flight: &Arc<Semaphore>,
     limits: &Limits,
@@ -593,7 +612,8 @@ async fn serve_burst<W: AsyncWrite + Unpin + Send + 'static>(
     for ((req, money), read) in burst.into_iter().zip(started) {
         match read {
             StartedRead::Done(buf, r) => {
-                answered.push((read_reply(structured, req.cookie, buf, r, buffers), money));
+                let reply = read_reply(structured, req.cookie, buf, r, buffers);
+                answered.push((reply.into(), money));
             }
             StartedRead::Later(read) => {
                 let ticket = Arc::clone(in_flight)
@@ -604,7 +624,7 @@ async fn serve_burst<W: AsyncWrite + Unpin + Send + 'static>(
                 tokio::spawn(async move {
                     let (buf, r) = read.await;
                     let reply = read_reply(structured, req.cookie, buf, r, &buffers);
-                    let _ = replies.send(reply, money).await;
+                    let _ = replies.send(reply.into(), money).await;
                     drop(ticket);
                 });
             }
@@ -691,6 +711,25 @@ async fn execute(
     storage: &Backend,
     structured: bool,
     buffers: &Buffers,
+) -> Reply {
+    if let (Command::Read, Backend::Local(local)) = (command, storage)
+        && let Some(reply) = from_cache(local, req, structured)
+    {
+        return reply;
+    }
+    execute_here(command, req, payload, storage, structured, buffers)
+        .await
+        .into()
+}
+
+/// Carries out one checked request with the data passing through here.
+async fn execute_here(
+    command: Command,
+    req: &Request,
+    payload: Option<Vec<u8>>,
+    storage: &Backend,
+    structured: bool,
+    buffers: &Buffers,
 ) -> Vec<u8> {
     let (cookie, offset, len) = (req.cookie, req.offset, req.length);
     let failed = |e: std::io::Error, what: &str| {
@@ -740,4 +779,148 @@ async fn execute(
         },
         Command::Disc => unreachable!("handled by the reader"),
     }
+}
+
+/// One reply to the client.
+enum Reply {
+    /// Made here.
+    Bytes(Vec<u8>),
+    /// A read's header, and its data sent straight from the page cache.
+    File {
+        head: Vec<u8>,
+        storage: Arc<Storage>,
+        offset: u64,
+        len: usize,
+    },
+}
+
+impl From<Vec<u8>> for Reply {
+    fn from(b: Vec<u8>) -> Reply {
+        Reply::Bytes(b)
+    }
+}
+
+/// Reads at least this long are sent from the page cache when all of
+/// their data is there: below it, the copy costs less than the system
+/// calls saved.
+const ZERO_COPY_READ: usize = 64 * 1024;
+
+/// The reply to a read that can be sent from the page cache, if it can.
+fn from_cache(storage: &Arc<Storage>, req: &Request, structured: bool) -> Option<Reply> {
+    let len = req.length as usize;
+    (len >= ZERO_COPY_READ && storage.cached(req.offset, len)).then(|| Reply::File {
+        head: read_reply_header(structured, req.cookie, req.offset, req.length),
+        storage: Arc::clone(storage),
+        offset: req.offset,
+        len,
+    })
+}
+
+/// Sends a read's header, then its data from the file. A file that fails
+/// to send after the header went out cuts the connection: the header
+/// promised data that cannot come.
+async fn send_from_file(
+    out: &mut BufWriter<Outbound>,
+    head: &[u8],
+    storage: &Storage,
+    offset: u64,
+    len: usize,
+) -> std::io::Result<()> {
+    out.write_all(head).await?;
+    out.flush().await?;
+    let sent = match out.get_ref().send_file(storage.file(), offset, len).await {
+        Ok(n) => n,
+        Err(e) => {
+            out.get_ref().cut();
+            return Err(e);
+        }
+    };
+    if sent < len {
+        // The file shrank under us: what is gone reads as zeros.
+        out.write_all(&vec![0; len - sent]).await?;
+    }
+    Ok(())
+}
+
+/// A connection's pipe for large writes, made when first needed.
+enum Spare {
+    Untried,
+    Made(Pipe),
+    /// The system gave none: large writes are read into memory.
+    Refused,
+}
+
+impl Spare {
+    fn get(&mut self) -> Option<&Pipe> {
+        if let Spare::Untried = self {
+            *self = match Pipe::new() {
+                Ok(p) => Spare::Made(p),
+                Err(e) => {
+                    eprintln!("rblock: no pipe for moving write data ({e}); copying it");
+                    Spare::Refused
+                }
+            };
+        }
+        match self {
+            Spare::Made(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a write's data can go from the socket to the file without
+/// passing through here: a large write of whole pages (a partial page
+/// could have to be read from the disk first, holding up the reader),
+/// with nothing of the handshake's input left in front of it.
+fn can_splice(rd: &Input, req: &Request) -> bool {
+    let page = rustix::param::page_size() as u64;
+    let (ahead, _) = rd.get_ref().get_ref();
+    let rest = (req.length as usize).saturating_sub(rd.buffer().len());
+    rest as u64 >= DIRECT_READ
+        && req.offset % page == 0
+        && u64::from(req.length) % page == 0
+        && ahead.position() == ahead.get_ref().len() as u64
+}
+
+/// Carries out a large write whose data goes from the socket through
+/// `pipe` into the file (one copy, in the kernel); what the input buffer
+/// already holds is written from there. Returns the reply. The client
+/// closing in the middle ends the connection; a failed write still takes
+/// in all of the data, so that the next request is found.
+async fn splice_write(
+    rd: &mut Input,
+    pipe: &Pipe,
+    storage: &Storage,
+    req: &Request,
+    structured: bool,
+) -> anyhow::Result<Vec<u8>> {
+    let len = req.length as usize;
+    let held = rd.buffer().len().min(len);
+    let mut failed = storage.write_here(req.offset, &rd.buffer()[..held]).err();
+    rd.consume(held);
+    let mut done = held;
+    while done < len {
+        let n = rd
+            .get_ref()
+            .get_ref()
+            .1
+            .splice_into(pipe, (len - done).min(pipe.capacity()))
+            .await?;
+        if n == 0 {
+            bail!("the client closed in the middle of a write");
+        }
+        if failed.is_none() {
+            failed = storage
+                .write_from_pipe(pipe.output(), req.offset + done as u64, n)
+                .err();
+        }
+        if failed.is_some() {
+            pipe.empty()?;
+        }
+        done += n;
+    }
+    Ok(match failed {
+        None => ok_reply(structured, req.cookie),
+        Some(e) => write_failed(structured, req.cookie, &e),
+    })
 }

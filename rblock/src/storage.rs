@@ -3,7 +3,7 @@
 //! this one open file, so a flush on any of them covers the writes
 //! completed on all (what `CAN_MULTI_CONN` promises).
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 use rfabric::memory::PoolBuf;
 use rfabric::uring::Uring;
 use rustix::fs::{FileType, Mode, OFlags, SeekFrom};
+use rustix::pipe::SpliceFlags;
 
 use crate::nbd::consts::{STATE_HOLE, STATE_ZERO, errno};
 use crate::nbd::transmission::Extent;
@@ -63,6 +64,8 @@ pub struct Storage {
     can_zero_range: AtomicBool,
     /// Small buffered writes go straight to `pwrite` (see `note_write`).
     write_inline: AtomicBool,
+    /// `cachestat` works here (cleared on the first failure).
+    can_cachestat: AtomicBool,
     punted_in_a_row: AtomicU32,
     /// The path, for messages.
     shown: String,
@@ -110,6 +113,7 @@ impl Storage {
             can_punch: AtomicBool::new(true),
             can_zero_range: AtomicBool::new(true),
             write_inline: AtomicBool::new(false),
+            can_cachestat: AtomicBool::new(true),
             punted_in_a_row: AtomicU32::new(0),
             shown: path.display().to_string(),
         })
@@ -126,6 +130,11 @@ impl Storage {
     /// Punching holes is worth offering (files; devices discard).
     pub fn can_trim(&self) -> bool {
         !self.read_only
+    }
+
+    /// The open file, for sending from it.
+    pub fn file(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     fn raw(&self) -> i32 {
@@ -324,8 +333,8 @@ impl Storage {
         here.then(|| self.write_here(offset, data))
     }
 
-    /// A small write on this thread (`pwrite`), whole.
-    fn write_here(&self, offset: u64, mut data: &[u8]) -> std::io::Result<()> {
+    /// A buffered write on this thread (`pwrite`), whole.
+    pub fn write_here(&self, offset: u64, mut data: &[u8]) -> std::io::Result<()> {
         let mut at = offset;
         while !data.is_empty() {
             match rustix::io::pwrite(&self.fd, data, at) {
@@ -339,6 +348,53 @@ impl Storage {
             }
         }
         Ok(())
+    }
+
+    /// Writes `len` bytes waiting in `pipe` (its read end) at `offset`,
+    /// whole: the one copy they cost, from the pipe into the page cache.
+    pub fn write_from_pipe(
+        &self,
+        pipe: BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+    ) -> std::io::Result<()> {
+        let mut at = offset;
+        let end = offset + len as u64;
+        while at < end {
+            let left = (end - at) as usize;
+            match rustix::pipe::splice(
+                pipe,
+                None,
+                &self.fd,
+                Some(&mut at),
+                left,
+                SpliceFlags::MOVE | SpliceFlags::NONBLOCK,
+            ) {
+                Ok(0) => return Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every page of the range is in the page cache, so that
+    /// sending it from there cannot wait for the disk (`cachestat`, Linux
+    /// 6.5 and later; false where it is missing).
+    pub fn cached(&self, offset: u64, len: usize) -> bool {
+        if len == 0 || !self.can_cachestat.load(Ordering::Relaxed) {
+            return false;
+        }
+        let page = rustix::param::page_size() as u64;
+        let pages = (offset + len as u64).div_ceil(page) - offset / page;
+        match cachestat(&self.fd, offset, len as u64) {
+            Ok(cached) => cached >= pages,
+            Err(_) => {
+                self.can_cachestat.store(false, Ordering::Relaxed);
+                false
+            }
+        }
     }
 
     /// Every write completed so far reaches stable storage.
@@ -461,6 +517,47 @@ impl Storage {
             Err(_) => (0, end),
         }
     }
+}
+
+/// The kernel's `cachestat` system call (not wrapped by rustix or libc yet;
+/// the same number on every architecture).
+const SYS_CACHESTAT: libc::c_long = 451;
+
+/// Pages of `[offset, offset+len)` of `fd` in the page cache.
+#[allow(unsafe_code)]
+fn cachestat(fd: &OwnedFd, offset: u64, len: u64) -> std::io::Result<u64> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    let range = Range { off: offset, len };
+    let mut stat = Stat::default();
+    // SAFETY: FFI; both pointers are to live values of the layouts the
+    // kernel's uapi declares (struct cachestat_range, struct cachestat),
+    // and the call only reads `range` and writes `stat` before returning.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd.as_raw_fd(),
+            &range as *const Range,
+            &mut stat as *mut Stat,
+            0u32,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(stat.nr_cache)
 }
 
 fn unsupported(e: &std::io::Error) -> bool {

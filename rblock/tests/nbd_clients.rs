@@ -24,9 +24,26 @@ struct Server {
 
 impl Server {
     fn start(t: &Scratch, image: &Path) -> Server {
+        Server::start_as(t, image, Command::new(RBLOCK))
+    }
+
+    /// Its files may grow to `limit` bytes at most (beyond, writes fail
+    /// with EFBIG, and the signal that comes with it is ignored).
+    fn start_limited(t: &Scratch, image: &Path, limit: u64) -> Server {
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
+            .arg(format!(
+                "trap '' XFSZ; ulimit -f {}; exec \"$0\" \"$@\"",
+                limit / 1024
+            ))
+            .arg(RBLOCK);
+        Server::start_as(t, image, cmd)
+    }
+
+    fn start_as(t: &Scratch, image: &Path, mut cmd: Command) -> Server {
         let port = free_port();
         let socket = t.path("nbd.sock");
-        let child = Command::new(RBLOCK)
+        let child = cmd
             .arg("serve")
             .arg("--export")
             .arg(format!("disk={}", image.display()))
@@ -303,6 +320,51 @@ print("all errors as expected")
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && text.contains("all errors as expected"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A write the file refuses halfway (past the server's file-size limit)
+/// gets ENOSPC, whichever way its data came: moved from the socket into
+/// the file (large writes of whole pages) or through memory. The rest of
+/// its data is still taken in, so the connection goes on: the next
+/// requests, over TCP and the unix socket, are served.
+#[test]
+fn a_write_refused_halfway_gets_enospc_and_the_connection_goes_on() {
+    let t = Scratch::new("refused");
+    let img = image(&t, 16 << 20);
+    let s = Server::start_limited(&t, &img, 8 << 20);
+    let script = r#"
+import errno, nbd, os
+limit = 8 << 20
+for uri in (os.environ["TCP_URI"], os.environ["UNIX_URI"]):
+    h = nbd.NBD()
+    h.connect_uri(uri)
+    for offset, length in ((limit - (256 << 10), 1 << 20), (limit - 3584, 512 << 10)):
+        try:
+            h.pwrite(b"w" * length, offset)
+            raise AssertionError(("no error", offset, length))
+        except nbd.Error as e:
+            got = getattr(errno, e.errno) if isinstance(e.errno, str) else e.errno
+            assert got == errno.ENOSPC, (offset, length, e.errno, e.string)
+        data = os.urandom(1 << 20)
+        h.pwrite(data, 1 << 20)
+        assert h.pread(1 << 20, 1 << 20) == data
+    h.shutdown()
+print("refused and went on")
+"#;
+    let path = format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("nbdsh")
+        .args(["-n", "-c", script])
+        .env("PATH", path)
+        .env("TCP_URI", s.uri("disk"))
+        .env("UNIX_URI", s.unix_uri("disk"))
+        .output()
+        .expect("nbdsh runs (scripts/setup installs it)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("refused and went on"),
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );

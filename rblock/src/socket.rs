@@ -1,0 +1,257 @@
+//! A client's NBD socket (TCP or unix), and the two ways data crosses it
+//! without being copied into this process: read replies sent straight
+//! from the page cache (`sendfile`), and large write data moved from the
+//! socket into a pipe (`splice`), from where the storage writes it. Each
+//! saves one of the two copies a byte otherwise costs the server.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use rustix::pipe::{PipeFlags, SpliceFlags};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::{TcpStream, UnixStream, tcp, unix};
+
+/// An accepted client connection.
+#[derive(Debug)]
+pub enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    /// The receiving and the sending half, each usable on its own.
+    pub fn split(self) -> (Inbound, Outbound) {
+        match self {
+            Stream::Tcp(s) => {
+                let (r, w) = s.into_split();
+                (Inbound::Tcp(r), Outbound::Tcp(w))
+            }
+            Stream::Unix(s) => {
+                let (r, w) = s.into_split();
+                (Inbound::Unix(r), Outbound::Unix(w))
+            }
+        }
+    }
+}
+
+/// What the client sends.
+#[derive(Debug)]
+pub enum Inbound {
+    Tcp(tcp::OwnedReadHalf),
+    Unix(unix::OwnedReadHalf),
+}
+
+/// What the client is sent.
+#[derive(Debug)]
+pub enum Outbound {
+    Tcp(tcp::OwnedWriteHalf),
+    Unix(unix::OwnedWriteHalf),
+}
+
+impl Inbound {
+    /// Moves up to `max` bytes of what the client sends into `pipe` (its
+    /// write end), waiting until some are there; 0 when the client has
+    /// closed. The pipe must have room (see [`Pipe`]).
+    pub async fn splice_into(&self, pipe: &Pipe, max: usize) -> io::Result<usize> {
+        let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
+        let moved = |sock: BorrowedFd<'_>| {
+            Ok(rustix::pipe::splice(
+                sock,
+                None,
+                &pipe.write,
+                None,
+                max,
+                flags,
+            )?)
+        };
+        match self {
+            Inbound::Tcp(h) => when_ready(h.as_ref(), Interest::READABLE, moved).await,
+            Inbound::Unix(h) => when_ready(h.as_ref(), Interest::READABLE, moved).await,
+        }
+    }
+}
+
+impl Outbound {
+    /// Sends `len` bytes of `file` from `offset` straight from the page
+    /// cache; fewer only where the file ends first.
+    pub async fn send_file(
+        &self,
+        file: BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+    ) -> io::Result<usize> {
+        let mut sent = 0;
+        while sent < len {
+            let mut at = offset + sent as u64;
+            let send = |sock: BorrowedFd<'_>| {
+                Ok(rustix::fs::sendfile(sock, file, Some(&mut at), len - sent)?)
+            };
+            let n = match self {
+                Outbound::Tcp(h) => when_ready(h.as_ref(), Interest::WRITABLE, send).await?,
+                Outbound::Unix(h) => when_ready(h.as_ref(), Interest::WRITABLE, send).await?,
+            };
+            if n == 0 {
+                break;
+            }
+            sent += n;
+        }
+        Ok(sent)
+    }
+
+    /// Ends the connection both ways at once: after a reply that could
+    /// not be finished, nothing more on it can be trusted.
+    pub fn cut(&self) {
+        let sock = match self {
+            Outbound::Tcp(h) => h.as_ref().as_fd(),
+            Outbound::Unix(h) => h.as_ref().as_fd(),
+        };
+        let _ = rustix::net::shutdown(sock, rustix::net::Shutdown::Both);
+    }
+}
+
+/// A socket tokio watches, whose readiness a system call of ours uses.
+trait Watched: AsFd {
+    async fn ready_for(&self, interest: Interest) -> io::Result<()>;
+    fn try_with<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R>;
+}
+
+impl Watched for TcpStream {
+    async fn ready_for(&self, interest: Interest) -> io::Result<()> {
+        self.ready(interest).await.map(drop)
+    }
+    fn try_with<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+        self.try_io(interest, f)
+    }
+}
+
+impl Watched for UnixStream {
+    async fn ready_for(&self, interest: Interest) -> io::Result<()> {
+        self.ready(interest).await.map(drop)
+    }
+    fn try_with<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+        self.try_io(interest, f)
+    }
+}
+
+/// Runs `op` on the socket once it is ready, again after each time it
+/// would have blocked (tokio then waits for the next readiness).
+async fn when_ready<S: Watched, R>(
+    sock: &S,
+    interest: Interest,
+    mut op: impl FnMut(BorrowedFd<'_>) -> io::Result<R>,
+) -> io::Result<R> {
+    loop {
+        sock.ready_for(interest).await?;
+        match sock.try_with(interest, || op(sock.as_fd())) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            r => return r,
+        }
+    }
+}
+
+/// A connection's pipe for write data on its way from the socket to the
+/// storage. It is empty between uses.
+#[derive(Debug)]
+pub struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+    capacity: usize,
+}
+
+/// The pipe size asked for: a MiB write crosses in one go.
+const PIPE_SIZE: usize = 1 << 20;
+
+impl Pipe {
+    pub fn new() -> io::Result<Pipe> {
+        let (read, write) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+        // Where the system allows less, the pipe keeps the size it has.
+        let capacity = rustix::pipe::fcntl_setpipe_size(&write, PIPE_SIZE)
+            .or_else(|_| rustix::pipe::fcntl_getpipe_size(&write))?;
+        Ok(Pipe {
+            read,
+            write,
+            capacity,
+        })
+    }
+
+    /// Bytes it holds at most.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The end the storage takes data from.
+    pub fn output(&self) -> BorrowedFd<'_> {
+        self.read.as_fd()
+    }
+
+    /// Throws away what it holds (after the storage refused it).
+    pub fn empty(&self) -> io::Result<()> {
+        let mut scratch = vec![0u8; 64 * 1024];
+        loop {
+            match rustix::io::read(&self.read, &mut scratch) {
+                Ok(0) => return Ok(()),
+                Ok(_) => {}
+                Err(rustix::io::Errno::AGAIN) => return Ok(()),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl AsyncRead for Inbound {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Inbound::Tcp(h) => Pin::new(h).poll_read(cx, buf),
+            Inbound::Unix(h) => Pin::new(h).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Outbound {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Outbound::Tcp(h) => Pin::new(h).poll_write(cx, buf),
+            Outbound::Unix(h) => Pin::new(h).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Outbound::Tcp(h) => Pin::new(h).poll_write_vectored(cx, bufs),
+            Outbound::Unix(h) => Pin::new(h).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Outbound::Tcp(h) => Pin::new(h).poll_flush(cx),
+            Outbound::Unix(h) => Pin::new(h).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Outbound::Tcp(h) => Pin::new(h).poll_shutdown(cx),
+            Outbound::Unix(h) => Pin::new(h).poll_shutdown(cx),
+        }
+    }
+}
