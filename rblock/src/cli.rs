@@ -61,6 +61,21 @@ pub struct ServeArgs {
     /// Connections served at once; more are refused.
     #[arg(long, default_value_t = 256)]
     pub max_connections: usize,
+    /// Large reads (64 KiB and more) whose data is all in the page cache
+    /// are sent straight from it (sendfile), never copied by the server.
+    /// auto: for clients across the network always; for clients on this
+    /// machine once there are at least as many connections as cores (one
+    /// local stream reads faster when the server copies).
+    #[arg(long, value_enum, default_value_t = ZeroCopy::Auto)]
+    pub zero_copy_reads: ZeroCopy,
+}
+
+/// When large reads are sent from the page cache without a copy.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZeroCopy {
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Args, Debug)]

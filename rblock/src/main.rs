@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use rblock::backend::Source;
-use rblock::cli::{Cli, Cmd, ConnectArgs, FABRIC_PORT, ServeArgs};
+use rblock::cli::{Cli, Cmd, ConnectArgs, FABRIC_PORT, ServeArgs, ZeroCopy};
 use rblock::fabric::client::{Remote, Target};
 use rblock::nbd::consts::tflags;
 use rblock::nbd::handshake::ExportInfo;
@@ -101,6 +101,7 @@ async fn serve_cmd(a: ServeArgs) -> anyhow::Result<()> {
         fabric,
         max_connections: a.max_connections,
         grace: Duration::from_secs(30),
+        zero_copy_reads: a.zero_copy_reads,
     };
     serve::run(exports, plan, stop_signal()).await
 }
@@ -233,6 +234,8 @@ async fn connect_cmd(a: ConnectArgs) -> anyhow::Result<()> {
         fabric: None,
         max_connections: a.max_connections,
         grace: Duration::from_secs(30),
+        // Its data comes across the fabric, never from a local file.
+        zero_copy_reads: ZeroCopy::Never,
     };
     let served = serve::run(exports, plan, stop).await;
     remote.close().await;

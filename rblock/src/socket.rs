@@ -21,6 +21,18 @@ pub enum Stream {
 }
 
 impl Stream {
+    /// Whether the client is on this machine: a unix socket, or TCP from
+    /// a loopback address or from the address it reached.
+    pub fn is_local(&self) -> bool {
+        match self {
+            Stream::Unix(_) => true,
+            Stream::Tcp(s) => match (s.peer_addr(), s.local_addr()) {
+                (Ok(peer), Ok(local)) => peer.ip().is_loopback() || peer.ip() == local.ip(),
+                _ => false,
+            },
+        }
+    }
+
     /// The receiving and the sending half, each usable on its own.
     pub fn split(self) -> (Inbound, Outbound) {
         match self {
@@ -98,6 +110,22 @@ impl Outbound {
             sent += n;
         }
         Ok(sent)
+    }
+
+    /// Sends `bytes` (already flushed replies before them) marked as
+    /// having more right behind, so that TCP sends them with what follows
+    /// (a read's header with its data) instead of on their own.
+    pub async fn send_before_more(&self, bytes: &[u8]) -> io::Result<()> {
+        let flags = rustix::net::SendFlags::MORE | rustix::net::SendFlags::NOSIGNAL;
+        let mut sent = 0;
+        while sent < bytes.len() {
+            let send = |sock: BorrowedFd<'_>| Ok(rustix::net::send(sock, &bytes[sent..], flags)?);
+            sent += match self {
+                Outbound::Tcp(h) => when_ready(h.as_ref(), Interest::WRITABLE, send).await?,
+                Outbound::Unix(h) => when_ready(h.as_ref(), Interest::WRITABLE, send).await?,
+            };
+        }
+        Ok(())
     }
 
     /// Ends the connection both ways at once: after a reply that could

@@ -24,12 +24,13 @@ struct Server {
 
 impl Server {
     fn start(t: &Scratch, image: &Path) -> Server {
-        Server::start_as(t, image, Command::new(RBLOCK))
+        Server::start_as(t, image, Command::new(RBLOCK), &[])
     }
 
     /// Its files may grow to `limit` bytes at most (beyond, writes fail
-    /// with EFBIG, and the signal that comes with it is ignored).
-    fn start_limited(t: &Scratch, image: &Path, limit: u64) -> Server {
+    /// with EFBIG, and the signal that comes with it is ignored); `extra`
+    /// options for `rblock serve`.
+    fn start_limited(t: &Scratch, image: &Path, limit: u64, extra: &[&str]) -> Server {
         let mut cmd = Command::new("bash");
         cmd.arg("-c")
             .arg(format!(
@@ -37,10 +38,10 @@ impl Server {
                 limit / 1024
             ))
             .arg(RBLOCK);
-        Server::start_as(t, image, cmd)
+        Server::start_as(t, image, cmd, extra)
     }
 
-    fn start_as(t: &Scratch, image: &Path, mut cmd: Command) -> Server {
+    fn start_as(t: &Scratch, image: &Path, mut cmd: Command, extra: &[&str]) -> Server {
         let port = free_port();
         let socket = t.path("nbd.sock");
         let child = cmd
@@ -53,6 +54,7 @@ impl Server {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--nbd-listen")
             .arg(format!("unix:{}", socket.display()))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -329,12 +331,13 @@ print("all errors as expected")
 /// gets ENOSPC, whichever way its data came: moved from the socket into
 /// the file (large writes of whole pages) or through memory. The rest of
 /// its data is still taken in, so the connection goes on: the next
-/// requests, over TCP and the unix socket, are served.
+/// requests, over TCP and the unix socket, are served (reads sent from
+/// the page cache).
 #[test]
 fn a_write_refused_halfway_gets_enospc_and_the_connection_goes_on() {
     let t = Scratch::new("refused");
     let img = image(&t, 16 << 20);
-    let s = Server::start_limited(&t, &img, 8 << 20);
+    let s = Server::start_limited(&t, &img, 8 << 20, &["--zero-copy-reads", "always"]);
     let script = r#"
 import errno, nbd, os
 limit = 8 << 20

@@ -186,6 +186,9 @@ fn replies_are_laid_out_as_the_spec_says() {
     assert_eq!(&s[4..8], &22u32.to_be_bytes());
     assert_eq!(&s[8..], &0x1122u64.to_be_bytes());
 
+    // Success without data is a simple reply, structured or not.
+    assert_eq!(ok_reply(0x1122), simple_reply(0x1122, 0));
+
     let e = error_reply(true, 9, errno::EPERM, "read-only");
     assert_eq!(&e[..4], &STRUCTURED_REPLY_MAGIC.to_be_bytes());
     assert_eq!(u16::from_be_bytes([e[4], e[5]]), chunk::FLAG_DONE);
