@@ -190,13 +190,22 @@ pub struct Pipe {
 
 /// The pipe size asked for: a MiB write crosses in one go.
 const PIPE_SIZE: usize = 1 << 20;
+/// Smaller pipes are not used.
+const MIN_PIPE_SIZE: usize = 64 * 1024;
 
 impl Pipe {
     pub fn new() -> io::Result<Pipe> {
         let (read, write) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
-        // Where the system allows less, the pipe keeps the size it has.
+        // Where the system allows less, the pipe keeps the size it has;
+        // past the user's pipe allowance (pipe-user-pages-soft) that can
+        // be a page or two, too little to be worth it.
         let capacity = rustix::pipe::fcntl_setpipe_size(&write, PIPE_SIZE)
             .or_else(|_| rustix::pipe::fcntl_getpipe_size(&write))?;
+        if capacity < MIN_PIPE_SIZE {
+            return Err(io::Error::other(format!(
+                "the system allows pipes of {capacity} bytes only"
+            )));
+        }
         Ok(Pipe {
             read,
             write,
@@ -281,5 +290,86 @@ impl AsyncWrite for Outbound {
             Outbound::Tcp(h) => Pin::new(h).poll_shutdown(cx),
             Outbound::Unix(h) => Pin::new(h).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Storage;
+    use test_support::{Scratch, pattern};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn pair() -> (Stream, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        (Stream::Unix(a), b)
+    }
+
+    #[tokio::test]
+    async fn data_spliced_from_the_socket_lands_in_the_file_whole() {
+        let t = Scratch::new("splice");
+        let path = t.path("file");
+        std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
+        let storage = Storage::open(&path, false).unwrap();
+        let (server, mut client) = pair();
+        let (inbound, _outbound) = server.split();
+        let pipe = Pipe::new().unwrap();
+        let data = pattern(3 << 20, 7);
+        let sent = data.clone();
+        let writer = tokio::spawn(async move { client.write_all(&sent).await.unwrap() });
+        let mut done = 0;
+        while done < data.len() {
+            let want = (data.len() - done).min(pipe.capacity());
+            let n = inbound.splice_into(&pipe, want).await.unwrap();
+            assert!(n > 0 && n <= want);
+            storage
+                .write_from_pipe(pipe.output(), 4096 + done as u64, n)
+                .unwrap();
+            done += n;
+        }
+        writer.await.unwrap();
+        let file = std::fs::read(&path).unwrap();
+        assert_eq!(&file[4096..4096 + data.len()], &data[..]);
+        assert!(file[..4096].iter().all(|&b| b == 0));
+    }
+
+    #[tokio::test]
+    async fn a_closed_client_splices_nothing() {
+        let (server, client) = pair();
+        let (inbound, _outbound) = server.split();
+        drop(client);
+        let pipe = Pipe::new().unwrap();
+        assert_eq!(inbound.splice_into(&pipe, 4096).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_file_range_is_sent_as_it_is_and_stops_at_the_end() {
+        let t = Scratch::new("sendfile");
+        let path = t.path("file");
+        let data = pattern(2 << 20, 3);
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let (server, mut client) = pair();
+        let (_inbound, outbound) = server.split();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        let n = outbound
+            .send_file(file.as_fd(), 12345, 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(n, 1 << 20);
+        // Asked past the end: what there is.
+        let n = outbound
+            .send_file(file.as_fd(), (2 << 20) - 100, 4096)
+            .await
+            .unwrap();
+        assert_eq!(n, 100);
+        drop(outbound);
+        let got = reader.await.unwrap();
+        assert_eq!(&got[..1 << 20], &data[12345..12345 + (1 << 20)]);
+        assert_eq!(&got[1 << 20..], &data[(2 << 20) - 100..]);
     }
 }
