@@ -8,7 +8,11 @@
 //! checks, reply encoding), [`export`] (what is exported, from the command
 //! line), [`storage`] (the io_uring backend of one export), [`serve`]
 //! (NBD over TCP and unix sockets: connections, in-flight requests,
-//! shutdown).
+//! shutdown; large requests without a copy), [`socket`] (a client's
+//! socket, and sending from a file or splicing into a pipe through it),
+//! [`fabric`] (rblock's own protocol over RDMA: `rblock connect`),
+//! [`backend`] (local storage or a remote export), [`attach`] (the kernel's
+//! nbd-client).
 #![deny(unsafe_code)]
 
 pub mod attach;
