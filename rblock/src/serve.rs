@@ -113,15 +113,18 @@ pub async fn run(
     } = plan;
     let exports: Arc<[Export]> = exports.into();
     let (shutdown_tx, shutdown) = watch::channel(false);
-    let slots = Arc::new(Semaphore::new(max_connections));
+    let load = Arc::new(Load {
+        slots: Arc::new(Semaphore::new(max_connections)),
+        max: max_connections,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    });
     let (conn_tx, mut conn_rx) = mpsc::channel::<()>(1);
     let mut acceptors = Vec::new();
     let accepting = || Accepting {
         who,
         exports: Arc::clone(&exports),
         shutdown: shutdown.clone(),
-        slots: Arc::clone(&slots),
-        max_connections,
+        load: Arc::clone(&load),
         zero_copy_reads,
         alive: conn_tx.clone(),
     };
@@ -208,8 +211,8 @@ struct Accepting {
     who: &'static str,
     exports: Arc<[Export]>,
     shutdown: watch::Receiver<bool>,
-    slots: Arc<Semaphore>,
-    max_connections: usize,
+    /// The places among the connections, and how many are taken.
+    load: Arc<Load>,
     zero_copy_reads: ZeroCopy,
     alive: mpsc::Sender<()>,
 }
@@ -231,11 +234,7 @@ impl Accepting {
             ZeroCopy::Always => FromCache::Always,
             ZeroCopy::Never => FromCache::Never,
             ZeroCopy::Auto if !stream.is_local() => FromCache::Always,
-            ZeroCopy::Auto => FromCache::WhenBusy(Load {
-                slots: Arc::clone(&self.slots),
-                max: self.max_connections,
-                cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            }),
+            ZeroCopy::Auto => FromCache::WhenBusy(Arc::clone(&self.load)),
         };
         self.admit("connection", move |exports, shutdown| {
             connection(stream, exports, shutdown, from_cache)
@@ -253,7 +252,7 @@ impl Accepting {
         F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
     {
         let who = self.who;
-        let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
+        let Ok(permit) = Arc::clone(&self.load.slots).try_acquire_owned() else {
             eprintln!("{who}: refusing a {what}: too many open");
             return false;
         };

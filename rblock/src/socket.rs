@@ -100,10 +100,7 @@ impl Outbound {
             let send = |sock: BorrowedFd<'_>| {
                 Ok(rustix::fs::sendfile(sock, file, Some(&mut at), len - sent)?)
             };
-            let n = match self {
-                Outbound::Tcp(h) => when_ready(h.as_ref(), Interest::WRITABLE, send).await?,
-                Outbound::Unix(h) => when_ready(h.as_ref(), Interest::WRITABLE, send).await?,
-            };
+            let n = self.when_writable(send).await?;
             if n == 0 {
                 break;
             }
@@ -120,12 +117,20 @@ impl Outbound {
         let mut sent = 0;
         while sent < bytes.len() {
             let send = |sock: BorrowedFd<'_>| Ok(rustix::net::send(sock, &bytes[sent..], flags)?);
-            sent += match self {
-                Outbound::Tcp(h) => when_ready(h.as_ref(), Interest::WRITABLE, send).await?,
-                Outbound::Unix(h) => when_ready(h.as_ref(), Interest::WRITABLE, send).await?,
-            };
+            sent += self.when_writable(send).await?;
         }
         Ok(())
+    }
+
+    /// Runs `op` on the socket once it can take more (see [`when_ready`]).
+    async fn when_writable<R>(
+        &self,
+        op: impl FnMut(BorrowedFd<'_>) -> io::Result<R>,
+    ) -> io::Result<R> {
+        match self {
+            Outbound::Tcp(h) => when_ready(h.as_ref(), Interest::WRITABLE, op).await,
+            Outbound::Unix(h) => when_ready(h.as_ref(), Interest::WRITABLE, op).await,
+        }
     }
 
     /// Ends the connection both ways at once: after a reply that could

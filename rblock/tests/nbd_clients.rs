@@ -269,16 +269,6 @@ fn nbdsh_gets_the_exact_errors_for_bad_requests() {
     let s = Server::start(&t, &img);
     // libnbd's own checks relaxed, so the server sees the bad requests.
     let script = r#"
-import errno, nbd, os
-def expect(err, f, *args):
-    try:
-        f(*args)
-    except nbd.Error as e:
-        # libnbd names the errno (a string in some versions).
-        got = getattr(errno, e.errno) if isinstance(e.errno, str) else e.errno
-        assert got == err, (f.__name__, args, e.errno, e.string)
-        return
-    raise AssertionError(("no error", f.__name__, args))
 size = 16 << 20
 h = nbd.NBD()
 h.set_strict_mode(0)
@@ -309,19 +299,41 @@ assert r.pread(512, 0) == b"y" * 512
 r.shutdown()
 print("all errors as expected")
 "#;
+    let env = [("DISK_URI", s.uri("disk")), ("RO_URI", s.uri("ro"))];
+    nbdsh(script, &env, "all errors as expected");
+}
+
+/// What every nbdsh script here starts with: `expect(err, f, *args)`
+/// calls `f(*args)` and asserts that it fails with exactly `err`.
+const NBDSH_EXPECT: &str = r#"
+import errno, nbd, os
+def expect(err, f, *args):
+    shown = [("<%d bytes>" % len(a)) if isinstance(a, bytes) else a for a in args]
+    try:
+        f(*args)
+    except nbd.Error as e:
+        # libnbd names the errno (a string in some versions).
+        got = getattr(errno, e.errno) if isinstance(e.errno, str) else e.errno
+        assert got == err, (f.__name__, shown, e.errno, e.string)
+        return
+    raise AssertionError(("no error", f.__name__, shown))
+"#;
+
+/// Runs `script` (after [`NBDSH_EXPECT`]) in nbdsh with `env` set; it must
+/// succeed and print `done`.
+fn nbdsh(script: &str, env: &[(&str, String)], done: &str) {
     // nbdsh runs `python3 -m nbd`: the system's Python, which has the
     // binding, whatever else comes first on PATH.
     let path = format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default());
     let out = Command::new("nbdsh")
-        .args(["-n", "-c", script])
+        .args(["-n", "-c", &format!("{NBDSH_EXPECT}{script}")])
         .env("PATH", path)
-        .env("DISK_URI", s.uri("disk"))
-        .env("RO_URI", s.uri("ro"))
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .expect("nbdsh runs (scripts/setup installs it)");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && text.contains("all errors as expected"),
+        out.status.success() && text.contains(done),
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -339,38 +351,20 @@ fn a_write_refused_halfway_gets_enospc_and_the_connection_goes_on() {
     let img = image(&t, 16 << 20);
     let s = Server::start_limited(&t, &img, 8 << 20, &["--zero-copy-reads", "always"]);
     let script = r#"
-import errno, nbd, os
 limit = 8 << 20
 for uri in (os.environ["TCP_URI"], os.environ["UNIX_URI"]):
     h = nbd.NBD()
     h.connect_uri(uri)
     for offset, length in ((limit - (256 << 10), 1 << 20), (limit - 3584, 512 << 10)):
-        try:
-            h.pwrite(b"w" * length, offset)
-            raise AssertionError(("no error", offset, length))
-        except nbd.Error as e:
-            got = getattr(errno, e.errno) if isinstance(e.errno, str) else e.errno
-            assert got == errno.ENOSPC, (offset, length, e.errno, e.string)
+        expect(errno.ENOSPC, h.pwrite, b"w" * length, offset)
         data = os.urandom(1 << 20)
         h.pwrite(data, 1 << 20)
         assert h.pread(1 << 20, 1 << 20) == data
     h.shutdown()
 print("refused and went on")
 "#;
-    let path = format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default());
-    let out = Command::new("nbdsh")
-        .args(["-n", "-c", script])
-        .env("PATH", path)
-        .env("TCP_URI", s.uri("disk"))
-        .env("UNIX_URI", s.unix_uri("disk"))
-        .output()
-        .expect("nbdsh runs (scripts/setup installs it)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains("refused and went on"),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let env = [("TCP_URI", s.uri("disk")), ("UNIX_URI", s.unix_uri("disk"))];
+    nbdsh(script, &env, "refused and went on");
 }
 
 #[test]

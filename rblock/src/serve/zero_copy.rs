@@ -77,16 +77,17 @@ pub(super) enum FromCache {
     /// 4.2 against 3.7 GB/s); once the connections are at least as many
     /// as the cores, the copy saved wins (nbdcopy with 4 connections,
     /// about 4.0 against 2.5 GB/s).
-    WhenBusy(Load),
+    WhenBusy(Arc<Load>),
     Never,
 }
 
-/// How busy the server is.
+/// How busy the server is: one for the whole server.
 #[derive(Debug)]
 pub(super) struct Load {
     /// Places among the connections (free ones are permits).
     pub(super) slots: Arc<Semaphore>,
     pub(super) max: usize,
+    /// The machine's, counted once at the start.
     pub(super) cores: usize,
 }
 
