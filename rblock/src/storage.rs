@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 use rfabric::memory::PoolBuf;
 use rfabric::uring::Uring;
 use rustix::fs::{FileType, Mode, OFlags, SeekFrom};
+use rustix::io::ReadWriteFlags;
 use rustix::pipe::SpliceFlags;
 
 use crate::nbd::consts::{STATE_HOLE, STATE_ZERO, errno};
@@ -26,6 +27,12 @@ const MAX_EXTENTS: usize = 1024;
 /// cache, without two thread hops. Larger writes and FUA writes always go
 /// through io_uring.
 const INLINE_WRITE: usize = 256 * 1024;
+
+/// Reads up to this size may be done on the calling thread when the page
+/// cache holds them (see [`Storage::read_now`]); larger ones go through
+/// io_uring, whose copy runs in the same system call but whose buffers
+/// need no zeroing first.
+const NOWAIT_READ: usize = 64 * 1024;
 
 /// Consecutive small writes handed to kernel workers before switching.
 const PUNTS_TO_SWITCH: u32 = 64;
@@ -66,6 +73,8 @@ pub struct Storage {
     write_inline: AtomicBool,
     /// `cachestat` works here (cleared on the first failure).
     can_cachestat: AtomicBool,
+    /// Reads that must not wait (`RWF_NOWAIT`) work here.
+    can_read_nowait: AtomicBool,
     punted_in_a_row: AtomicU32,
     /// The path, for messages.
     shown: String,
@@ -114,6 +123,7 @@ impl Storage {
             can_zero_range: AtomicBool::new(true),
             write_inline: AtomicBool::new(false),
             can_cachestat: AtomicBool::new(true),
+            can_read_nowait: AtomicBool::new(true),
             punted_in_a_row: AtomicU32::new(0),
             shown: path.display().to_string(),
         })
@@ -213,6 +223,34 @@ impl Storage {
     /// [`Storage::read`] does. Reads of cached data come back finished;
     /// the others (and short reads) finish in the returned futures.
     pub async fn start_reads(
+        self: &Arc<Self>,
+        reads: Vec<(u64, Vec<u8>, usize)>,
+    ) -> Vec<StartedRead> {
+        // Reads of cached data are done right here, each with one system
+        // call (cheaper than a place in the ring); the rest go to the ring
+        // together.
+        let mut done: Vec<Option<StartedRead>> = Vec::with_capacity(reads.len());
+        let mut rest = Vec::new();
+        for (offset, mut buf, len) in reads {
+            match self.read_now(offset, &mut buf, len) {
+                Some(r) => done.push(Some(StartedRead::Done(buf, r))),
+                None => {
+                    done.push(None);
+                    rest.push((offset, buf, len));
+                }
+            }
+        }
+        if rest.is_empty() {
+            return done.into_iter().flatten().collect();
+        }
+        let mut later = self.start_in_ring(rest).await.into_iter();
+        done.into_iter()
+            .map(|d| d.unwrap_or_else(|| later.next().expect("one per read left")))
+            .collect()
+    }
+
+    /// Starts `reads` (as in [`Storage::start_reads`]) in the ring.
+    async fn start_in_ring(
         self: &Arc<Self>,
         reads: Vec<(u64, Vec<u8>, usize)>,
     ) -> Vec<StartedRead> {
@@ -348,6 +386,46 @@ impl Storage {
             }
         }
         Ok(())
+    }
+
+    /// Reads `len` bytes at `offset`, appended to `buf`, right here if
+    /// they are all in the page cache; None, with `buf` as it was, if some
+    /// are not. (`preadv2` with `RWF_NOWAIT` never waits for the disk; it
+    /// may start reading ahead, as io_uring's first try at a read does.)
+    pub fn read_now(
+        &self,
+        offset: u64,
+        buf: &mut Vec<u8>,
+        len: usize,
+    ) -> Option<std::io::Result<()>> {
+        if len > NOWAIT_READ || !self.can_read_nowait.load(Ordering::Relaxed) {
+            return None;
+        }
+        let start = buf.len();
+        buf.resize(start + len, 0);
+        let mut done = 0;
+        while done < len {
+            let at = offset + done as u64;
+            let mut slice = [std::io::IoSliceMut::new(&mut buf[start + done..])];
+            match rustix::io::preadv2(&self.fd, &mut slice, at, ReadWriteFlags::NOWAIT) {
+                // The file shrank under us: what is gone reads as zeros
+                // (already there).
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => {
+                    buf.truncate(start);
+                    if e == rustix::io::Errno::OPNOTSUPP {
+                        self.can_read_nowait.store(false, Ordering::Relaxed);
+                    }
+                    if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::OPNOTSUPP {
+                        return None;
+                    }
+                    return Some(Err(e.into()));
+                }
+            }
+        }
+        Some(Ok(()))
     }
 
     /// Writes `len` bytes waiting in `pipe` (its read end) at `offset`,
@@ -594,5 +672,46 @@ mod tests {
         assert!(!storage.cached(32 << 20, 1 << 20));
         assert!(!storage.cached((1 << 20) - 4096, 8192));
         assert!(!storage.cached(0, 0));
+    }
+
+    #[test]
+    fn reads_done_here_are_whole_or_not_done_at_all() {
+        let t = Scratch::new("read-now");
+        let path = t.path("file");
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(64 << 20).unwrap();
+        use std::os::unix::fs::FileExt;
+        let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+        f.write_all_at(&data, 0).unwrap();
+        let storage = Storage::open(&path, false).unwrap();
+        // Cached: done, appended to what the buffer held.
+        let mut buf = b"head".to_vec();
+        let r = storage
+            .read_now(1000, &mut buf, 5000)
+            .expect("cached data is read here");
+        r.unwrap();
+        assert_eq!(&buf[..4], b"head");
+        assert_eq!(&buf[4..], &data[1000..6000]);
+        // A hole reads as zeros without the disk.
+        let mut buf = Vec::new();
+        let r = storage.read_now(32 << 20, &mut buf, 4096).expect("a hole");
+        r.unwrap();
+        assert_eq!(buf, vec![0; 4096]);
+        // Data on the disk only: either left (buffer as it was) or, if
+        // the disk was quick enough, read whole.
+        f.sync_all().unwrap();
+        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+        let mut buf = b"head".to_vec();
+        match storage.read_now(8192, &mut buf, 8192) {
+            None => assert_eq!(buf, b"head"),
+            Some(r) => {
+                r.unwrap();
+                assert_eq!(&buf[4..], &data[8192..16384]);
+            }
+        }
+        // Too large to be done here.
+        let mut buf = Vec::new();
+        assert!(storage.read_now(0, &mut buf, 1 << 20).is_none());
+        assert!(buf.is_empty());
     }
 }
