@@ -650,15 +650,22 @@ mod tests {
     use super::*;
     use test_support::Scratch;
 
-    #[test]
-    fn cachestat_tells_cached_pages_from_untouched_ones() {
-        let t = Scratch::new("cachestat");
+    /// A 64 MiB sparse file whose first bytes are `data` (just written,
+    /// so in the page cache), and its storage.
+    fn file_starting_with(t: &Scratch, data: &[u8]) -> (std::fs::File, Storage) {
+        use std::os::unix::fs::FileExt;
         let path = t.path("file");
         let f = std::fs::File::create(&path).unwrap();
         f.set_len(64 << 20).unwrap();
-        use std::os::unix::fs::FileExt;
-        f.write_all_at(&vec![1u8; 1 << 20], 0).unwrap();
+        f.write_all_at(data, 0).unwrap();
         let storage = Storage::open(&path, false).unwrap();
+        (f, storage)
+    }
+
+    #[test]
+    fn cachestat_tells_cached_pages_from_untouched_ones() {
+        let t = Scratch::new("cachestat");
+        let (_f, storage) = file_starting_with(&t, &vec![1u8; 1 << 20]);
         if let Err(e) = cachestat(&storage.fd, 0, 4096) {
             // Before Linux 6.5: sending from the cache is never chosen.
             assert_eq!(e.raw_os_error(), Some(libc::ENOSYS));
@@ -677,13 +684,8 @@ mod tests {
     #[test]
     fn reads_done_here_are_whole_or_not_done_at_all() {
         let t = Scratch::new("read-now");
-        let path = t.path("file");
-        let f = std::fs::File::create(&path).unwrap();
-        f.set_len(64 << 20).unwrap();
-        use std::os::unix::fs::FileExt;
         let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
-        f.write_all_at(&data, 0).unwrap();
-        let storage = Storage::open(&path, false).unwrap();
+        let (f, storage) = file_starting_with(&t, &data);
         // Cached: done, appended to what the buffer held.
         let mut buf = b"head".to_vec();
         let r = storage
