@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use rfabric::endpoint::Transport;
+use rfabric::storage::EngineChoice;
 
 use crate::export::ExportSpec;
 use crate::serve::Listen;
@@ -68,6 +69,12 @@ pub struct ServeArgs {
     /// local stream reads faster when the server copies).
     #[arg(long, value_enum, default_value_t = ZeroCopy::Auto)]
     pub zero_copy_reads: ZeroCopy,
+    /// Storage engine for the exports: auto uses io_uring where the kernel
+    /// allows it (not on RHEL 8 or 9.0-9.2, refused by default on 9.3+
+    /// and 10) and a pool of threads elsewhere, saying so once; io_uring
+    /// insists on it (an error where refused).
+    #[arg(long, value_enum, default_value_t = EngineChoice::Auto, value_name = "ENGINE")]
+    pub io_engine: EngineChoice,
 }
 
 /// When large reads are sent from the page cache without a copy.
@@ -89,8 +96,11 @@ pub struct ConnectArgs {
     /// --device is given.
     #[arg(long = "nbd-listen", value_name = "ADDR:PORT|unix:PATH")]
     pub listen: Vec<Listen>,
-    /// Attach the export as this kernel block device (/dev/nbdX) with the
-    /// kernel's nbd-client, one kernel connection per lane.
+    /// Attach the export as this kernel block device (/dev/nbdX), one
+    /// kernel connection per lane, through the kernel's NBD netlink family
+    /// (nbd.ko, Linux 4.12+; no nbd-client needed). A device already in
+    /// use is an error. Without the family (after modprobe nbd), falls
+    /// back to nbd-client. Needs root.
     #[arg(long, value_name = "/dev/nbdX")]
     pub device: Option<PathBuf>,
     /// Lanes to the server: one queue pair (or tcp connection) each. Local

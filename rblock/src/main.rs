@@ -16,6 +16,7 @@ use rblock::nbd::handshake::ExportInfo;
 use rblock::serve::{self, Export, Listen, Plan};
 use rblock::storage::Storage;
 use rfabric::endpoint::{self, Listener};
+use rfabric::storage::{self, Engine};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -53,14 +54,19 @@ fn main() -> ExitCode {
 }
 
 async fn serve_cmd(a: ServeArgs) -> anyhow::Result<()> {
-    // Fail now, clearly, where io_uring is missing or forbidden.
-    rfabric::uring::Uring::local().context("cannot start io_uring")?;
+    let chosen = storage::select(a.io_engine)?;
+    if let Some(notice) = chosen.notice("rblock serve") {
+        eprintln!("{notice}");
+    }
+    let engine = Engine::per_thread(chosen.kind)
+        .with_context(|| format!("cannot start the {} storage engine", chosen.kind))?;
+    eprintln!("rblock serve: {} storage engine", chosen.kind);
     let mut exports = Vec::new();
     for spec in &a.exports {
         if exports.iter().any(|e: &Export| e.info.name == spec.name) {
             anyhow::bail!("export {:?} is named twice", spec.name);
         }
-        let storage = Storage::open(&spec.path, spec.read_only)?;
+        let storage = Storage::open(&spec.path, spec.read_only, &engine)?;
         eprintln!(
             "rblock serve: export {:?}: {} ({} bytes{})",
             spec.name,
@@ -216,7 +222,7 @@ async fn connect_cmd(a: ConnectArgs) -> anyhow::Result<()> {
             };
             let timeout = a.give_up_after + 30;
             match rblock::attach::attach(&device, &sock, &name, lanes, timeout).await {
-                Ok(()) => eprintln!("rblock connect: attached as {}", device.display()),
+                Ok(how) => eprintln!("rblock connect: attached as {} ({how})", device.display()),
                 Err(e) => {
                     *attach_error.lock().expect("lock") = Some(e);
                     return;

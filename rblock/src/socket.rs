@@ -302,6 +302,7 @@ impl AsyncWrite for Outbound {
 mod tests {
     use super::*;
     use crate::storage::Storage;
+    use rfabric::storage::{Engine, Kind};
     use test_support::{Scratch, pattern};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -315,7 +316,8 @@ mod tests {
         let t = Scratch::new("splice");
         let path = t.path("file");
         std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
-        let storage = Storage::open(&path, false).unwrap();
+        let engine = Engine::start(Kind::Threads, None).unwrap();
+        let storage = Storage::open(&path, false, &engine).unwrap();
         let (server, mut client) = pair();
         let (inbound, _outbound) = server.split();
         let pipe = Pipe::new().unwrap();

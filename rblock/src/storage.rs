@@ -1,7 +1,8 @@
 //! One export's storage: a regular file or a block device, read and
-//! written with io_uring at offsets. Every connection to the export shares
-//! this one open file, so a flush on any of them covers the writes
-//! completed on all (what `CAN_MULTI_CONN` promises).
+//! written at offsets through the storage engine (io_uring, or the threads
+//! engine where the kernel refuses io_uring). Every connection to the
+//! export shares this one open file, so a flush on any of them covers the
+//! writes completed on all (what `CAN_MULTI_CONN` promises).
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
@@ -10,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use anyhow::{Context, bail};
 use rfabric::memory::PoolBuf;
-use rfabric::uring::Uring;
+use rfabric::storage::{Engine, Kind};
 use rustix::fs::{FileType, Mode, OFlags, SeekFrom};
 use rustix::io::ReadWriteFlags;
 use rustix::pipe::SpliceFlags;
@@ -22,16 +23,15 @@ use crate::nbd::transmission::Extent;
 const MAX_EXTENTS: usize = 1024;
 
 /// Writes up to this size may be done with `pwrite` on the calling thread
-/// where io_uring would hand each to a kernel worker anyway (filesystems
-/// without non-blocking buffered writes): the same copy into the page
-/// cache, without two thread hops. Larger writes and FUA writes always go
-/// through io_uring.
+/// where the engine would hand each to a worker anyway (io_uring on
+/// filesystems without non-blocking buffered writes; the threads engine
+/// always): the same copy into the page cache, without two thread hops.
+/// Larger writes and FUA writes always go through the engine.
 const INLINE_WRITE: usize = 256 * 1024;
 
 /// Reads up to this size may be done on the calling thread when the page
 /// cache holds them (see [`Storage::read_now`]); larger ones go through
-/// io_uring, whose copy runs in the same system call but whose buffers
-/// need no zeroing first.
+/// the engine, whose buffers need no zeroing first.
 const NOWAIT_READ: usize = 64 * 1024;
 
 /// Consecutive small writes handed to kernel workers before switching.
@@ -61,7 +61,9 @@ impl std::fmt::Debug for StartedRead {
 
 #[derive(Debug)]
 pub struct Storage {
-    fd: OwnedFd,
+    /// Shared with the operations in flight, which keep it open.
+    fd: Arc<OwnedFd>,
+    engine: Engine,
     size: u64,
     read_only: bool,
     block_device: bool,
@@ -92,8 +94,9 @@ pub fn wire_errno(e: &std::io::Error) -> u32 {
 }
 
 impl Storage {
-    /// Opens `path` (a regular file or a block device).
-    pub fn open(path: &Path, read_only: bool) -> anyhow::Result<Storage> {
+    /// Opens `path` (a regular file or a block device), to be read and
+    /// written with `engine`.
+    pub fn open(path: &Path, read_only: bool, engine: &Engine) -> anyhow::Result<Storage> {
         let access = if read_only {
             OFlags::RDONLY
         } else {
@@ -115,13 +118,15 @@ impl Storage {
             ),
         };
         Ok(Storage {
-            fd,
+            fd: Arc::new(fd),
+            engine: engine.clone(),
             size,
             read_only,
             block_device,
             can_punch: AtomicBool::new(true),
             can_zero_range: AtomicBool::new(true),
-            write_inline: AtomicBool::new(false),
+            // The threads engine would hand every write to a pool thread.
+            write_inline: AtomicBool::new(engine.kind() == Kind::Threads),
             can_cachestat: AtomicBool::new(true),
             can_read_nowait: AtomicBool::new(true),
             punted_in_a_row: AtomicU32::new(0),
@@ -147,8 +152,9 @@ impl Storage {
         self.fd.as_fd()
     }
 
-    fn raw(&self) -> i32 {
-        self.fd.as_raw_fd()
+    /// The engine it is read and written with.
+    pub fn engine(&self) -> Kind {
+        self.engine.kind()
     }
 
     /// Reads `len` bytes at `offset`, appended to `buf`, whole.
@@ -160,15 +166,12 @@ impl Storage {
     ) -> (Vec<u8>, std::io::Result<()>) {
         let target = buf.len() + len;
         buf.reserve_exact(len);
-        let ring = match Uring::local() {
-            Ok(r) => r,
-            Err(e) => return (buf, Err(e)),
-        };
         while buf.len() < target {
             let left = target - buf.len();
             let done = len - left;
-            let (b, r) = ring
-                .read_append(self.raw(), offset + done as u64, buf, left)
+            let (b, r) = self
+                .engine
+                .read_append(&self.fd, offset + done as u64, buf, left)
                 .await;
             buf = b;
             match r {
@@ -193,14 +196,11 @@ impl Storage {
         len: usize,
     ) -> (PoolBuf, std::io::Result<()>) {
         let len = len.min(buf.capacity());
-        let ring = match Uring::local() {
-            Ok(r) => r,
-            Err(e) => return (buf, Err(e)),
-        };
         let mut done = 0;
         while done < len {
-            let (b, r) = ring
-                .read_any_pool(self.raw(), offset + done as u64, done, len - done, buf)
+            let (b, r) = self
+                .engine
+                .read(&self.fd, offset + done as u64, buf, done, len - done)
                 .await;
             buf = b;
             match r {
@@ -227,8 +227,8 @@ impl Storage {
         reads: Vec<(u64, Vec<u8>, usize)>,
     ) -> Vec<StartedRead> {
         // Reads of cached data are done right here, each with one system
-        // call (cheaper than a place in the ring); the rest go to the ring
-        // together.
+        // call (cheaper than a place in the ring or a hand-off to a pool
+        // thread); the rest go to the engine together.
         let mut done: Vec<Option<StartedRead>> = Vec::with_capacity(reads.len());
         let mut rest = Vec::new();
         for (offset, mut buf, len) in reads {
@@ -243,35 +243,22 @@ impl Storage {
         if rest.is_empty() {
             return done.into_iter().flatten().collect();
         }
-        let mut later = self.start_in_ring(rest).await.into_iter();
+        let mut later = self.start_in_engine(rest).await.into_iter();
         done.into_iter()
             .map(|d| d.unwrap_or_else(|| later.next().expect("one per read left")))
             .collect()
     }
 
-    /// Starts `reads` (as in [`Storage::start_reads`]) in the ring.
-    async fn start_in_ring(
+    /// Starts `reads` (as in [`Storage::start_reads`]) in the engine.
+    async fn start_in_engine(
         self: &Arc<Self>,
         reads: Vec<(u64, Vec<u8>, usize)>,
     ) -> Vec<StartedRead> {
-        let ring = match Uring::local() {
-            Ok(r) => r,
-            Err(e) => {
-                let kind = e.kind();
-                return reads
-                    .into_iter()
-                    .map(|(_, buf, _)| StartedRead::Done(buf, Err(kind.into())))
-                    .collect();
-            }
-        };
         let wanted: Vec<(u64, usize, usize)> = reads
             .iter()
             .map(|(offset, buf, len)| (*offset, buf.len() + len, *len))
             .collect();
-        let fd = self.raw();
-        let started = ring
-            .read_append_many(reads.into_iter().map(|(o, b, l)| (fd, o, b, l)).collect())
-            .await;
+        let started = self.engine.read_append_many(&self.fd, reads).await;
         started
             .into_iter()
             .zip(wanted)
@@ -313,15 +300,12 @@ impl Storage {
         if let Some(r) = self.write_now(offset, &buf[at..at + len], fua) {
             return (buf, r);
         }
-        let ring = match Uring::local() {
-            Ok(r) => r,
-            Err(e) => return (buf, Err(e)),
-        };
         let mut done = 0;
         while done < len {
-            let finished = ring
-                .write_vec(
-                    self.raw(),
+            let finished = self
+                .engine
+                .write(
+                    &self.fd,
                     offset + done as u64,
                     buf,
                     at + done,
@@ -330,7 +314,7 @@ impl Storage {
                 )
                 .await;
             buf = finished.buf;
-            if !fua && len <= INLINE_WRITE {
+            if !fua && len <= INLINE_WRITE && self.engine.kind() == Kind::IoUring {
                 self.note_write(finished.inline);
             }
             match finished.result {
@@ -477,17 +461,15 @@ impl Storage {
 
     /// Every write completed so far reaches stable storage.
     pub async fn flush(&self) -> std::io::Result<()> {
-        Uring::local()?.sync(self.raw(), true).await
+        self.engine.sync(&self.fd, true).await
     }
 
     /// Frees the range if the storage can (a hint: refusal is not an error).
     pub async fn trim(&self, offset: u64, len: u64, fua: bool) -> std::io::Result<()> {
+        let (offset, len) = self.whole_blocks(offset, len);
         if len > 0 && self.can_punch.load(Ordering::Relaxed) {
             let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-            match Uring::local()?
-                .fallocate(self.raw(), mode, offset, len)
-                .await
-            {
+            match self.engine.fallocate(&self.fd, mode, offset, len).await {
                 Ok(()) => {}
                 Err(e) if unsupported(&e) => self.can_punch.store(false, Ordering::Relaxed),
                 Err(e) => return Err(e),
@@ -511,19 +493,21 @@ impl Storage {
         if len == 0 {
             return Ok(());
         }
-        let ring = Uring::local().map_err(io)?;
         let mut done = false;
-        if punch && self.can_punch.load(Ordering::Relaxed) {
+        // Only a range the kernel can zero itself (see `whole_blocks`);
+        // the rest is written.
+        let itself = self.whole_blocks(offset, len) == (offset, len);
+        if itself && punch && self.can_punch.load(Ordering::Relaxed) {
             let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-            match ring.fallocate(self.raw(), mode, offset, len).await {
+            match self.engine.fallocate(&self.fd, mode, offset, len).await {
                 Ok(()) => done = true,
                 Err(e) if unsupported(&e) => self.can_punch.store(false, Ordering::Relaxed),
                 Err(e) => return Err(io(e)),
             }
         }
-        if !done && self.can_zero_range.load(Ordering::Relaxed) {
+        if itself && !done && self.can_zero_range.load(Ordering::Relaxed) {
             let mode = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
-            match ring.fallocate(self.raw(), mode, offset, len).await {
+            match self.engine.fallocate(&self.fd, mode, offset, len).await {
                 Ok(()) => done = true,
                 Err(e) if unsupported(&e) => self.can_zero_range.store(false, Ordering::Relaxed),
                 Err(e) => return Err(io(e)),
@@ -547,6 +531,20 @@ impl Storage {
             self.flush().await.map_err(io)?;
         }
         Ok(())
+    }
+
+    /// The part of `[offset, offset+len)` the kernel can discard or zero
+    /// itself (`fallocate`): all of it in a file, its whole logical blocks
+    /// in a block device (anything else is EINVAL there, which must not be
+    /// taken for "unsupported").
+    fn whole_blocks(&self, offset: u64, len: u64) -> (u64, u64) {
+        if !self.block_device {
+            return (offset, len);
+        }
+        let block = rustix::fs::ioctl_blksszget(&self.fd).map_or(512, |b| u64::from(b.max(1)));
+        let start = offset.next_multiple_of(block);
+        let end = (offset + len) / block * block;
+        (start, end.saturating_sub(start))
     }
 
     /// Asks the kernel to read the range ahead (advisory).
@@ -658,7 +656,8 @@ mod tests {
         let f = std::fs::File::create(&path).unwrap();
         f.set_len(64 << 20).unwrap();
         f.write_all_at(data, 0).unwrap();
-        let storage = Storage::open(&path, false).unwrap();
+        let engine = Engine::start(Kind::Threads, None).unwrap();
+        let storage = Storage::open(&path, false, &engine).unwrap();
         (f, storage)
     }
 

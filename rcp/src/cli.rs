@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use rfabric::endpoint::Transport;
+use rfabric::storage::EngineChoice;
 
 /// Copy files between nodes over RDMA (or TCP), pipelined and verified end
 /// to end with SHA-256.
@@ -46,6 +47,13 @@ pub struct Tuning {
     /// peer, else TCP.
     #[arg(long, value_enum, default_value_t = Transport::Auto)]
     pub transport: Transport,
+    /// Storage engine for reading and writing files: auto uses io_uring
+    /// where the kernel allows it (not on RHEL 8 or 9.0-9.2, refused by
+    /// default on 9.3+ and 10) and a pool of threads elsewhere, saying so
+    /// once; io_uring insists on it (an error where refused). In
+    /// remote-shell mode the far side is asked for the same.
+    #[arg(long, value_enum, default_value_t = EngineChoice::Auto, value_name = "ENGINE")]
+    pub io_engine: EngineChoice,
 }
 
 #[derive(Args, Debug)]

@@ -15,8 +15,19 @@ use rcp::report::Progress;
 use rcp::session::{self, Params, Report, Request, ServeConfig, Served, Target};
 use rcp::{auth, digest, shell};
 use rfabric::endpoint::{self, Listener, Transport};
+use rfabric::storage::{self, Kind};
 
-fn params(t: &Tuning, recursive: bool, preserve: bool, verify: bool) -> Params {
+/// The storage engine `--io-engine` asks for, probed once; when `auto`
+/// cannot have io_uring it says so, once, on stderr.
+fn io_engine(t: &Tuning, tool: &str) -> anyhow::Result<Kind> {
+    let chosen = storage::select(t.io_engine)?;
+    if let Some(notice) = chosen.notice(tool) {
+        eprintln!("{notice}");
+    }
+    Ok(chosen.kind)
+}
+
+fn params(t: &Tuning, io_engine: Kind, recursive: bool, preserve: bool, verify: bool) -> Params {
     Params {
         recursive,
         preserve,
@@ -25,6 +36,7 @@ fn params(t: &Tuning, recursive: bool, preserve: bool, verify: bool) -> Params {
         chunk: t.chunk_size,
         window: t.window,
         streams: 1,
+        io_engine,
     }
 }
 
@@ -70,10 +82,11 @@ async fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
         .map(|s| Operand::parse(s))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (dest, sources) = operands.split_last().expect("clap asks for two or more");
+    let engine = io_engine(&a.tuning, "rcp")?;
     let p = Params {
         resume: a.resume,
         streams: a.streams,
-        ..params(&a.tuning, a.recursive, a.preserve, !a.no_verify)
+        ..params(&a.tuning, engine, a.recursive, a.preserve, !a.no_verify)
     };
     let progress = Progress::new(!a.quiet && !a.json);
     let remote_sources = sources.iter().filter(|s| !s.is_local()).count();
@@ -154,8 +167,7 @@ async fn remote_copy(
             session::client(target, &secret, request, p, progress).await
         }
         Operand::Shell { login, host, .. } => {
-            let mut remote =
-                shell::start(&a.rsh, login, a.tuning.transport, p.chunk, p.window).await?;
+            let mut remote = shell::start(&a.rsh, login, &a.tuning).await?;
             let target = Target {
                 addr: endpoint::resolve(host, remote.port)?,
                 transport: a.tuning.transport,
@@ -231,6 +243,7 @@ fn summarize(r: &Report, json: bool, quiet: bool) -> ExitCode {
             "seconds": r.seconds,
             "bytes_per_second": rate,
             "transport": r.transport,
+            "io_engine": r.io_engine.name(),
             "streams": r.streams,
             "stream_bytes": r.stats.stream_bytes,
             "ok": !failed,
@@ -272,10 +285,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         roots.push(abs);
     }
+    let engine = io_engine(&a.tuning, "rcp serve")?;
     let config = Arc::new(ServeConfig {
         roots,
         secret,
-        params: params(&a.tuning, false, false, true),
+        params: params(&a.tuning, engine, false, false, true),
         log: true,
         sessions: Arc::default(),
     });
@@ -283,9 +297,10 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
     eprintln!(
-        "rcp serve: listening on {} (tcp{})",
+        "rcp serve: listening on {} (tcp{}), {} storage engine",
         a.listen,
-        if listener.has_rdma() { " and rdma" } else { "" }
+        if listener.has_rdma() { " and rdma" } else { "" },
+        engine
     );
     let slots = Arc::new(tokio::sync::Semaphore::new(a.max_clients));
     loop {
@@ -318,6 +333,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn server_once(a: ServerOnceArgs) -> anyhow::Result<ExitCode> {
+    let engine = io_engine(&a.tuning, "rcp (remote side)")?;
     let ip = shell::listen_ip();
     let listener = Listener::bind(SocketAddr::new(ip, 0), a.tuning.transport)
         .await
@@ -330,7 +346,7 @@ async fn server_once(a: ServerOnceArgs) -> anyhow::Result<ExitCode> {
     let config = ServeConfig {
         roots: vec![PathBuf::from("/")],
         secret: token.into_bytes(),
-        params: params(&a.tuning, false, false, true),
+        params: params(&a.tuning, engine, false, false, true),
         log: true,
         sessions: Arc::default(),
     };

@@ -1,10 +1,11 @@
 //! The receiving side of a copy: entries are created under temporary names;
 //! each landed chunk is hashed (worker thread) and checked against the
-//! sender's digest, written in place with io_uring, and its slot credited
-//! back once the write completed. When a file's last chunk is in, its digest
-//! is checked, the data synced, and only then is it renamed into place: an
+//! sender's digest, written in place by the storage engine straight from
+//! its landing slot, and its slot credited back once the write completed
+//! (the write owns the chunk: a cancelled copy cannot free a slot the
+//! kernel still reads). When a file's last chunk is in, its digest is
+//! checked, the data synced, and only then is it renamed into place: an
 //! interrupted or corrupted copy never shows up under the final name.
-#![allow(unsafe_code)]
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use crate::proto::{Entry, EntryKind, MAX_OKS, Msg};
 use crate::report::{Progress, Stats};
 use crate::streams::Merged;
 use crate::tree::{self, Base, DirSyncs, Incoming};
-use rfabric::uring::Uring;
+use rfabric::storage::{Engine, Kind};
 
 #[derive(Debug, Clone, Copy)]
 pub struct RecvOptions {
@@ -29,6 +30,8 @@ pub struct RecvOptions {
     pub verify: bool,
     /// Keep what an interrupted copy left, tell the sender what is there.
     pub resume: bool,
+    /// The storage engine that writes the files.
+    pub engine: Kind,
 }
 
 /// Chunks up to this size are hashed in place: a hand-off to a worker
@@ -90,7 +93,8 @@ pub async fn receive(
     progress: &Progress,
 ) -> anyhow::Result<Received> {
     let link = &links[0];
-    let uring = Uring::start(None).context("cannot start io_uring")?;
+    let engine = Engine::start(opts.engine, None)
+        .with_context(|| format!("cannot start the {} storage engine", opts.engine))?;
     // Read the umask before any file is created here.
     tree::umask();
     let base = Arc::new(base);
@@ -113,7 +117,7 @@ pub async fn receive(
     let start_finish = |file: File| {
         tokio::spawn(finish_file(
             answers.clone(),
-            uring.clone(),
+            engine.clone(),
             file,
             opts,
             Arc::clone(&dirs_to_sync),
@@ -137,7 +141,7 @@ pub async fn receive(
                     let file = files
                         .get_mut(&index)
                         .with_context(|| format!("data for unknown entry {index}"))?;
-                    land(file, chunk, &uring, opts, &mut stats, progress)?;
+                    land(file, chunk, &engine, opts, &mut stats, progress)?;
                     if file.complete()? {
                         finals.push(start_finish(files.remove(&index).expect("present")));
                     }
@@ -202,7 +206,7 @@ pub async fn receive(
                             end,
                         };
                         for chunk in early.remove(&index).unwrap_or_default() {
-                            land(&mut file, chunk, &uring, opts, &mut stats, progress)?;
+                            land(&mut file, chunk, &engine, opts, &mut stats, progress)?;
                         }
                         if file.complete()? {
                             finals.push(start_finish(file));
@@ -307,7 +311,7 @@ fn check_place(e: &Entry, chunk: &Chunk) -> anyhow::Result<u64> {
 fn land(
     file: &mut File,
     chunk: Chunk,
-    uring: &Uring,
+    engine: &Engine,
     opts: RecvOptions,
     stats: &mut Stats,
     progress: &Progress,
@@ -316,13 +320,13 @@ fn land(
     let len = u64::from(chunk.header().payload_len);
     stats.bytes += len;
     progress.add(len);
-    let task = write_chunk(uring.clone(), Arc::clone(&file.out), chunk, k, opts.verify);
+    let task = write_chunk(engine.clone(), Arc::clone(&file.out), chunk, k, opts.verify);
     file.writes.push(tokio::spawn(task));
     Ok(())
 }
 
 async fn write_chunk(
-    uring: Uring,
+    engine: Engine,
     out: Arc<Incoming>,
     chunk: Chunk,
     k: u64,
@@ -351,39 +355,19 @@ async fn write_chunk(
     } else {
         (chunk, [0; 32])
     };
-    let payload = chunk.payload();
-    let mut done = 0usize;
-    while done < payload.len() {
-        // SAFETY: the slot's bytes stay put while `chunk` is held (its
-        // credit is returned only when it is dropped, after this loop), and
-        // `out` keeps the file open.
-        let n = unsafe {
-            uring
-                .write(
-                    tree::raw(&out.fd),
-                    h.offset + done as u64,
-                    payload[done..].as_ptr(),
-                    payload.len() - done,
-                )
-                .await
-        }
-        .with_context(|| format!("writing at offset {}", h.offset + done as u64))?;
-        if n == 0 {
-            bail!(
-                "the disk took no bytes at offset {}",
-                h.offset + done as u64
-            );
-        }
-        done += n;
-    }
+    // The write owns the chunk: its slot (and credit) is released only
+    // once the write is done, even if this task is cancelled.
+    let len = chunk.payload().len();
+    let (chunk, written) = engine.write_all(&out, h.offset, chunk, 0, len, false).await;
     drop(chunk);
+    written.with_context(|| format!("writing at offset {}", h.offset))?;
     Ok((k, digest))
 }
 
 /// Waits for a file's writes, checks its digest, commits it, answers.
 async fn finish_file(
     answers: Answers,
-    uring: Uring,
+    engine: Engine,
     file: File,
     opts: RecvOptions,
     syncs: Arc<std::sync::Mutex<DirSyncs>>,
@@ -435,7 +419,7 @@ async fn finish_file(
             // should; else its tail is a hole still to be sized).
             let count = entry.size.div_ceil(u64::from(entry.chunk.max(1)));
             let sized = count == 0 || chunks.get(count as usize - 1).is_some_and(Option::is_some);
-            out.commit(&entry, opts.preserve, sized, &uring)
+            out.commit(&entry, opts.preserve, sized, &engine)
                 .await
                 .map_err(|e| format!("{e:#}"))
         }

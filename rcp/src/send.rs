@@ -1,5 +1,5 @@
-//! The sending side of a copy: walk the sources, read each file with
-//! io_uring into registered buffers with read-ahead, hash every chunk on a
+//! The sending side of a copy: walk the sources, read each file with the
+//! storage engine into registered buffers with read-ahead, hash every chunk on a
 //! worker thread, and write it into the receiver's landing slots as soon as
 //! a credit is free. Entries of many small files follow one another in the
 //! same pipeline: nothing waits for the receiver's answer to a file before
@@ -22,7 +22,7 @@ use crate::digest;
 use crate::proto::{Entry, EntryKind, Msg};
 use crate::report::{Progress, Stats};
 use crate::tree::{self, Item};
-use rfabric::uring::Uring;
+use rfabric::storage::{Engine, Kind};
 
 /// A source operand: `name` inside the directory `parent`, arriving as
 /// `top` on the other side.
@@ -42,6 +42,8 @@ pub struct SendOptions {
     pub chunk: usize,
     /// Buffers read ahead.
     pub buffers: usize,
+    /// The storage engine that reads the files.
+    pub engine: Kind,
 }
 
 /// Walked items per batch at most, and batches queued: together they
@@ -94,7 +96,8 @@ pub async fn send(
         bail!("the receiver offers no landing ring");
     }
     let pool = BufferPool::new(opts.buffers, chunk)?;
-    let uring = Uring::start(Some(&pool)).context("cannot start io_uring")?;
+    let engine = Engine::start(opts.engine, Some(&pool))
+        .with_context(|| format!("cannot start the {} storage engine", opts.engine))?;
     let (data, stripers) = stripe(links, &pool)?;
 
     // Walk on a blocking thread, a bounded number of items (and open
@@ -148,11 +151,11 @@ pub async fn send(
     let (steps_tx, mut steps) = mpsc::channel::<Step>(opts.buffers.max(2));
     let planner = {
         let pool = Arc::clone(&pool);
-        let uring = uring.clone();
+        let engine = engine.clone();
         tokio::spawn(async move {
             while let Some(batch) = items.recv().await {
                 for item in batch {
-                    plan(item?, chunk, opts, &pool, &uring, &steps_tx).await?;
+                    plan(item?, chunk, opts, &pool, &engine, &steps_tx).await?;
                 }
             }
             anyhow::Ok(())
@@ -380,7 +383,7 @@ async fn plan(
     chunk: usize,
     opts: SendOptions,
     pool: &Arc<BufferPool>,
-    uring: &Uring,
+    engine: &Engine,
     steps: &mpsc::Sender<Step>,
 ) -> anyhow::Result<()> {
     let mut entry = item.entry;
@@ -427,10 +430,10 @@ async fn plan(
         let offset = k * chunk as u64;
         let len = (size - offset).min(chunk as u64) as usize;
         let buf = pool.acquire().await;
-        let (file, uring) = (Arc::clone(&file), uring.clone());
+        let (file, engine) = (Arc::clone(&file), engine.clone());
         let shown = tree::show(&path);
         let read = tokio::spawn(async move {
-            let buf = read_full(&uring, &file, offset, len, buf)
+            let buf = read_full(&engine, &file, offset, len, buf)
                 .await
                 .with_context(|| format!("reading {shown} at offset {offset}"))?;
             let digest = if hash && buf.len() <= crate::recv::INLINE_HASH {
@@ -475,16 +478,16 @@ async fn plan(
 /// Reads exactly `len` bytes at `offset` (a file that shrank meanwhile is
 /// an error, not a short copy).
 async fn read_full(
-    uring: &Uring,
-    file: &OwnedFd,
+    engine: &Engine,
+    file: &Arc<OwnedFd>,
     offset: u64,
     len: usize,
     mut buf: PoolBuf,
 ) -> anyhow::Result<PoolBuf> {
     let mut got = 0usize;
     while got < len {
-        let (b, r) = uring
-            .read(tree::raw(file), offset + got as u64, got, len - got, buf)
+        let (b, r) = engine
+            .read(file, offset + got as u64, buf, got, len - got)
             .await;
         buf = b;
         match r? {

@@ -20,6 +20,7 @@ use crate::send::{self, SendOptions, Source};
 use crate::streams::{self, Sessions};
 use crate::tree::{self, Base};
 use rfabric::endpoint::{self, Listener, Transport};
+use rfabric::storage::Kind;
 
 /// How to copy.
 #[derive(Debug, Clone, Copy)]
@@ -33,6 +34,8 @@ pub struct Params {
     pub window: u32,
     /// Links the data is striped over (the client's choice).
     pub streams: u32,
+    /// This side's storage engine (each side chooses its own).
+    pub io_engine: Kind,
 }
 
 impl Params {
@@ -72,6 +75,7 @@ impl Params {
             resume: self.resume,
             chunk: self.chunk,
             buffers: (self.window as usize * self.streams as usize).clamp(4, 64),
+            engine: self.io_engine,
         }
     }
 
@@ -80,6 +84,7 @@ impl Params {
             preserve: self.preserve,
             verify: self.verify,
             resume: self.resume,
+            engine: self.io_engine,
         }
     }
 }
@@ -105,6 +110,8 @@ pub struct Report {
     pub stats: Stats,
     pub seconds: f64,
     pub transport: &'static str,
+    /// This side's storage engine.
+    pub io_engine: Kind,
     /// Links the data went over.
     pub streams: usize,
     /// Digest of the one file copied, when exactly one was and it was
@@ -183,6 +190,7 @@ pub async fn client(
         stats,
         seconds,
         transport,
+        io_engine: params.io_engine,
         streams,
         digest,
         failed: outcome.failed,

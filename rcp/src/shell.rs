@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use rfabric::endpoint::Transport;
+use crate::cli::Tuning;
 
 const BANNER: &str = "RCP-SERVER 1";
 
@@ -25,25 +25,20 @@ pub struct Remote {
 }
 
 /// Starts `rcp server-once` on `login` through `rsh` and reads its banner.
-pub async fn start(
-    rsh: &str,
-    login: &str,
-    transport: Transport,
-    chunk: usize,
-    window: u32,
-) -> anyhow::Result<Remote> {
+pub async fn start(rsh: &str, login: &str, tuning: &Tuning) -> anyhow::Result<Remote> {
     let mut words = rsh.split_whitespace();
     let program = words.next().context("--rsh is empty")?;
-    let transport = transport.name();
     let mut child = Command::new(program)
         .args(words)
         .arg(login)
-        .args(["rcp", "server-once", "--transport", transport])
+        .args(["rcp", "server-once", "--transport", tuning.transport.name()])
         .args([
             "--chunk-size",
-            &chunk.to_string(),
+            &tuning.chunk_size.to_string(),
             "--window",
-            &window.to_string(),
+            &tuning.window.to_string(),
+            "--io-engine",
+            tuning.io_engine.name(),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -9,12 +9,13 @@
 //!   renamed into place only when complete.
 
 use std::ffi::{CString, OsStr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use rfabric::storage::Engine;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 
 use crate::proto::{Entry, EntryKind};
@@ -297,6 +298,12 @@ impl AsFd for DestDir {
     }
 }
 
+impl AsFd for Incoming {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 /// A file being received under a temporary name.
 #[derive(Debug)]
 pub struct Incoming {
@@ -510,7 +517,7 @@ impl Incoming {
         e: &Entry,
         preserve: bool,
         sized: bool,
-        uring: &rfabric::uring::Uring,
+        engine: &Engine,
     ) -> anyhow::Result<Arc<DestDir>> {
         if !(self.fresh && sized) {
             rustix::fs::ftruncate(&self.fd, e.size)?;
@@ -535,9 +542,17 @@ impl Incoming {
             )
             .context("cannot rename into place")?;
         } else {
-            uring
-                .sync_and_rename(raw(&self.fd), raw(&self.parent.fd), &self.temp, &self.name)
+            let Incoming {
+                fd,
+                parent,
+                temp,
+                name,
+                ..
+            } = self;
+            engine
+                .sync_and_rename(&Arc::new(fd), &parent, temp, name)
                 .await?;
+            return Ok(parent);
         }
         Ok(self.parent)
     }
@@ -602,12 +617,6 @@ pub fn file_name(path: &Path) -> anyhow::Result<Vec<u8>> {
     path.file_name()
         .map(|n| n.as_bytes().to_vec())
         .with_context(|| format!("{} has no file name", path.display()))
-}
-
-/// Borrowed fd helper for io_uring.
-pub fn raw(fd: &OwnedFd) -> std::os::fd::RawFd {
-    use std::os::fd::AsRawFd;
-    fd.as_fd().as_raw_fd()
 }
 
 pub fn os(b: &[u8]) -> &OsStr {

@@ -22,15 +22,17 @@
 //!   safety contract kept by ownership.
 //! * [`endpoint`]: picking the backend (`auto`, `rdma`, `tcp`), dialing and
 //!   listening on both at one address.
-//! * [`uring`]: io_uring for the storage side (file reads and writes into
-//!   the same pool memory the transport sends from), submitted from the
-//!   calling task.
+//! * [`storage`]: the storage engine of both tools: file and device I/O
+//!   with owned buffers (the same pool memory the transport sends from,
+//!   landed chunks), on io_uring where the kernel allows it and on a
+//!   bounded thread pool of plain system calls everywhere else (RHEL 8,
+//!   and 9.3+/10 where io_uring is refused by default).
 #![deny(unsafe_code)]
 
 pub mod credit;
 pub mod endpoint;
 pub mod link;
 pub mod memory;
+pub mod storage;
 pub mod transport;
-pub mod uring;
 pub mod wire;

@@ -1,0 +1,419 @@
+//! The storage engine: every file and block-device operation of both tools
+//! (reads into pool buffers or onto vectors, writes from owned buffers or
+//! landed chunks, syncs, `fallocate`, a commit's sync-then-rename) through
+//! one interface, on one of two engines.
+//!
+//! * **Ownership.** An operation takes its buffer and the file it works on
+//!   (an `Arc` of anything with an fd) and hands the buffer back with the
+//!   result. A future dropped while the kernel or a pool thread still works
+//!   on its operation leaves both with the operation, which lets go of
+//!   them only when it is done: memory the kernel may still read or write
+//!   is never freed or reused (a landed chunk keeps its slot, so its credit
+//!   cannot go back early), and a file is never closed, nor its number
+//!   reused for another, under an operation.
+//! * **io_uring** (`uring`): submitted from the calling task; cached data
+//!   is copied inline during submission, the rest completes on the
+//!   kernel's workers and is reaped through an eventfd.
+//! * **threads** (`threads`): a bounded process-wide pool doing the plain
+//!   system calls of Linux 4.18, reads of cached data tried on the calling
+//!   thread first (`RWF_NOWAIT`).
+//! * **Choice** ([`select`]): `auto` probes io_uring once per process
+//!   (setup, then `IORING_REGISTER_PROBE` for each opcode used) and uses
+//!   threads when it is missing or refused, with the reason for the user.
+//!   RHEL 8 and 9.0–9.2 kernels have no io_uring; 9.3+ and 10 refuse it by
+//!   default: there the threads engine is what runs.
+//!
+//! Both engines pass one conformance suite (`shared/tests/storage_engines.rs`).
+
+mod buf;
+mod probe;
+mod threads;
+mod uring;
+
+use std::ffi::CString;
+use std::os::fd::AsFd;
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::oneshot;
+
+pub use buf::IoBuf;
+
+use crate::memory::{BufferPool, PoolBuf};
+use threads::Threads;
+use uring::Uring;
+
+/// What the user asks for (`--io-engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum EngineChoice {
+    /// io_uring where the kernel allows it, else threads.
+    Auto,
+    /// io_uring only (an error where the kernel refuses it).
+    #[cfg_attr(feature = "clap", value(name = "io_uring"))]
+    IoUring,
+    /// A pool of threads doing plain system calls (any kernel).
+    Threads,
+}
+
+impl EngineChoice {
+    /// The name users type.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineChoice::Auto => "auto",
+            EngineChoice::IoUring => "io_uring",
+            EngineChoice::Threads => "threads",
+        }
+    }
+}
+
+/// The engine a process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    IoUring,
+    Threads,
+}
+
+impl Kind {
+    /// The name users see (`--json`'s `io_engine`, start-up lines).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::IoUring => "io_uring",
+            Kind::Threads => "threads",
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The engine [`select`] chose, and why not io_uring when `auto` fell back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    pub kind: Kind,
+    pub fallback: Option<String>,
+}
+
+impl Selection {
+    /// The one line a tool prints when `auto` did not get io_uring.
+    pub fn notice(&self, tool: &str) -> Option<String> {
+        self.fallback.as_ref().map(|why| {
+            format!(
+                "{tool}: using the threads storage engine: {why}. \
+                 To allow io_uring see \"io_uring on RHEL\" in the README \
+                 (or pass --io-engine threads to silence this)"
+            )
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error(
+        "--io-engine io_uring: {0}; use --io-engine auto or threads, or allow \
+         io_uring (see \"io_uring on RHEL\" in the README)"
+    )]
+    UringRefused(String),
+}
+
+/// Whether io_uring is usable in this process (probed on the first call).
+fn uring_here() -> Result<(), String> {
+    static PROBED: OnceLock<Result<(), String>> = OnceLock::new();
+    PROBED.get_or_init(probe::uring_usable).clone()
+}
+
+/// Chooses the engine for `choice`: io_uring is probed once per process.
+pub fn select(choice: EngineChoice) -> Result<Selection, StorageError> {
+    let threads = |fallback| Selection {
+        kind: Kind::Threads,
+        fallback,
+    };
+    match choice {
+        EngineChoice::Threads => Ok(threads(None)),
+        EngineChoice::IoUring => uring_here()
+            .map(|()| Selection {
+                kind: Kind::IoUring,
+                fallback: None,
+            })
+            .map_err(StorageError::UringRefused),
+        EngineChoice::Auto => Ok(match uring_here() {
+            Ok(()) => Selection {
+                kind: Kind::IoUring,
+                fallback: None,
+            },
+            Err(why) => threads(Some(why)),
+        }),
+    }
+}
+
+/// A file an operation keeps open until it is done.
+type Held = Arc<dyn AsFd + Send + Sync>;
+
+fn held<F: AsFd + Send + Sync + 'static>(file: &Arc<F>) -> Held {
+    Arc::clone(file) as Held
+}
+
+/// What a write hands back.
+#[derive(Debug)]
+pub struct Written<B> {
+    pub buf: B,
+    pub result: std::io::Result<usize>,
+    /// It completed while it was being submitted (io_uring): no worker
+    /// thread, the kernel's or ours, was involved.
+    pub inline: bool,
+}
+
+/// A read started by [`Engine::read_append_many`]; cached data has usually
+/// been copied by the time it is handed out (io_uring).
+#[derive(Debug)]
+pub struct Appending {
+    rx: oneshot::Receiver<(Vec<u8>, std::io::Result<usize>)>,
+}
+
+impl Appending {
+    /// The buffer and the bytes read, if the read has completed.
+    pub fn try_finish(&mut self) -> Option<(Vec<u8>, std::io::Result<usize>)> {
+        self.rx.try_recv().ok()
+    }
+
+    /// The buffer and the bytes read, once the read has completed.
+    pub async fn finish(self) -> (Vec<u8>, std::io::Result<usize>) {
+        self.rx.await.expect("every operation is answered")
+    }
+}
+
+/// A handle to a storage engine; clone freely. Needs a tokio runtime.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    inner: Inner,
+}
+
+#[derive(Debug, Clone)]
+enum Inner {
+    /// One ring of its own.
+    Ring(Uring),
+    /// The ring of whichever runtime thread submits.
+    ThreadRings,
+    Threads(Threads),
+}
+
+impl Engine {
+    /// An engine of `kind` with a ring of its own (io_uring), whose fixed
+    /// buffers are `fixed`'s (reads into them skip the kernel's page
+    /// pinning).
+    pub fn start(kind: Kind, fixed: Option<&Arc<BufferPool>>) -> std::io::Result<Engine> {
+        let inner = match kind {
+            Kind::IoUring => Inner::Ring(Uring::start(fixed)?),
+            Kind::Threads => Inner::Threads(Threads::start()),
+        };
+        Ok(Engine { inner })
+    }
+
+    /// An engine of `kind` for servers whose tasks run on every runtime
+    /// thread: with io_uring each thread submits to a ring of its own, made
+    /// on first use, so tasks never wait for each other's inline copies.
+    /// The calling thread's ring is made now, to report a failure here.
+    pub fn per_thread(kind: Kind) -> std::io::Result<Engine> {
+        let inner = match kind {
+            Kind::IoUring => {
+                Uring::local()?;
+                Inner::ThreadRings
+            }
+            Kind::Threads => Inner::Threads(Threads::start()),
+        };
+        Ok(Engine { inner })
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self.inner {
+            Inner::Ring(_) | Inner::ThreadRings => Kind::IoUring,
+            Inner::Threads(_) => Kind::Threads,
+        }
+    }
+
+    /// Threads of the threads engine's pool (starting it), for reports.
+    pub fn pool_threads() -> usize {
+        threads::pool_size()
+    }
+
+    fn ring(&self) -> std::io::Result<Option<Uring>> {
+        match &self.inner {
+            Inner::Ring(r) => Ok(Some(r.clone())),
+            Inner::ThreadRings => Uring::local().map(Some),
+            Inner::Threads(_) => Ok(None),
+        }
+    }
+
+    /// Reads up to `len` bytes at file `offset` into `buf` from byte `at`
+    /// of the buffer on (the buffer's length is the caller's to set). A
+    /// short count is not an error; 0 is the end of the file.
+    pub async fn read<F: AsFd + Send + Sync + 'static>(
+        &self,
+        file: &Arc<F>,
+        offset: u64,
+        buf: PoolBuf,
+        at: usize,
+        len: usize,
+    ) -> (PoolBuf, std::io::Result<usize>) {
+        match (&self.inner, self.ring()) {
+            (Inner::Threads(t), _) => t.read(held(file), offset, buf, at, len).await,
+            (_, Ok(Some(r))) => r.read(held(file), offset, buf, at, len).await,
+            (_, Err(e)) => (buf, Err(e)),
+            (_, Ok(None)) => unreachable!("only the threads engine has no ring"),
+        }
+    }
+
+    /// Reads up to `len` bytes at file `offset` and appends them to `buf`
+    /// (into room reserved here, never zeroed first).
+    pub async fn read_append<F: AsFd + Send + Sync + 'static>(
+        &self,
+        file: &Arc<F>,
+        offset: u64,
+        buf: Vec<u8>,
+        len: usize,
+    ) -> (Vec<u8>, std::io::Result<usize>) {
+        let mut started = self.read_append_many(file, vec![(offset, buf, len)]).await;
+        started.pop().expect("one read, one result").finish().await
+    }
+
+    /// [`Engine::read_append`] for each `(offset, buf, len)`, all started
+    /// at once: with io_uring one entry into the kernel for the lot (a
+    /// burst of cached reads costs one system call), with threads as many
+    /// at a time as the pool has threads free.
+    pub async fn read_append_many<F: AsFd + Send + Sync + 'static>(
+        &self,
+        file: &Arc<F>,
+        reads: Vec<(u64, Vec<u8>, usize)>,
+    ) -> Vec<Appending> {
+        match (&self.inner, self.ring()) {
+            (Inner::Threads(t), _) => t.read_append_many(held(file), reads),
+            (_, Ok(Some(r))) => r.read_append_many(held(file), reads).await,
+            (_, Err(e)) => reads
+                .into_iter()
+                .map(|(_, buf, _)| {
+                    let (tx, rx) = oneshot::channel();
+                    let _ = tx.send((buf, Err(std::io::Error::new(e.kind(), e.to_string()))));
+                    Appending { rx }
+                })
+                .collect(),
+            (_, Ok(None)) => unreachable!("only the threads engine has no ring"),
+        }
+    }
+
+    /// Writes `buf.io_bytes()[at..at+len]` at file `offset`; with
+    /// `durable`, the data (and what is needed to read it back) is on
+    /// stable storage when this completes (`RWF_DSYNC`, the FUA of NBD).
+    /// A short count is not an error.
+    pub async fn write<F: AsFd + Send + Sync + 'static, B: IoBuf>(
+        &self,
+        file: &Arc<F>,
+        offset: u64,
+        buf: B,
+        at: usize,
+        len: usize,
+        durable: bool,
+    ) -> Written<B> {
+        match (&self.inner, self.ring()) {
+            (Inner::Threads(t), _) => t.write(held(file), offset, buf, at, len, durable).await,
+            (_, Ok(Some(r))) => r.write(held(file), offset, buf, at, len, durable).await,
+            (_, Err(e)) => Written {
+                buf,
+                result: Err(e),
+                inline: false,
+            },
+            (_, Ok(None)) => unreachable!("only the threads engine has no ring"),
+        }
+    }
+
+    /// Writes all of `buf.io_bytes()[at..at+len]` at `offset` (retrying
+    /// short writes; a device that takes nothing is `ENOSPC`).
+    pub async fn write_all<F: AsFd + Send + Sync + 'static, B: IoBuf>(
+        &self,
+        file: &Arc<F>,
+        offset: u64,
+        mut buf: B,
+        at: usize,
+        len: usize,
+        durable: bool,
+    ) -> (B, std::io::Result<()>) {
+        let mut done = 0;
+        while done < len {
+            let w = self
+                .write(
+                    file,
+                    offset + done as u64,
+                    buf,
+                    at + done,
+                    len - done,
+                    durable,
+                )
+                .await;
+            buf = w.buf;
+            match w.result {
+                Ok(0) => return (buf, Err(std::io::Error::from_raw_os_error(libc::ENOSPC))),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return (buf, Err(e)),
+            }
+        }
+        (buf, Ok(()))
+    }
+
+    /// `fdatasync` (or `fsync`, for directories and metadata, without
+    /// `data_only`).
+    pub async fn sync<F: AsFd + Send + Sync + 'static>(
+        &self,
+        file: &Arc<F>,
+        data_only: bool,
+    ) -> std::io::Result<()> {
+        match (&self.inner, self.ring()?) {
+            (Inner::Threads(t), _) => t.sync(held(file), data_only).await,
+            (_, Some(r)) => r.sync(held(file), data_only).await,
+            (_, None) => unreachable!("only the threads engine has no ring"),
+        }
+    }
+
+    /// `fallocate(fd, mode, offset, len)` (`FALLOC_FL_*` modes).
+    pub async fn fallocate<F: AsFd + Send + Sync + 'static>(
+        &self,
+        file: &Arc<F>,
+        mode: i32,
+        offset: u64,
+        len: u64,
+    ) -> std::io::Result<()> {
+        match (&self.inner, self.ring()?) {
+            (Inner::Threads(t), _) => t.fallocate(held(file), mode, offset, len).await,
+            (_, Some(r)) => r.fallocate(held(file), mode, offset, len).await,
+            (_, None) => unreachable!("only the threads engine has no ring"),
+        }
+    }
+
+    /// A file's commit: `fdatasync(file)`, then (only if that succeeded)
+    /// the rename of `from` to `to`, both in directory `dir`, with no
+    /// thread of the caller's blocked on the disk.
+    pub async fn sync_and_rename<F, D>(
+        &self,
+        file: &Arc<F>,
+        dir: &Arc<D>,
+        from: CString,
+        to: CString,
+    ) -> std::io::Result<()>
+    where
+        F: AsFd + Send + Sync + 'static,
+        D: AsFd + Send + Sync + 'static,
+    {
+        let (synced, renamed) = match (&self.inner, self.ring()?) {
+            (Inner::Threads(t), _) => t.sync_and_rename(held(file), held(dir), from, to).await,
+            (_, Some(r)) => r.sync_and_rename(held(file), held(dir), from, to).await,
+            (_, None) => unreachable!("only the threads engine has no ring"),
+        };
+        let explain = |what: &str, e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("cannot {what}: {e}"))
+        };
+        synced.map_err(|e| explain("sync the data to disk", e))?;
+        renamed.map_err(|e| explain("rename into place", e))?;
+        Ok(())
+    }
+}
