@@ -218,7 +218,11 @@ pub async fn send(
                 let (mut buf, digest) = read.await??;
                 if let Some(entry) = whole {
                     let file = if opts.verify {
-                        digest::file_digest(entry.size, entry.chunk, &[Some(digest)])
+                        // The one data chunk is chunk `k`: a sparse file's
+                        // may be any (the others are holes).
+                        let mut chunks = vec![None; k as usize];
+                        chunks.push(Some(digest));
+                        digest::file_digest(entry.size, entry.chunk, &chunks)
                     } else {
                         [0; 32]
                     };

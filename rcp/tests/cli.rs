@@ -796,3 +796,76 @@ fn an_over_long_destination_is_refused_and_the_daemon_goes_on() {
     ]));
     assert_eq!(std::fs::read(root.join("f")).unwrap(), b"payload");
 }
+
+/// `--io-engine`: threads always works; auto takes io_uring where the
+/// kernel allows it and otherwise says once why not; an explicit io_uring
+/// the kernel refuses is a clear error that writes nothing. (Under the
+/// kernel profiles that refuse io_uring, the refusing half is what runs.)
+#[test]
+fn the_storage_engine_is_chosen_reported_and_refused_clearly() {
+    let t = Scratch::new("io-engine");
+    let src = t.path("src");
+    std::fs::create_dir(&src).unwrap();
+    for (i, size) in [0usize, 1, 4095, 65_537, 1 << 20, 3_000_001]
+        .into_iter()
+        .enumerate()
+    {
+        std::fs::write(src.join(format!("f{i}")), pattern(size, i as u64)).unwrap();
+    }
+    // A sparse file: data at 5 MiB in a 9 MiB file.
+    // Sparse files whose one data chunk is not the first (their digest
+    // once counted it as chunk 0): data at 5 MiB in 9 MiB, and a 10 MiB
+    // file whose only data is its last byte.
+    let sparse = std::fs::File::create(src.join("sparse")).unwrap();
+    sparse.set_len(9 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&sparse, &pattern(70_000, 9), 5 << 20).unwrap();
+    let last = std::fs::File::create(src.join("last-byte")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&last, b"x", (10 << 20) - 1).unwrap();
+    let notice = "using the threads storage engine";
+
+    let out = rcp(&[
+        "-r",
+        "--json",
+        "--io-engine",
+        "threads",
+        s(&src),
+        s(&t.path("a")),
+    ]);
+    let v = json(&ok(&out));
+    assert_eq!(v["io_engine"], "threads");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(notice));
+    assert_same_tree(&src, &t.path("a"));
+
+    let out = rcp(&["-r", "--json", s(&src), s(&t.path("b"))]);
+    let v = json(&ok(&out));
+    assert_same_tree(&src, &t.path("b"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let uring = rcp(&[
+        "-r",
+        "--json",
+        "--io-engine",
+        "io_uring",
+        s(&src),
+        s(&t.path("c")),
+    ]);
+    match v["io_engine"].as_str() {
+        Some("io_uring") => {
+            assert!(!stderr.contains(notice), "{stderr}");
+            assert_eq!(json(&ok(&uring))["io_engine"], "io_uring");
+            assert_same_tree(&src, &t.path("c"));
+        }
+        Some("threads") => {
+            // Said once, though sender and receiver both started engines.
+            assert_eq!(stderr.matches(notice).count(), 1, "{stderr}");
+            assert!(stderr.contains("io_uring on RHEL"), "{stderr}");
+            assert_eq!(uring.status.code(), Some(1));
+            let why = String::from_utf8_lossy(&uring.stderr);
+            assert!(
+                why.contains("--io-engine io_uring: io_uring_setup: "),
+                "{why}"
+            );
+            assert!(!t.path("c").exists(), "nothing written");
+        }
+        other => panic!("io_engine {other:?}"),
+    }
+}

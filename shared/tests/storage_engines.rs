@@ -113,7 +113,9 @@ async fn writes_of_every_owned_buffer_kind_reach_the_file() {
             .await;
         r.unwrap();
         assert_eq!(back, a, "{kind}: the buffer comes back as it went");
-        let w = engine.write(&file, 500_000, vec![7u8; 10], 0, 10, false).await;
+        let w = engine
+            .write(&file, 500_000, vec![7u8; 10], 0, 10, false)
+            .await;
         assert_eq!(w.result.unwrap(), 10, "{kind}");
         // A pool buffer: its data part.
         let mut buf = pool.acquire().await;
@@ -156,7 +158,11 @@ async fn fallocate_punches_holes_and_reports_refusals() {
         let e = engine.fallocate(&ro, 0, 0, 4 << 20).await.unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EBADF), "{kind}");
         let w = engine.write(&ro, 0, vec![1u8; 8], 0, 8, false).await;
-        assert_eq!(w.result.unwrap_err().raw_os_error(), Some(libc::EBADF), "{kind}");
+        assert_eq!(
+            w.result.unwrap_err().raw_os_error(),
+            Some(libc::EBADF),
+            "{kind}"
+        );
     }
 }
 
@@ -191,7 +197,10 @@ async fn a_commit_syncs_then_renames_and_says_which_step_failed() {
             .await
             .unwrap_err();
         assert_eq!(e.raw_os_error(), None, "{kind}: explained, {e}");
-        assert!(e.to_string().starts_with("cannot rename into place"), "{kind}: {e}");
+        assert!(
+            e.to_string().starts_with("cannot rename into place"),
+            "{kind}: {e}"
+        );
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{kind}");
     }
 }
