@@ -459,17 +459,28 @@ impl Incoming {
         }
         let mut left = st.st_size as u64;
         while left > 0 {
-            let n = rustix::fs::copy_file_range(
+            let n = match rustix::fs::copy_file_range(
                 &old,
                 None,
                 &self.fd,
                 None,
                 left.min(1 << 30) as usize,
-            )?;
+            ) {
+                Ok(n) => n as u64,
+                // Filesystems (and kernels) that cannot: copied by hand
+                // from where the file positions are.
+                Err(
+                    rustix::io::Errno::XDEV
+                    | rustix::io::Errno::INVAL
+                    | rustix::io::Errno::OPNOTSUPP
+                    | rustix::io::Errno::NOSYS,
+                ) => copy_by_hand(&old, &self.fd, left)?,
+                Err(e) => return Err(e.into()),
+            };
             if n == 0 {
                 break;
             }
-            left -= n as u64;
+            left -= n;
         }
         Ok(())
     }
@@ -561,6 +572,26 @@ impl Incoming {
     pub fn discard(self) {
         let _ = rustix::fs::unlinkat(&self.parent, self.temp.as_c_str(), AtFlags::empty());
     }
+}
+
+/// Copies up to `len` bytes from `from` to `to` at their file positions
+/// with reads and writes; the bytes copied (fewer at the end of `from`).
+fn copy_by_hand(from: &OwnedFd, to: &OwnedFd, len: u64) -> anyhow::Result<u64> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut done = 0u64;
+    while done < len {
+        let want = (len - done).min(buf.len() as u64) as usize;
+        let n = rustix::io::read(from, &mut buf[..want])?;
+        if n == 0 {
+            break;
+        }
+        let mut put = 0;
+        while put < n {
+            put += rustix::io::write(to, &buf[put..n])?;
+        }
+        done += n as u64;
+    }
+    Ok(done)
 }
 
 /// The temporary name of a file being received: fixed, so that an
