@@ -67,7 +67,9 @@ pub async fn serve_link(
             read_only: export.info.read_only,
             structured: true,
             allocation: true,
-            min_block: 1,
+            // The export's own minimum: 1 for the page cache, so the
+            // gateway's NBD clients may send requests at any byte.
+            min_block: export.info.min_block(),
         },
         pool,
         region,

@@ -14,11 +14,17 @@ pub const MAX_OPTION: u32 = 64 * 1024;
 /// The context id `base:allocation` gets.
 pub const ALLOCATION_CONTEXT: u32 = 1;
 
-/// Block sizes the server announces: requests aligned to `MIN_BLOCK` are
-/// required once the client agreed to block sizes; `MAX_PAYLOAD` is the
-/// largest read or write.
-pub const MIN_BLOCK: u32 = 512;
+/// The minimum block size of an export served through the page cache
+/// (every file and block device today): requests may start and end at any
+/// byte, and the kernel reads in what a partial page needs, as with
+/// nbdkit's file plugin, qemu-nbd and nbd-server. A backend that truly
+/// needs alignment (O_DIRECT: the device's logical block size) would give
+/// its own through [`ExportInfo::min_block`].
+pub const PAGE_CACHE_MIN_BLOCK: u32 = 1;
+/// The block size the server prefers: a page, so that no write has to
+/// read in the rest of one first.
 pub const PREFERRED_BLOCK: u32 = 4096;
+/// The largest read or write.
 pub const MAX_PAYLOAD: u32 = 32 << 20;
 
 /// What the server offers under one name.
@@ -33,6 +39,14 @@ pub struct ExportInfo {
 }
 
 impl ExportInfo {
+    /// The smallest block this export takes requests in (a power of two,
+    /// at most [`PREFERRED_BLOCK`]): what `NBD_INFO_BLOCK_SIZE` announces,
+    /// and what binds a client that asked for block sizes. Every export is
+    /// served through the page cache today, so any byte will do.
+    pub fn min_block(&self) -> u32 {
+        PAGE_CACHE_MIN_BLOCK
+    }
+
     /// The transmission flags the client is told.
     pub fn transmission_flags(&self) -> u16 {
         let mut f = tflags::HAS_FLAGS
@@ -61,8 +75,9 @@ pub struct Negotiated {
     pub structured: bool,
     /// `base:allocation` was selected (its id is [`ALLOCATION_CONTEXT`]).
     pub allocation: bool,
-    /// The client asked for block sizes, so it promised to respect them.
-    pub block_sizes: bool,
+    /// The alignment the client promised: the export's minimum block size
+    /// when it asked for block sizes, 1 when it did not.
+    pub min_block: u32,
 }
 
 /// How the handshake ended.
@@ -288,7 +303,11 @@ impl Handshake {
             export,
             structured: self.structured,
             allocation,
-            block_sizes,
+            min_block: if block_sizes {
+                self.exports[export].min_block()
+            } else {
+                1
+            },
         }
     }
 
@@ -330,7 +349,8 @@ impl Handshake {
         }
         // Block sizes are always told; they bind only a client that asked.
         let mut d = info::BLOCK_SIZE.to_be_bytes().to_vec();
-        for v in [MIN_BLOCK, PREFERRED_BLOCK, MAX_PAYLOAD] {
+        let min = e.min_block();
+        for v in [min, PREFERRED_BLOCK.max(min), MAX_PAYLOAD] {
             d.extend_from_slice(&v.to_be_bytes());
         }
         self.reply(option, rep::INFO, &d);

@@ -5,7 +5,7 @@ use super::consts::{
     REQUEST_LEN, REQUEST_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC, cflags, chunk, cmd,
     errno,
 };
-use super::handshake::{ALLOCATION_CONTEXT, MAX_PAYLOAD, MIN_BLOCK, Negotiated};
+use super::handshake::{ALLOCATION_CONTEXT, MAX_PAYLOAD, Negotiated};
 
 /// A request header as it came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +79,9 @@ pub struct Limits {
     pub read_only: bool,
     pub structured: bool,
     pub allocation: bool,
-    /// Alignment the client agreed to (1 when it did not ask for sizes).
+    /// Alignment requests must have: the export's minimum block size once
+    /// the client agreed to it (1 for exports served through the page
+    /// cache, and whenever the client did not ask for sizes).
     pub min_block: u32,
 }
 
@@ -90,7 +92,7 @@ impl Limits {
             read_only,
             structured: n.structured,
             allocation: n.allocation,
-            min_block: if n.block_sizes { MIN_BLOCK } else { 1 },
+            min_block: n.min_block,
         }
     }
 }
@@ -121,7 +123,7 @@ pub fn check(r: &Request, l: &Limits) -> Result<Command, Refusal> {
     let end = r.offset.checked_add(u64::from(r.length));
     let beyond = end.is_none_or(|e| e > l.size);
     let aligned = |check_length: bool| {
-        let m = u64::from(l.min_block);
+        let m = u64::from(l.min_block.max(1));
         r.offset % m == 0 && (!check_length || u64::from(r.length) % m == 0 || end == Some(l.size))
     };
     let writes = |c: Command| -> Result<Command, Refusal> {

@@ -77,8 +77,19 @@ fn started(flags: u32) -> Handshake {
     h
 }
 
+/// The (minimum, preferred, maximum) block sizes an INFO or GO reply told.
+fn block_sizes(r: &[(u32, u32, Vec<u8>)]) -> (u32, u32, u32) {
+    let bs = r
+        .iter()
+        .find(|x| x.1 == rep::INFO && x.2[..2] == info::BLOCK_SIZE.to_be_bytes())
+        .expect("a block size item");
+    assert_eq!(bs.2.len(), 14);
+    let at = |i: usize| u32::from_be_bytes(bs.2[i..i + 4].try_into().unwrap());
+    (at(2), at(6), at(10))
+}
+
 #[test]
-fn go_with_block_sizes_reports_the_export_and_binds_the_sizes() {
+fn go_with_block_sizes_reports_the_export_and_binds_its_minimum() {
     let mut h = started(client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES);
     let msg = option(opt::GO, &go_data("disk", &[info::BLOCK_SIZE, info::NAME]));
     let (used, outcome) = h.advance(&msg).unwrap();
@@ -89,7 +100,8 @@ fn go_with_block_sizes_reports_the_export_and_binds_the_sizes() {
             export: 0,
             structured: false,
             allocation: false,
-            block_sizes: true,
+            // The page cache takes any byte: the minimum bound is 1.
+            min_block: 1,
         }))
     );
     let r = replies(&h.take_output());
@@ -110,11 +122,30 @@ fn go_with_block_sizes_reports_the_export_and_binds_the_sizes() {
         r.iter()
             .any(|x| x.2[..2] == info::NAME.to_be_bytes() && &x.2[2..] == b"disk")
     );
-    let bs = r
-        .iter()
-        .find(|x| x.2[..2] == info::BLOCK_SIZE.to_be_bytes())
-        .unwrap();
-    assert_eq!(bs.2.len(), 14);
+    // Minimum 1 (as nbdkit's file plugin, qemu-nbd and nbd-server), a
+    // page preferred, the largest payload as the maximum.
+    assert_eq!(block_sizes(&r), (1, PREFERRED_BLOCK, MAX_PAYLOAD));
+    assert_eq!(
+        (PAGE_CACHE_MIN_BLOCK, PREFERRED_BLOCK, MAX_PAYLOAD),
+        (1, 4096, 32 << 20)
+    );
+}
+
+#[test]
+fn every_export_tells_its_block_sizes_even_unasked() {
+    for name in ["disk", "ro", ""] {
+        let mut h = started(client_flags::FIXED_NEWSTYLE);
+        let (_, o) = h.advance(&option(opt::INFO, &go_data(name, &[]))).unwrap();
+        assert_eq!(o, None);
+        let r = replies(&h.take_output());
+        assert_eq!(block_sizes(&r), (1, 4096, 32 << 20), "export {name:?}");
+        let (_, o) = h.advance(&option(opt::GO, &go_data(name, &[]))).unwrap();
+        assert!(matches!(
+            o,
+            Some(Outcome::Transmission(Negotiated { min_block: 1, .. }))
+        ));
+        assert_eq!(block_sizes(&replies(&h.take_output())).0, 1);
+    }
 }
 
 #[test]
@@ -136,7 +167,7 @@ fn input_may_arrive_a_byte_at_a_time() {
         outcome,
         Some(Outcome::Transmission(Negotiated {
             export: 0,
-            block_sizes: false,
+            min_block: 1,
             ..
         }))
     ));

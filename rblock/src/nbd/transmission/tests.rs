@@ -1,14 +1,17 @@
 use super::*;
 use crate::nbd::consts::{STRUCTURED_REPLY_MAGIC, chunk};
+use crate::nbd::handshake::PAGE_CACHE_MIN_BLOCK;
 
+/// A connection to a writable export served through the page cache, whose
+/// client asked for block sizes.
 fn limits() -> Limits {
-    Limits {
-        size: 1 << 20,
-        read_only: false,
+    let n = Negotiated {
+        export: 0,
         structured: true,
         allocation: true,
-        min_block: 512,
-    }
+        min_block: PAGE_CACHE_MIN_BLOCK,
+    };
+    Limits::new(&n, 1 << 20, false)
 }
 
 fn req(kind: u16, flags: u16, offset: u64, length: u32) -> Request {
@@ -110,17 +113,6 @@ fn the_spec_errors_for_bad_requests() {
         errno_of(check(&req(cmd::READ, 0, u64::MAX, 512), &l)),
         errno::EINVAL
     );
-    // Misaligned once block sizes were agreed; fine otherwise.
-    assert_eq!(
-        errno_of(check(&req(cmd::READ, 0, 1, 512), &l)),
-        errno::EINVAL
-    );
-    assert_eq!(
-        errno_of(check(&req(cmd::WRITE, 0, 0, 100), &l)),
-        errno::EINVAL
-    );
-    let loose = Limits { min_block: 1, ..l };
-    assert!(check(&req(cmd::WRITE, 0, 1, 100), &loose).is_ok());
     // Flags not valid for the command, unknown commands.
     assert_eq!(
         errno_of(check(&req(cmd::WRITE, cflags::NO_HOLE, 0, 512), &l)),
@@ -177,6 +169,77 @@ fn the_spec_errors_for_bad_requests() {
         errno_of(check(&req(cmd::BLOCK_STATUS, 0, 0, 512), &none)),
         errno::EINVAL
     );
+}
+
+#[test]
+fn the_page_cache_takes_requests_at_any_byte() {
+    let l = limits();
+    assert_eq!(l.min_block, 1);
+    let end = 1 << 20;
+    // 70,000 bytes at 12,345, as libnbd sends them with strict mode off.
+    for (kind, flags) in [
+        (cmd::READ, 0),
+        (cmd::READ, cflags::DF),
+        (cmd::WRITE, cflags::FUA),
+        (cmd::TRIM, 0),
+        (cmd::WRITE_ZEROES, 0),
+        (cmd::WRITE_ZEROES, cflags::NO_HOLE | cflags::FAST_ZERO),
+        (cmd::CACHE, 0),
+        (cmd::BLOCK_STATUS, 0),
+        (cmd::BLOCK_STATUS, cflags::REQ_ONE),
+    ] {
+        for (offset, length) in [(12_345, 70_000), (1, 1), (511, 2), (end - 3, 3)] {
+            assert!(
+                check(&req(kind, flags, offset, length), &l).is_ok(),
+                "command {kind} flags {flags:#x} at {offset}+{length}"
+            );
+        }
+        // The end of the export still counts, to the byte.
+        assert!(check(&req(kind, flags, end - 3, 4), &l).is_err());
+    }
+}
+
+#[test]
+fn a_minimum_the_client_agreed_to_binds_it() {
+    // An export whose backend needs alignment (none does today: O_DIRECT
+    // would) and a client that asked for block sizes.
+    let n = Negotiated {
+        export: 0,
+        structured: true,
+        allocation: true,
+        min_block: 512,
+    };
+    let l = Limits::new(&n, 1 << 20, false);
+    assert_eq!(l.min_block, 512);
+    assert_eq!(
+        errno_of(check(&req(cmd::READ, 0, 1, 512), &l)),
+        errno::EINVAL
+    );
+    assert_eq!(
+        errno_of(check(&req(cmd::WRITE, 0, 0, 100), &l)),
+        errno::EINVAL
+    );
+    assert_eq!(
+        errno_of(check(&req(cmd::TRIM, 0, 512, 100), &l)),
+        errno::EINVAL
+    );
+    assert_eq!(
+        errno_of(check(&req(cmd::CACHE, 0, 100, 512), &l)),
+        errno::EINVAL
+    );
+    assert!(check(&req(cmd::WRITE, 0, 512, 1024), &l).is_ok());
+    // A short last block up to the end, and block status of any length.
+    assert!(check(&req(cmd::READ, 0, (1 << 20) - 512, 512), &l).is_ok());
+    let odd = Limits { size: 1000, ..l };
+    assert!(check(&req(cmd::READ, 0, 512, 488), &odd).is_ok());
+    assert!(check(&req(cmd::BLOCK_STATUS, 0, 512, 100), &l).is_ok());
+    assert_eq!(
+        errno_of(check(&req(cmd::BLOCK_STATUS, 0, 100, 512), &l)),
+        errno::EINVAL
+    );
+    // The same export to a client that did not ask: no alignment.
+    let loose = Limits::new(&Negotiated { min_block: 1, ..n }, 1 << 20, false);
+    assert!(check(&req(cmd::WRITE, 0, 1, 100), &loose).is_ok());
 }
 
 #[test]
@@ -239,7 +302,8 @@ proptest::proptest! {
     fn any_header_is_checked_without_panic(b in proptest::array::uniform28(proptest::prelude::any::<u8>())) {
         if let Ok(r) = Request::decode(&b) {
             let _ = check(&r, &limits());
-            let _ = check(&r, &Limits { structured: false, read_only: true, min_block: 1, ..limits() });
+            let _ = check(&r, &Limits { structured: false, read_only: true, ..limits() });
+            let _ = check(&r, &Limits { min_block: 512, ..limits() });
         }
     }
 }
