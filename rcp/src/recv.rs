@@ -278,7 +278,7 @@ pub async fn receive(
     }
     // Every rename is durable before the sender can report success.
     let dirs = std::mem::take(&mut *dirs_to_sync.lock().expect("dir lock"));
-    tokio::task::spawn_blocking(move || dirs.sync()).await??;
+    dirs.sync(&engine).await?;
     drop(answers);
     answerer.await??;
     if !ok {

@@ -664,9 +664,18 @@ impl DirSyncs {
         self.0.entry(dir.id).or_insert(dir);
     }
 
-    pub fn sync(self) -> anyhow::Result<()> {
-        for dir in self.0.into_values() {
-            rustix::fs::fsync(&dir).context("cannot sync a directory")?;
+    /// `fsync` of each, all in flight at once on the storage engine.
+    pub async fn sync(self, engine: &Engine) -> anyhow::Result<()> {
+        let syncs: Vec<_> = self
+            .0
+            .into_values()
+            .map(|dir| {
+                let engine = engine.clone();
+                tokio::spawn(async move { engine.sync(&dir, false).await })
+            })
+            .collect();
+        for sync in syncs {
+            sync.await?.context("cannot sync a directory")?;
         }
         Ok(())
     }
