@@ -173,6 +173,21 @@ pub async fn detach(device: &Path) -> anyhow::Result<()> {
     }
 }
 
+/// Detaches `device` if it is attached (whoever attached it); false if it
+/// was not.
+pub async fn detach_if_attached(device: &Path) -> anyhow::Result<bool> {
+    let index = device_index(device)?;
+    let attached = match open_family(true).await? {
+        Ok(family) => blocking(move || family.connected(index)).await??,
+        // Without the family only nbd-client can have attached it.
+        Err(_) => pid_file(index).exists(),
+    };
+    if attached {
+        detach(device).await?;
+    }
+    Ok(attached)
+}
+
 /// N of /dev/nbdN: the netlink family names devices by it.
 fn device_index(device: &Path) -> anyhow::Result<u32> {
     // An alias (a udev link) names the real node; a node the kernel has not

@@ -16,7 +16,7 @@ pub const FABRIC_PORT: u16 = 10810;
 
 /// Export block devices and files over NBD and over RDMA: `rblock serve`
 /// on the node with the storage, `rblock connect` on the node that uses
-/// it (the kernel's nbd-client, qemu or libnbd's tools talk to it there).
+/// it (the kernel's NBD driver, qemu or libnbd's tools talk to it there).
 #[derive(Parser, Debug)]
 #[command(name = "rblock", version)]
 pub struct Cli {
@@ -33,6 +33,17 @@ pub enum Cmd {
     /// offer it to local NBD clients; with --device, attach it as a kernel
     /// block device. Until SIGTERM (which detaches the device first).
     Connect(ConnectArgs),
+    /// Detach a kernel NBD device (/dev/nbdX) if it is attached: what an
+    /// `rblock connect --device` that was killed (and could not detach)
+    /// left behind. Nothing to do is not an error.
+    Detach(DetachArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DetachArgs {
+    /// The device, /dev/nbdX.
+    #[arg(value_name = "DEVICE")]
+    pub device: PathBuf,
 }
 
 #[derive(Args, Debug)]

@@ -14,7 +14,7 @@
 //! [`fabric`] (rblock's own protocol over RDMA: `rblock connect`),
 //! [`backend`] (local storage or a remote export), [`attach`] (a kernel
 //! block device through the NBD netlink family, nbd-client as fallback).
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 pub mod attach;
 pub mod backend;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use rblock::backend::Source;
-use rblock::cli::{Cli, Cmd, ConnectArgs, FABRIC_PORT, ServeArgs, ZeroCopy};
+use rblock::cli::{Cli, Cmd, ConnectArgs, DetachArgs, FABRIC_PORT, ServeArgs, ZeroCopy};
 use rblock::fabric::client::{Remote, Target};
 use rblock::nbd::consts::tflags;
 use rblock::nbd::handshake::ExportInfo;
@@ -39,6 +39,7 @@ fn main() -> ExitCode {
             match cli.command {
                 Cmd::Serve(a) => serve_cmd(a).await,
                 Cmd::Connect(a) => connect_cmd(a).await,
+                Cmd::Detach(a) => detach_cmd(a).await,
             }
         })
         .await
@@ -159,6 +160,15 @@ fn parse_target(s: &str) -> anyhow::Result<(String, u16, String)> {
         _ => (place, FABRIC_PORT),
     };
     Ok((host.to_string(), port, name.to_string()))
+}
+
+async fn detach_cmd(a: DetachArgs) -> anyhow::Result<()> {
+    if rblock::attach::detach_if_attached(&a.device).await? {
+        eprintln!("rblock detach: {} detached", a.device.display());
+    } else {
+        eprintln!("rblock detach: {} was not attached", a.device.display());
+    }
+    Ok(())
 }
 
 async fn connect_cmd(a: ConnectArgs) -> anyhow::Result<()> {

@@ -4,14 +4,14 @@
 //! export shares this one open file, so a flush on any of them covers the
 //! writes completed on all (what `CAN_MULTI_CONN` promises).
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use anyhow::{Context, bail};
 use rfabric::memory::PoolBuf;
-use rfabric::storage::{Engine, Kind};
+use rfabric::storage::{Engine, Kind, cached_pages};
 use rustix::fs::{FileType, Mode, OFlags, SeekFrom};
 use rustix::io::ReadWriteFlags;
 use rustix::pipe::SpliceFlags;
@@ -262,28 +262,28 @@ impl Storage {
         started
             .into_iter()
             .zip(wanted)
-            .map(
-                |(mut read, (offset, target, len))| match read.try_finish() {
-                    Some((buf, Ok(_))) if buf.len() == target => StartedRead::Done(buf, Ok(())),
-                    _ => {
-                        let storage = Arc::clone(self);
-                        StartedRead::Later(Box::pin(async move {
-                            let (buf, r) = read.finish().await;
-                            match r {
-                                Err(e) if e.kind() != std::io::ErrorKind::Interrupted => {
-                                    (buf, Err(e))
-                                }
-                                // Short or interrupted: the rest the usual way.
-                                _ => {
-                                    let left = target - buf.len();
-                                    let done = len - left;
-                                    storage.read(offset + done as u64, buf, left).await
-                                }
-                            }
-                        }))
+            .map(|(read, (offset, target, len))| {
+                let storage = Arc::clone(self);
+                // Short or interrupted: the rest the usual way.
+                let rest = move |buf: Vec<u8>, r: std::io::Result<usize>| async move {
+                    match r {
+                        Err(e) if e.kind() != std::io::ErrorKind::Interrupted => (buf, Err(e)),
+                        _ => {
+                            let left = target - buf.len();
+                            let done = len - left;
+                            storage.read(offset + done as u64, buf, left).await
+                        }
                     }
-                },
-            )
+                };
+                match read.try_finish() {
+                    Ok((buf, Ok(_))) if buf.len() == target => StartedRead::Done(buf, Ok(())),
+                    Ok((buf, r)) => StartedRead::Later(Box::pin(rest(buf, r))),
+                    Err(read) => StartedRead::Later(Box::pin(async move {
+                        let (buf, r) = read.finish().await;
+                        rest(buf, r).await
+                    })),
+                }
+            })
             .collect()
     }
 
@@ -450,7 +450,7 @@ impl Storage {
         }
         let page = rustix::param::page_size() as u64;
         let pages = (offset + len as u64).div_ceil(page) - offset / page;
-        match cachestat(&self.fd, offset, len as u64) {
+        match cached_pages(&*self.fd, offset, len as u64) {
             Ok(cached) => cached >= pages,
             Err(_) => {
                 self.can_cachestat.store(false, Ordering::Relaxed);
@@ -595,47 +595,6 @@ impl Storage {
     }
 }
 
-/// The kernel's `cachestat` system call (not wrapped by rustix or libc yet;
-/// the same number on every architecture).
-const SYS_CACHESTAT: libc::c_long = 451;
-
-/// Pages of `[offset, offset+len)` of `fd` in the page cache.
-#[allow(unsafe_code)]
-fn cachestat(fd: &OwnedFd, offset: u64, len: u64) -> std::io::Result<u64> {
-    #[repr(C)]
-    struct Range {
-        off: u64,
-        len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Stat {
-        nr_cache: u64,
-        nr_dirty: u64,
-        nr_writeback: u64,
-        nr_evicted: u64,
-        nr_recently_evicted: u64,
-    }
-    let range = Range { off: offset, len };
-    let mut stat = Stat::default();
-    // SAFETY: FFI; both pointers are to live values of the layouts the
-    // kernel's uapi declares (struct cachestat_range, struct cachestat),
-    // and the call only reads `range` and writes `stat` before returning.
-    let r = unsafe {
-        libc::syscall(
-            SYS_CACHESTAT,
-            fd.as_raw_fd(),
-            &range as *const Range,
-            &mut stat as *mut Stat,
-            0u32,
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(stat.nr_cache)
-}
-
 fn unsupported(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -665,7 +624,7 @@ mod tests {
     fn cachestat_tells_cached_pages_from_untouched_ones() {
         let t = Scratch::new("cachestat");
         let (_f, storage) = file_starting_with(&t, &vec![1u8; 1 << 20]);
-        if let Err(e) = cachestat(&storage.fd, 0, 4096) {
+        if let Err(e) = cached_pages(&*storage.fd, 0, 4096) {
             // Before Linux 6.5: sending from the cache is never chosen.
             assert_eq!(e.raw_os_error(), Some(libc::ENOSYS));
             assert!(!storage.cached(0, 1 << 20));
@@ -714,5 +673,53 @@ mod tests {
         let mut buf = Vec::new();
         assert!(storage.read_now(0, &mut buf, 1 << 20).is_none());
         assert!(buf.is_empty());
+    }
+
+    /// A burst's reads come back whole on either engine, also when the file
+    /// shrank under the export (what is gone reads as zeros) and a read
+    /// first comes back short.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_reads_whole_on_both_engines_even_past_a_shrunk_end() {
+        let t = Scratch::new("burst-engines");
+        let data: Vec<u8> = (0..1 << 20).map(|i| (i % 253) as u8).collect();
+        let mut kinds = vec![Kind::Threads];
+        if rfabric::storage::select(rfabric::storage::EngineChoice::IoUring).is_ok() {
+            kinds.push(Kind::IoUring);
+        }
+        for kind in kinds {
+            let path = t.path(&format!("file-{kind}"));
+            std::fs::write(&path, &data).unwrap();
+            let engine = Engine::per_thread(kind).unwrap();
+            let storage = Arc::new(Storage::open(&path, false, &engine).unwrap());
+            assert_eq!(storage.engine(), kind);
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(600_000)
+                .unwrap();
+            let reads = vec![
+                (1000, b"a".to_vec(), 4096),
+                (100_000, b"b".to_vec(), 300_000),
+                (590_000, b"c".to_vec(), 200_000),
+            ];
+            let mut got = Vec::new();
+            for r in storage.start_reads(reads).await {
+                got.push(match r {
+                    StartedRead::Done(buf, r) => (buf, r),
+                    StartedRead::Later(f) => f.await,
+                });
+            }
+            let (a, b, c) = (&got[0], &got[1], &got[2]);
+            assert!(a.1.is_ok() && b.1.is_ok() && c.1.is_ok(), "{kind}");
+            assert_eq!(&a.0[1..], &data[1000..5096], "{kind}");
+            assert_eq!(&b.0[1..], &data[100_000..400_000], "{kind}");
+            assert_eq!(c.0.len(), 200_001, "{kind}");
+            assert_eq!(&c.0[1..10_001], &data[590_000..600_000], "{kind}");
+            assert!(
+                c.0[10_001..].iter().all(|&x| x == 0),
+                "{kind}: zeros past the end"
+            );
+        }
     }
 }

@@ -15,7 +15,7 @@
 //! (striping a session over several links), [`connect`]
 //! (transport choice), [`shell`] (remote-shell mode), [`report`] (progress
 //! and summary), [`digest`] (the digest definition).
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod cli;

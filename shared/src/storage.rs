@@ -26,6 +26,7 @@
 //! Both engines pass one conformance suite (`shared/tests/storage_engines.rs`).
 
 mod buf;
+mod cachestat;
 mod probe;
 mod threads;
 mod uring;
@@ -37,6 +38,7 @@ use std::sync::{Arc, OnceLock};
 use tokio::sync::oneshot;
 
 pub use buf::IoBuf;
+pub use cachestat::cached_pages;
 
 use crate::memory::{BufferPool, PoolBuf};
 use threads::Threads;
@@ -173,9 +175,10 @@ pub struct Appending {
 }
 
 impl Appending {
-    /// The buffer and the bytes read, if the read has completed.
-    pub fn try_finish(&mut self) -> Option<(Vec<u8>, std::io::Result<usize>)> {
-        self.rx.try_recv().ok()
+    /// The buffer and the bytes read if the read has completed, else the
+    /// read still under way.
+    pub fn try_finish(mut self) -> Result<(Vec<u8>, std::io::Result<usize>), Appending> {
+        self.rx.try_recv().map_err(|_| self)
     }
 
     /// The buffer and the bytes read, once the read has completed.

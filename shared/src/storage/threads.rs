@@ -8,8 +8,10 @@
 //!   chunks of one file, run on as many threads at once as are free.
 //! * A read first tries `preadv2(RWF_NOWAIT)` on the calling thread: data
 //!   in the page cache (most of it, in a pipeline that reads ahead) is
-//!   copied right there, as the ring does inline, without a hand-off.
-//!   Only what would wait for the device goes to the pool.
+//!   copied right there, as the ring does inline, without a hand-off (each
+//!   costs two wake-ups, the pool thread's and the waiting task's, which
+//!   on a virtual machine are dearer than copying a megabyte). Only what
+//!   would wait for the device goes to the pool.
 //! * The pool is sized to the cores this process may use (cgroup quota and
 //!   affinity, as `available_parallelism` reads them), four threads each:
 //!   a thread blocked on the device uses no core, and a few per core keep a
@@ -19,7 +21,7 @@
 
 use std::ffi::CString;
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -139,9 +141,14 @@ impl Threads {
         reads
             .into_iter()
             .map(|(offset, mut buf, len)| {
+                buf.reserve(len);
+                if let Some(done) = self.append_now(&file, offset, &mut buf, len) {
+                    let (tx, rx) = oneshot::channel();
+                    let _ = tx.send((buf, done));
+                    return Appending { rx };
+                }
                 let file = Arc::clone(&file);
                 let rx = run(move || {
-                    buf.reserve(len);
                     let start = buf.len();
                     let spare = &mut buf.spare_capacity_mut()[..len];
                     let r =
@@ -157,6 +164,55 @@ impl Threads {
                 Appending { rx }
             })
             .collect()
+    }
+
+    /// Appends up to `len` bytes at `offset` to `buf` (its capacity
+    /// reserved already) right here if the page cache has them; None, with
+    /// `buf` as it was, if the read would wait for the device.
+    fn append_now(
+        &self,
+        file: &Held,
+        offset: u64,
+        buf: &mut Vec<u8>,
+        len: usize,
+    ) -> Option<std::io::Result<usize>> {
+        if len == 0 || !self.nowait.load(Ordering::Relaxed) {
+            return None;
+        }
+        let spare = &mut buf.spare_capacity_mut()[..len];
+        let iov = libc::iovec {
+            iov_base: spare.as_mut_ptr().cast(),
+            iov_len: len,
+        };
+        // SAFETY: FFI; the one iovec covers `len` bytes of the vector's
+        // reserved capacity, which nothing else touches during the call;
+        // the kernel only writes there (never reads), and the fd is open
+        // (`file` holds it).
+        let n = unsafe {
+            libc::preadv2(
+                file.as_fd().as_raw_fd(),
+                &iov,
+                1,
+                offset as libc::off_t,
+                libc::RWF_NOWAIT,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN | libc::EINTR) => None,
+                Some(libc::EOPNOTSUPP) => {
+                    self.nowait.store(false, Ordering::Relaxed);
+                    None
+                }
+                _ => Some(Err(e)),
+            };
+        }
+        let start = buf.len();
+        // SAFETY: the kernel wrote `n` bytes (at most `len`) right after
+        // `start`, into capacity reserved for them.
+        unsafe { buf.set_len(start + n as usize) };
+        Some(Ok(n as usize))
     }
 
     pub(crate) async fn write<B: IoBuf>(
