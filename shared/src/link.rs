@@ -307,7 +307,8 @@ impl Link {
             None,
         )?;
         for i in 0..recv_count {
-            post_recv(&*conn, &recv_bufs, config.control_size, i)?;
+            // SAFETY: a fresh region: no receive is posted in it yet.
+            unsafe { post_recv(&*conn, &recv_bufs, config.control_size, i)? };
         }
         let hello = Hello {
             version: wire::VERSION,
@@ -330,7 +331,8 @@ impl Link {
             body: Body::Hello(hello),
         };
         // Send buffer 0 carries the hello; its completion frees it later.
-        let len = hello_frame.encode(send_slice(&send_bufs, config.control_size, 0));
+        // SAFETY: a fresh region: no send is posted from it yet.
+        let len = hello_frame.encode(unsafe { send_slice(&send_bufs, config.control_size, 0) });
         let hello_wr = 0;
         // SAFETY: send buffer 0 is not touched again until this send's
         // completion returns it to the free list.
@@ -374,7 +376,8 @@ impl Link {
                                 text: wire::fit_error_text(&text, frame_size as usize),
                             },
                         };
-                        let buf = send_slice(&send_bufs, config.control_size, 1);
+                        // SAFETY: only buffer 0 (the hello) may be posted.
+                        let buf = unsafe { send_slice(&send_bufs, config.control_size, 1) };
                         let len = frame.encode(buf);
                         // SAFETY: buffer 1 is unused; the connection is
                         // closed right after, which flushes this send.
@@ -392,7 +395,8 @@ impl Link {
         };
         // The hello came in receive 0 (the first posted); it is decoded, so
         // the buffer goes back into service.
-        post_recv(&*conn, &recv_bufs, config.control_size, 0)?;
+        // SAFETY: receive 0 completed and its contents were decoded.
+        unsafe { post_recv(&*conn, &recv_bufs, config.control_size, 0)? };
 
         let headers = conn.register(
             &pieces(peer.ring.slot_count.max(1), CHUNK_HEADER_LEN as u32)?,
@@ -679,10 +683,15 @@ fn slot_addr(ring: &RingDescriptor, index: u32) -> RemoteAddr {
     }
 }
 
+/// Send buffer `index`, to fill.
+///
+/// # Safety
+/// No posted send reads buffer `index` (the caller took it off the free
+/// list, or, during the hello, it was never handed out), and nobody else
+/// holds it while the slice lives.
 #[allow(clippy::mut_from_ref)]
-fn send_slice(bufs: &Region, size: u32, index: u32) -> &mut [u8] {
-    // SAFETY: callers pass an index they took off the free list (or, during
-    // the hello, one not yet handed out), so no posted send reads it.
+unsafe fn send_slice(bufs: &Region, size: u32, index: u32) -> &mut [u8] {
+    // SAFETY: passed on from the caller.
     unsafe {
         bufs.memory()
             .slice_mut(index as usize * size as usize, size as usize)
@@ -694,7 +703,12 @@ fn send_segment(bufs: &Region, size: u32, index: u32, len: usize) -> Segment {
         .expect("send buffer in range")
 }
 
-fn post_recv(
+/// Posts receive buffer `index`.
+///
+/// # Safety
+/// Buffer `index` is not posted already, and what it held was copied out:
+/// it is read again only after this receive's completion.
+unsafe fn post_recv(
     conn: &dyn Connection,
     bufs: &Region,
     size: u32,
@@ -703,8 +717,7 @@ fn post_recv(
     let seg = bufs
         .segment(index as usize * size as usize, size as usize)
         .expect("receive buffer in range");
-    // SAFETY: receive buffer `index` is only read after its completion and
-    // its contents are copied out before it is posted again.
+    // SAFETY: passed on from the caller.
     unsafe { conn.post_recv(u64::from(index), seg) }
 }
 
@@ -767,7 +780,8 @@ fn try_post_control(inner: &Inner, st: &mut State, body: &Body<'_>) -> Result<bo
         body: body.clone(),
     };
     let size = inner.config.control_size;
-    let len = frame.encode(send_slice(&inner.send_bufs, size, buf));
+    // SAFETY: `buf` came off the free list: no posted send reads it.
+    let len = frame.encode(unsafe { send_slice(&inner.send_bufs, size, buf) });
     let wr = st.next_wr;
     st.next_wr += 1;
     // SAFETY: `buf` came off the free list and returns to it on completion.
@@ -899,7 +913,9 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
                 )
             };
             let result = handle_frame(inner, bytes);
-            repost(inner, index);
+            // SAFETY: this receive completed and `handle_frame` decoded (copied
+            // out) what it held.
+            unsafe { repost(inner, index) };
             result
         }
         Op::RecvNotify => {
@@ -912,7 +928,10 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
             let chunk = landed_chunk(inner, note, c.byte_len as usize)?;
             let index =
                 u32::try_from(c.wr_id).map_err(|_| LinkError::Protocol("bad receive id".into()))?;
-            repost(inner, index);
+            // SAFETY: this receive completed, and nothing in its buffer is
+            // read any more (the note came with the completion, the data is
+            // in the landing slot).
+            unsafe { repost(inner, index) };
             let mut st = inner.state.lock().expect("state lock");
             if st.peer_done {
                 return Err(LinkError::Protocol("chunk after goodbye".into()));
@@ -926,13 +945,19 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
 /// Puts a receive buffer back into service. A connection that is down
 /// refuses it; that is no failure of its own: the connection's completions
 /// say how it ended (an orderly goodbye may still be among them).
-fn repost(inner: &Inner, index: u32) {
-    let _ = post_recv(
-        &*inner.conn,
-        &inner.recv_bufs,
-        inner.config.control_size,
-        index,
-    );
+///
+/// # Safety
+/// As for [`post_recv`]: receive `index` completed and was copied out.
+unsafe fn repost(inner: &Inner, index: u32) {
+    // SAFETY: passed on from the caller.
+    let _ = unsafe {
+        post_recv(
+            &*inner.conn,
+            &inner.recv_bufs,
+            inner.config.control_size,
+            index,
+        )
+    };
 }
 
 fn landed_chunk(inner: &Arc<Inner>, note: u32, landed: usize) -> Result<Chunk, LinkError> {

@@ -139,15 +139,18 @@ impl Uring {
     ) -> (PoolBuf, std::io::Result<usize>) {
         let at = at.min(buf.capacity());
         let len = len.min(buf.capacity() - at) as u32;
+        // A registered buffer by its index (which io_uring counts in 16
+        // bits: any beyond that is read like another pool's).
         let fixed = self
             .shared
             .fixed
             .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(p, buf.pool()));
+            .filter(|p| Arc::ptr_eq(p, buf.pool()))
+            .and_then(|_| u16::try_from(buf.index()).ok());
         // SAFETY: `at` is within the buffer (clamped above).
         let dst = unsafe { buf.as_mut_ptr().add(at) };
-        let sqe = if fixed {
-            opcode::ReadFixed::new(fd_of(&file), dst, len, buf.index() as u16)
+        let sqe = if let Some(index) = fixed {
+            opcode::ReadFixed::new(fd_of(&file), dst, len, index)
                 .offset(offset)
                 .build()
         } else {

@@ -246,6 +246,10 @@ pub enum WcError {
     LocalLength { len: usize, room: usize },
     #[error("remote access error: {0}")]
     RemoteAccess(String),
+    /// A notified write the receiving side's gate refused (outside what
+    /// was granted): the peer broke the protocol.
+    #[error("remote access error: note refused: {0}")]
+    NoteRefused(String),
     #[error("no receive was posted for an incoming message (receiver not ready)")]
     ReceiverNotReady,
     #[error("{0}")]

@@ -585,8 +585,8 @@ impl Inner {
         }
         if let Some(e) = failed {
             self.go_down(match e {
-                WcError::RemoteAccess(t) if t.starts_with("note refused") => {
-                    TransportError::Protocol(t)
+                WcError::NoteRefused(why) => {
+                    TransportError::Protocol(format!("note refused: {why}"))
                 }
                 WcError::Flushed => TransportError::Closed(
                     "the queue pair went into the error state (peer gone or access refused)".into(),
@@ -642,7 +642,7 @@ impl Inner {
         if let Some(gate) = gate
             && let Err(why) = gate.admit(None, u64::from(len), Some(note))
         {
-            c.status = Err(WcError::RemoteAccess(format!("note refused: {why}")));
+            c.status = Err(WcError::NoteRefused(why));
         }
     }
 
