@@ -8,11 +8,8 @@ use clap::{Args, Parser, Subcommand};
 use rfabric::endpoint::Transport;
 use rfabric::storage::EngineChoice;
 
+use crate::config::{FabricAddr, Listen, RemoteExport, ZeroCopy};
 use crate::export::ExportSpec;
-use crate::serve::Listen;
-
-/// The port `rblock serve --listen` and `rblock connect` use by default.
-pub const FABRIC_PORT: u16 = 10810;
 
 /// Export block devices and files over NBD and over RDMA: `rblock serve`
 /// on the node with the storage, `rblock connect` on the node that uses
@@ -28,16 +25,27 @@ pub struct Cli {
 pub enum Cmd {
     /// Serve exports over NBD (TCP or a unix socket) and, with --listen,
     /// to `rblock connect` over RDMA or tcp; until SIGTERM.
+    #[command(after_help = THREADS_HELP)]
     Serve(ServeArgs),
     /// Reach an export of a remote `rblock serve` over RDMA (or tcp) and
     /// offer it to local NBD clients; with --device, attach it as a kernel
     /// block device. Until SIGTERM (which detaches the device first).
+    #[command(after_help = THREADS_HELP)]
     Connect(ConnectArgs),
     /// Detach a kernel NBD device (/dev/nbdX) if it is attached: what an
     /// `rblock connect --device` that was killed (and could not detach)
     /// left behind. Nothing to do is not an error.
     Detach(DetachArgs),
 }
+
+/// The environment variable that chooses the runtime (see
+/// [`crate::app::runtime`]).
+const THREADS_HELP: &str = "\
+Environment:
+  RBLOCK_THREADS=1  run on one thread (connect does by default: a request
+                    crosses the gateway without waking another thread);
+                    any other value runs a thread per core (serve does by
+                    default).";
 
 #[derive(Args, Debug)]
 pub struct DetachArgs {
@@ -65,7 +73,7 @@ pub struct ServeArgs {
     /// and tcp on the same port, see --transport). Port 10810 if left
     /// out.
     #[arg(long = "listen", value_name = "ADDR[:PORT]")]
-    pub fabric: Option<String>,
+    pub fabric: Option<FabricAddr>,
     /// What --listen offers: rdma and tcp where an RDMA device has the
     /// address (auto), or only one of them.
     #[arg(long, value_enum, default_value_t = Transport::Auto)]
@@ -88,20 +96,12 @@ pub struct ServeArgs {
     pub io_engine: EngineChoice,
 }
 
-/// When large reads are sent from the page cache without a copy.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ZeroCopy {
-    Auto,
-    Always,
-    Never,
-}
-
 #[derive(Args, Debug)]
 pub struct ConnectArgs {
     /// The export: HOST[:PORT]/NAME (port 10810 if left out; an IPv6
     /// address in brackets).
     #[arg(value_name = "HOST[:PORT]/NAME")]
-    pub target: String,
+    pub target: RemoteExport,
     /// Where local NBD clients connect: ADDR:PORT or unix:PATH. Repeat for
     /// more. Default: 127.0.0.1:10809, or only a private unix socket when
     /// --device is given.

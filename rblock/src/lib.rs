@@ -4,7 +4,11 @@
 //! kernel's NBD driver, qemu, libnbd tools). The RDMA path (`rblock
 //! connect`, requests over queue pairs) builds on the same engine.
 //!
-//! Rooms: [`nbd`] (the protocol engine, sans I/O: handshake, request
+//! Rooms: [`app`] (what each command does; the binary only parses and
+//! maps the outcome to an exit status), [`cli`] (the command line, as clap
+//! sees it), [`config`] (listen and fabric addresses, remote exports, the
+//! zero-copy policy: plain values both the command line and the server
+//! use), [`nbd`] (the protocol engine, sans I/O: handshake, request
 //! checks, reply encoding), [`export`] (what is exported, from the command
 //! line), [`storage`] (one export's file or device, on rfabric's storage
 //! engine: io_uring or threads), [`serve`]
@@ -16,9 +20,11 @@
 //! block device through the NBD netlink family, nbd-client as fallback).
 #![forbid(unsafe_code)]
 
+pub mod app;
 pub mod attach;
 pub mod backend;
 pub mod cli;
+pub mod config;
 pub mod export;
 pub mod fabric;
 pub mod nbd;

@@ -4,8 +4,6 @@
 //! connection finishes what is in flight, answers anything newer with
 //! ESHUTDOWN, then closes.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +17,7 @@ use tokio::io::{
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use crate::backend::{Backend, Source};
-use crate::cli::ZeroCopy;
+use crate::config::{Listen, ZeroCopy};
 use crate::nbd::consts::{REQUEST_LEN, errno};
 use crate::nbd::handshake::{ExportInfo, Handshake, MAX_PAYLOAD, Outcome};
 use crate::nbd::transmission::{
@@ -45,38 +43,6 @@ const HANDSHAKE_TIME: Duration = Duration::from_secs(60);
 pub struct Export {
     pub info: ExportInfo,
     pub source: Source,
-}
-
-/// Where to listen.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Listen {
-    Tcp(SocketAddr),
-    Unix(PathBuf),
-}
-
-impl std::str::FromStr for Listen {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Listen, String> {
-        if let Some(path) = s.strip_prefix("unix:") {
-            if path.is_empty() {
-                return Err("unix: needs a path".into());
-            }
-            return Ok(Listen::Unix(PathBuf::from(path)));
-        }
-        s.parse()
-            .map(Listen::Tcp)
-            .map_err(|e| format!("{s:?}: expected ADDR:PORT or unix:PATH ({e})"))
-    }
-}
-
-impl std::fmt::Display for Listen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Listen::Tcp(a) => write!(f, "{a}"),
-            Listen::Unix(p) => write!(f, "unix:{}", p.display()),
-        }
-    }
 }
 
 /// How and where to serve.

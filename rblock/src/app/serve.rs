@@ -1,0 +1,76 @@
+//! `rblock serve`: the storage engine, the exports opened on it, the
+//! fabric listener, then [`crate::serve::run`] until SIGTERM or SIGINT.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use rfabric::endpoint::Listener;
+use rfabric::storage::{self, Engine};
+
+use super::stop_signal;
+use crate::backend::Source;
+use crate::cli::ServeArgs;
+use crate::nbd::handshake::ExportInfo;
+use crate::serve::{self as server, Export, Plan};
+use crate::storage::Storage;
+
+/// Serves `a.exports` until SIGTERM or SIGINT.
+pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let chosen = storage::select(a.io_engine)?;
+    if let Some(notice) = chosen.notice("rblock serve") {
+        eprintln!("{notice}");
+    }
+    let engine = Engine::per_thread(chosen.kind)
+        .with_context(|| format!("cannot start the {} storage engine", chosen.kind))?;
+    eprintln!("rblock serve: {} storage engine", chosen.kind);
+    let mut exports = Vec::new();
+    for spec in &a.exports {
+        if exports.iter().any(|e: &Export| e.info.name == spec.name) {
+            anyhow::bail!("export {:?} is named twice", spec.name);
+        }
+        let storage = Storage::open(&spec.path, spec.read_only, &engine)?;
+        eprintln!(
+            "rblock serve: export {:?}: {} ({} bytes{})",
+            spec.name,
+            spec.path.display(),
+            storage.size(),
+            if spec.read_only { ", read-only" } else { "" }
+        );
+        exports.push(Export {
+            info: ExportInfo {
+                name: spec.name.clone(),
+                description: spec.path.display().to_string(),
+                size: storage.size(),
+                read_only: storage.read_only(),
+                can_trim: storage.can_trim(),
+            },
+            source: Source::Local(Arc::new(storage)),
+        });
+    }
+    let fabric = match a.fabric {
+        None => None,
+        Some(at) => {
+            let addr = at.0;
+            let l = Listener::bind(addr, a.transport)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?;
+            let over = match (l.has_rdma(), l.has_tcp()) {
+                (true, true) => "rdma and tcp",
+                (true, false) => "rdma",
+                _ => "tcp",
+            };
+            eprintln!("rblock serve: serving rblock connect on {addr} over {over}");
+            Some(l)
+        }
+    };
+    let plan = Plan {
+        who: "rblock serve",
+        listen: a.listen,
+        fabric,
+        max_connections: a.max_connections,
+        grace: Duration::from_secs(30),
+        zero_copy_reads: a.zero_copy_reads,
+    };
+    server::run(exports, plan, stop_signal()).await
+}
