@@ -18,7 +18,13 @@ use rfabric::storage::EngineChoice;
 /// destination. Files appear under their final name only once complete,
 /// verified and synced to disk.
 #[derive(Parser, Debug)]
-#[command(name = "rcp", version, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "rcp",
+    version,
+    args_conflicts_with_subcommands = true,
+    after_long_help = "Exit status: 0 when every file arrived and verified, 1 when anything \
+                       failed (each failure is named on stderr), 2 for a usage error."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Cmd>,

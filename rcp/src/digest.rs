@@ -43,8 +43,16 @@ fn zeros_digest(len: u64) -> [u8; 32] {
     h.finalize().into()
 }
 
-pub fn hex(d: &[u8; 32]) -> String {
-    d.iter().map(|b| format!("{b:02x}")).collect()
+/// Lower-case hex, two digits a byte: digests as `sha256sum` prints them,
+/// and the crate's one encoder for the other bytes shown as text (the
+/// remote-shell token, temporary-name tags).
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        write!(s, "{b:02x}").expect("writing to a String cannot fail");
+    }
+    s
 }
 
 #[cfg(test)]
@@ -65,5 +73,11 @@ mod tests {
         assert_eq!(file_digest(10, 4, &all), expected);
         assert_eq!(file_digest(0, 4, &[]), sha(b""));
         assert_ne!(file_digest(10, 4, &all), file_digest(10, 5, &all));
+    }
+
+    #[test]
+    fn hex_is_two_lower_case_digits_a_byte() {
+        assert_eq!(hex(&[]), "");
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
     }
 }

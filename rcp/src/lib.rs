@@ -8,18 +8,27 @@
 //! SHA-256 on both sides; files arrive under temporary names and are renamed
 //! only when complete, verified and synced.
 //!
-//! Rooms: [`operand`] (what the user typed), [`proto`] (control messages,
-//! sans I/O), [`auth`] (challenge-response), [`tree`] (confined filesystem
-//! work), [`send`] and [`recv`] (the two
-//! pipelines), [`session`] (auth, request, pipelines), [`streams`]
-//! (striping a session over several links), [`connect`]
-//! (transport choice), [`shell`] (remote-shell mode), [`report`] (progress
-//! and summary), [`digest`] (the digest definition).
+//! Rooms: [`app`] (what a command line does: push, pull or local copy),
+//! [`daemon`] (`rcp serve` and the far side of remote-shell mode),
+//! [`cli`] (the command line, as clap sees it), [`tuning`] (the storage
+//! engine and a session's parameters from the flags), [`operand`] (what
+//! the user typed), [`proto`] (control messages, sans I/O), [`auth`]
+//! (challenge-response), [`tree`] (confined filesystem work), [`send`] and
+//! [`recv`] (the two pipelines), [`session`] (auth, request, pipelines),
+//! [`streams`] (striping a session over several links), [`connect`]
+//! (transport choice), [`shell`] (remote-shell mode), [`report`] (progress,
+//! the summary and the `--json` object, the outcome), [`digest`] (the
+//! digest definition, and the one hex encoder).
+//!
+//! The binary (`main.rs`) only parses, starts the runtime and maps the
+//! outcome to the exit status.
 #![forbid(unsafe_code)]
 
+pub mod app;
 pub mod auth;
 pub mod cli;
 pub mod connect;
+pub mod daemon;
 pub mod digest;
 pub mod operand;
 pub mod proto;
@@ -30,3 +39,4 @@ pub mod session;
 pub mod shell;
 pub mod streams;
 pub mod tree;
+pub mod tuning;

@@ -1,7 +1,11 @@
 //! What the user sees: a progress bar on a terminal, a summary at the end
-//! (human or `--json`).
+//! (human or `--json`), and how the run ended, for the exit status.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rfabric::storage::Kind;
+use serde::Serialize;
+
+use crate::digest;
 
 /// Totals of one copy.
 #[derive(Debug, Default, Clone)]
@@ -12,6 +16,23 @@ pub struct Stats {
     pub stream_bytes: Vec<u64>,
     /// Some entry failed.
     pub failed: bool,
+}
+
+/// The result of a copy, for the summary.
+#[derive(Debug)]
+pub struct Report {
+    pub stats: Stats,
+    pub seconds: f64,
+    pub transport: &'static str,
+    /// This side's storage engine.
+    pub io_engine: Kind,
+    /// Links the data went over.
+    pub streams: usize,
+    /// Digest of the one file copied, when exactly one was and it was
+    /// verified.
+    pub digest: Option<[u8; 32]>,
+    /// Entries that failed, with the reason.
+    pub failed: Vec<(String, String)>,
 }
 
 /// A byte counter shown as a bar on stderr when it is a terminal.
@@ -48,5 +69,191 @@ impl Progress {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
         }
+    }
+}
+
+/// How a run ended, for the exit status (an error that stops the run is
+/// the third way, and also exit status 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every file arrived (and was verified, unless `--no-verify`).
+    Complete,
+    /// Something failed; each failure was named on stderr.
+    Failed,
+}
+
+impl Outcome {
+    pub fn from_failed(failed: bool) -> Outcome {
+        if failed {
+            Outcome::Failed
+        } else {
+            Outcome::Complete
+        }
+    }
+}
+
+/// The `--json` summary, one object on stdout. Scripts read these keys:
+/// keep them. The fields are in the order of their names because that is
+/// the order the summary has always had (it was a `serde_json::Value`,
+/// whose map sorts its keys).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    pub bytes: u64,
+    pub bytes_per_second: f64,
+    pub files: u64,
+    pub io_engine: &'static str,
+    pub ok: bool,
+    pub seconds: f64,
+    /// The digest of the one file copied, only when it was verified and
+    /// nothing failed: a digest next to a failure would read as a promise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Data bytes carried by each stream.
+    pub stream_bytes: Vec<u64>,
+    pub streams: usize,
+    pub transport: &'static str,
+}
+
+impl Summary {
+    pub fn new(r: &Report) -> Summary {
+        let ok = !failed(r);
+        Summary {
+            bytes: r.stats.bytes,
+            bytes_per_second: rate(r),
+            files: r.stats.files,
+            io_engine: r.io_engine.name(),
+            ok,
+            seconds: r.seconds,
+            sha256: r.digest.as_ref().filter(|_| ok).map(|d| digest::hex(d)),
+            stream_bytes: r.stats.stream_bytes.clone(),
+            streams: r.streams,
+            transport: r.transport,
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a summary is plain data")
+    }
+}
+
+fn failed(r: &Report) -> bool {
+    !r.failed.is_empty() || r.stats.failed
+}
+
+fn rate(r: &Report) -> f64 {
+    r.stats.bytes as f64 / r.seconds.max(1e-9)
+}
+
+/// The line a person reads on stderr at the end of a copy.
+pub fn human_line(r: &Report) -> String {
+    let line = format!(
+        "{} file(s), {} bytes in {:.2} s ({:.1} MB/s) over {}",
+        r.stats.files,
+        r.stats.bytes,
+        r.seconds,
+        rate(r) / 1e6,
+        r.transport
+    );
+    match (&r.digest, failed(r)) {
+        (_, true) => format!("FAILED: {line}; see the errors above"),
+        (Some(d), false) => format!("{line}, verified, sha256 {}", digest::hex(d)),
+        (None, false) => line,
+    }
+}
+
+/// Ends a copy: names each failed entry on stderr, then the summary as
+/// JSON on stdout (`json`), or as the human line on stderr (unless
+/// `quiet`).
+pub fn summarize(r: &Report, json: bool, quiet: bool) -> Outcome {
+    for (name, why) in &r.failed {
+        eprintln!("rcp: {name}: {why}");
+    }
+    if json {
+        println!("{}", Summary::new(r).to_json());
+    } else if !quiet {
+        eprintln!("{}", human_line(r));
+    }
+    Outcome::from_failed(failed(r))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(digest: Option<[u8; 32]>, failed: Vec<(String, String)>) -> Report {
+        Report {
+            stats: Stats {
+                bytes: 300_000,
+                files: 1,
+                stream_bytes: vec![200_000, 100_000],
+                failed: false,
+            },
+            seconds: 0.5,
+            transport: "tcp",
+            io_engine: Kind::Threads,
+            streams: 2,
+            digest,
+            failed,
+        }
+    }
+
+    #[test]
+    fn the_json_summary_keeps_its_keys_and_values() {
+        let r = report(Some([0xab; 32]), vec![]);
+        let expected = format!(
+            concat!(
+                r#"{{"bytes":300000,"bytes_per_second":600000.0,"files":1,"#,
+                r#""io_engine":"threads","ok":true,"seconds":0.5,"sha256":"{}","#,
+                r#""stream_bytes":[200000,100000],"streams":2,"transport":"tcp"}}"#
+            ),
+            "ab".repeat(32)
+        );
+        assert_eq!(Summary::new(&r).to_json(), expected);
+    }
+
+    #[test]
+    fn the_json_summary_has_no_digest_when_something_failed_or_none_was_made() {
+        let failed = report(Some([1; 32]), vec![("f".into(), "why".into())]);
+        let v: serde_json::Value = serde_json::from_str(&Summary::new(&failed).to_json()).unwrap();
+        assert_eq!(v["ok"], false);
+        assert!(v.get("sha256").is_none());
+        let unverified = report(None, vec![]);
+        let v: serde_json::Value =
+            serde_json::from_str(&Summary::new(&unverified).to_json()).unwrap();
+        assert_eq!(v["ok"], true);
+        assert!(v.get("sha256").is_none());
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "bytes",
+                "bytes_per_second",
+                "files",
+                "io_engine",
+                "ok",
+                "seconds",
+                "stream_bytes",
+                "streams",
+                "transport"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_human_line_says_verified_or_failed() {
+        let r = report(Some([0; 32]), vec![]);
+        assert_eq!(
+            human_line(&r),
+            format!(
+                "1 file(s), 300000 bytes in 0.50 s (0.6 MB/s) over tcp, verified, sha256 {}",
+                "0".repeat(64)
+            )
+        );
+        let r = report(Some([0; 32]), vec![("f".into(), "why".into())]);
+        assert_eq!(
+            human_line(&r),
+            "FAILED: 1 file(s), 300000 bytes in 0.50 s (0.6 MB/s) over tcp; see the errors above"
+        );
+        assert_eq!(Outcome::from_failed(true), Outcome::Failed);
     }
 }

@@ -175,10 +175,7 @@ pub async fn send(
         verify: opts.verify,
         ..Ledger::default()
     };
-    // Test hook (integration tests): corrupt the Nth chunk sent.
-    let corrupt: Option<u64> = std::env::var("RCP_TEST_CORRUPT_CHUNK")
-        .ok()
-        .and_then(|v| v.parse().ok());
+    let corrupt = corrupt_chunk_hook();
     let mut chunks_sent = 0u64;
     let mut digests: Vec<Option<[u8; 32]>> = Vec::new();
     // Chunks of the current file handed to the stripers.
@@ -341,6 +338,23 @@ impl Ledger {
             self.outcome.digests.push((tree::show(path), digest));
         }
     }
+}
+
+/// Fault injection for the integration tests: `RCP_TEST_CORRUPT_CHUNK=N`
+/// flips a byte of the Nth chunk sent, after its digest was taken, so that
+/// the receiver must catch it. Only in builds with the `test-hooks`
+/// feature (rcp's own tests turn it on): a shipping binary reads no such
+/// variable.
+#[cfg(feature = "test-hooks")]
+fn corrupt_chunk_hook() -> Option<u64> {
+    std::env::var("RCP_TEST_CORRUPT_CHUNK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn corrupt_chunk_hook() -> Option<u64> {
+    None
 }
 
 /// A chunk ready to go out: where it belongs, and its bytes.

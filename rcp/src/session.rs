@@ -15,7 +15,7 @@ use crate::auth;
 use crate::connect::link_config;
 use crate::proto::{Msg, flags};
 use crate::recv::{self, RecvOptions};
-use crate::report::{Progress, Stats};
+use crate::report::{Progress, Report, Stats};
 use crate::send::{self, SendOptions, Source};
 use crate::streams::{self, Sessions};
 use crate::tree::{self, Base};
@@ -102,23 +102,6 @@ pub enum Request {
         sources: Vec<Vec<u8>>,
         dest: PathBuf,
     },
-}
-
-/// The result of a copy, for the summary.
-#[derive(Debug)]
-pub struct Report {
-    pub stats: Stats,
-    pub seconds: f64,
-    pub transport: &'static str,
-    /// This side's storage engine.
-    pub io_engine: Kind,
-    /// Links the data went over.
-    pub streams: usize,
-    /// Digest of the one file copied, when exactly one was and it was
-    /// verified.
-    pub digest: Option<[u8; 32]>,
-    /// Entries that failed, with the reason.
-    pub failed: Vec<(String, String)>,
 }
 
 async fn next_msg(link: &Link) -> anyhow::Result<Msg> {

@@ -18,6 +18,7 @@ use anyhow::{Context, bail};
 use rfabric::storage::Engine;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 
+use crate::digest;
 use crate::proto::{Entry, EntryKind};
 
 /// Splits a peer's relative path into checked components: not empty, not
@@ -608,7 +609,7 @@ fn part_name(name: &CString) -> anyhow::Result<CString> {
 fn temp_name(name: &CString) -> anyhow::Result<CString> {
     let mut r = [0u8; 6];
     getrandom::fill(&mut r).expect("OS random source");
-    let tag: String = r.iter().map(|b| format!("{b:02x}")).collect();
+    let tag = digest::hex(&r);
     // Keep within NAME_MAX (255) even for long names.
     let base = &name.as_bytes()[..name.as_bytes().len().min(200)];
     let mut t = b".rcp-".to_vec();

@@ -1,0 +1,341 @@
+//! What a command line does, once parsed: [`run`] dispatches to the copy
+//! or to a serving side ([`crate::daemon`]). A copy ([`copy`]) decides from
+//! its operands whether it is a push (local sources, remote destination),
+//! a pull (remote sources on one host, local destination) or a local copy
+//! (both sides here, through an in-process server on loopback, so that it
+//! runs the same verified pipeline), then runs it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use rfabric::endpoint::{self, Listener, Transport};
+
+use crate::cli::{Cli, Cmd, CopyArgs};
+use crate::operand::Operand;
+use crate::report::{self, Outcome, Progress, Report};
+use crate::session::{self, Params, Request, ServeConfig, Target};
+use crate::tuning::{io_engine, params};
+use crate::{auth, daemon, shell};
+
+/// How long the in-process server of a local copy waits for its client,
+/// which is this process and connects at once.
+const LOCAL_SERVER_WAIT: Duration = Duration::from_secs(10);
+
+/// Runs what the command line asks for; a copy ends with its summary
+/// printed ([`report::summarize`]).
+pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
+    match cli.command {
+        Some(Cmd::Serve(a)) => daemon::serve(a).await,
+        Some(Cmd::ServerOnce(a)) => daemon::server_once(a).await,
+        None => {
+            let (json, quiet) = (cli.copy.json, cli.copy.quiet);
+            let report = copy(cli.copy).await?;
+            Ok(report::summarize(&report, json, quiet))
+        }
+    }
+}
+
+/// Where a copy's data goes, decided from the operands alone.
+#[derive(Debug)]
+pub enum Plan<'a> {
+    /// Sources and destination both here.
+    Local {
+        sources: Vec<PathBuf>,
+        dest: PathBuf,
+    },
+    /// A push to, or a pull from, `remote` (every remote operand names
+    /// the same place).
+    Remote {
+        remote: &'a Operand,
+        request: Request,
+    },
+}
+
+/// The copies [`plan`] refuses.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlanError {
+    #[error("all remote sources must be on the same host")]
+    MixedHosts,
+    #[error("copies between two remote places are not supported: one side must be local")]
+    NoLocalSide,
+}
+
+/// Push, pull or local: the destination is remote and every source local
+/// (push), or the destination is local and the sources all local (local
+/// copy) or all remote on one host (pull). Anything else is refused.
+pub fn plan<'a>(sources: &'a [Operand], dest: &'a Operand) -> Result<Plan<'a>, PlanError> {
+    let remote_sources = sources.iter().filter(|s| !s.is_local()).count();
+    match (dest, remote_sources) {
+        (Operand::Local(dest), 0) => Ok(Plan::Local {
+            sources: local_paths(sources),
+            dest: dest.clone(),
+        }),
+        (Operand::Local(dest), n) if n == sources.len() => {
+            let first = &sources[0];
+            if sources.iter().any(|s| !same_remote(s, first)) {
+                return Err(PlanError::MixedHosts);
+            }
+            let request = Request::Pull {
+                sources: sources.iter().map(remote_path).collect(),
+                dest: dest.clone(),
+            };
+            Ok(Plan::Remote {
+                remote: first,
+                request,
+            })
+        }
+        (remote, 0) => Ok(Plan::Remote {
+            remote,
+            request: Request::Push {
+                sources: local_paths(sources),
+                dest: remote_path(remote),
+            },
+        }),
+        _ => Err(PlanError::NoLocalSide),
+    }
+}
+
+/// `rcp SRC... DEST`: the copy, with its progress bar finished. What
+/// failed on the way is in the report; an error is a copy that could not
+/// run at all.
+pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
+    let operands = a
+        .operands
+        .iter()
+        .map(|s| Operand::parse(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (dest, sources) = operands.split_last().expect("clap asks for two or more");
+    let engine = io_engine(&a.tuning, "rcp")?;
+    let p = Params {
+        resume: a.resume,
+        streams: a.streams,
+        ..params(&a.tuning, engine, a.recursive, a.preserve, !a.no_verify)
+    };
+    let progress = Progress::new(!a.quiet && !a.json);
+    let report = match plan(sources, dest)? {
+        Plan::Local { sources, dest } => local_copy(sources, &dest, p, &progress).await?,
+        Plan::Remote { remote, request } => remote_copy(remote, request, &a, p, &progress).await?,
+    };
+    progress.finish();
+    Ok(report)
+}
+
+/// Two remote operands name the same place: the same login for a remote
+/// shell (one shell, one far side), the same host and port for a daemon.
+fn same_remote(a: &Operand, b: &Operand) -> bool {
+    match (a, b) {
+        (Operand::Shell { login: x, .. }, Operand::Shell { login: y, .. }) => x == y,
+        (
+            Operand::Daemon {
+                host: h1, port: p1, ..
+            },
+            Operand::Daemon {
+                host: h2, port: p2, ..
+            },
+        ) => h1 == h2 && p1 == p2,
+        _ => false,
+    }
+}
+
+/// The path on the far side, as the request carries it.
+fn remote_path(o: &Operand) -> Vec<u8> {
+    match o {
+        Operand::Shell { path, .. } | Operand::Daemon { path, .. } => path.as_bytes().to_vec(),
+        Operand::Local(_) => unreachable!("remote operand"),
+    }
+}
+
+fn local_paths(operands: &[Operand]) -> Vec<PathBuf> {
+    operands
+        .iter()
+        .map(|s| match s {
+            Operand::Local(p) => p.clone(),
+            _ => unreachable!("all local"),
+        })
+        .collect()
+}
+
+/// A push or pull: to a daemon with the shared secret, or through a
+/// remote shell that starts `rcp server-once` on the far side.
+async fn remote_copy(
+    remote: &Operand,
+    request: Request,
+    a: &CopyArgs,
+    p: Params,
+    progress: &Progress,
+) -> anyhow::Result<Report> {
+    match remote {
+        Operand::Daemon { host, port, .. } => {
+            let secret_file = a
+                .secret_file
+                .as_ref()
+                .context("rcp:// operands need --secret-file (the daemon's shared secret)")?;
+            let secret = auth::read_secret(secret_file)?;
+            let target = Target {
+                addr: endpoint::resolve(host, *port)?,
+                transport: a.tuning.transport,
+            };
+            session::client(target, &secret, request, p, progress).await
+        }
+        Operand::Shell { login, host, .. } => {
+            let mut remote = shell::start(&a.rsh, login, &a.tuning).await?;
+            let target = Target {
+                addr: endpoint::resolve(host, remote.port)?,
+                transport: a.tuning.transport,
+            };
+            let report = session::client(target, &remote.token, request, p, progress).await;
+            let status = remote.child.wait().await?;
+            let report = report?;
+            if !status.success() && report.failed.is_empty() {
+                bail!("the remote side failed ({status})");
+            }
+            Ok(report)
+        }
+        Operand::Local(_) => unreachable!("remote operand"),
+    }
+}
+
+/// Both operands local: the same pipeline, through an in-process server on
+/// loopback.
+async fn local_copy(
+    sources: Vec<PathBuf>,
+    dest: &Path,
+    p: Params,
+    progress: &Progress,
+) -> anyhow::Result<Report> {
+    let dest = std::path::absolute(dest)?;
+    let listener = Listener::bind("127.0.0.1:0".parse()?, Transport::Tcp).await?;
+    let addr: SocketAddr = format!("127.0.0.1:{}", listener.port()?).parse()?;
+    let secret = auth::nonce().to_vec();
+    let config = ServeConfig {
+        roots: vec![PathBuf::from("/")],
+        secret: secret.clone(),
+        params: p,
+        log: false,
+        sessions: Arc::default(),
+    };
+    let server = tokio::spawn(session::serve_one(listener, config, LOCAL_SERVER_WAIT));
+    let target = Target {
+        addr,
+        transport: Transport::Tcp,
+    };
+    let request = Request::Push {
+        sources,
+        dest: dest.as_os_str().as_encoded_bytes().to_vec(),
+    };
+    let report = session::client(target, &secret, request, p, progress).await;
+    let served = server.await?;
+    let report = report?;
+    served?;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ops(words: &[&str]) -> Vec<Operand> {
+        words.iter().map(|w| Operand::parse(w).unwrap()).collect()
+    }
+
+    fn plan_of(words: &[&str]) -> Result<String, PlanError> {
+        let operands = ops(words);
+        let (dest, sources) = operands.split_last().unwrap();
+        plan(sources, dest).map(|p| format!("{p:?}"))
+    }
+
+    #[test]
+    fn local_sources_and_destination_make_a_local_copy() {
+        let operands = ops(&["a", "dir/b", "dst"]);
+        let (dest, sources) = operands.split_last().unwrap();
+        match plan(sources, dest).unwrap() {
+            Plan::Local { sources, dest } => {
+                assert_eq!(sources, [PathBuf::from("a"), PathBuf::from("dir/b")]);
+                assert_eq!(dest, PathBuf::from("dst"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_remote_destination_makes_a_push() {
+        let operands = ops(&["a", "b", "user@node2:/data"]);
+        let (dest, sources) = operands.split_last().unwrap();
+        match plan(sources, dest).unwrap() {
+            Plan::Remote {
+                remote,
+                request: Request::Push { sources, dest },
+            } => {
+                assert_eq!(remote, &operands[2]);
+                assert_eq!(sources, [PathBuf::from("a"), PathBuf::from("b")]);
+                assert_eq!(dest, b"/data");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn remote_sources_on_one_host_make_a_pull() {
+        let operands = ops(&["rcp://node2:7000/x", "rcp://node2:7000/y/z", "here"]);
+        let (dest, sources) = operands.split_last().unwrap();
+        match plan(sources, dest).unwrap() {
+            Plan::Remote {
+                remote,
+                request: Request::Pull { sources, dest },
+            } => {
+                assert_eq!(remote, &operands[0]);
+                assert_eq!(sources, [b"/x".to_vec(), b"/y/z".to_vec()]);
+                assert_eq!(dest, PathBuf::from("here"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            plan_of(&["node2:a", "node2:b", "here"])
+                .unwrap()
+                .contains("Pull")
+        );
+    }
+
+    #[test]
+    fn sources_on_different_hosts_are_refused() {
+        for words in [
+            ["node2:a", "node3:b", "here"],
+            ["me@node2:a", "node2:b", "here"],
+            ["rcp://node2/a", "rcp://node2:7000/b", "here"],
+            ["node2:a", "rcp://node2/b", "here"],
+        ] {
+            assert_eq!(
+                plan_of(&words).unwrap_err(),
+                PlanError::MixedHosts,
+                "{words:?}"
+            );
+        }
+        assert_eq!(
+            PlanError::MixedHosts.to_string(),
+            "all remote sources must be on the same host"
+        );
+    }
+
+    #[test]
+    fn two_remote_sides_are_refused() {
+        for words in [
+            &["node2:a", "node3:b"][..],
+            &["a", "node2:b", "node3:c"],
+            &["node2:a", "b", "here"],
+            &["node2:a", "b", "rcp://node3/c"],
+        ] {
+            assert_eq!(
+                plan_of(words).unwrap_err(),
+                PlanError::NoLocalSide,
+                "{words:?}"
+            );
+        }
+        assert_eq!(
+            PlanError::NoLocalSide.to_string(),
+            "copies between two remote places are not supported: one side must be local"
+        );
+    }
+}

@@ -1,0 +1,143 @@
+//! The serving sides: `rcp serve`, the daemon (its roots checked once, one
+//! listener, at most `--max-clients` sessions at a time, the rest refused
+//! with a reason the client sees), and `rcp server-once`, the far side of
+//! remote-shell mode (one session on a fresh port, authenticated by a
+//! one-time token).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use rfabric::endpoint::Listener;
+
+use crate::cli::{ServeArgs, ServerOnceArgs};
+use crate::report::Outcome;
+use crate::session::{self, ServeConfig, Served};
+use crate::tuning::{io_engine, params};
+use crate::{auth, digest, shell};
+
+/// How long the far side of remote-shell mode waits for its client: the
+/// client connects as soon as it has read the banner.
+const SERVER_ONCE_WAIT: Duration = Duration::from_secs(60);
+
+/// `rcp serve`: serves copies to and from the roots until killed.
+pub async fn serve(a: ServeArgs) -> anyhow::Result<Outcome> {
+    let secret = auth::read_secret(&a.secret_file)?;
+    let roots = canonical_roots(&a.roots)?;
+    let engine = io_engine(&a.tuning, "rcp serve")?;
+    let config = Arc::new(ServeConfig {
+        roots,
+        secret,
+        params: params(&a.tuning, engine, false, false, true),
+        log: true,
+        sessions: Arc::default(),
+    });
+    let listener = Listener::bind(a.listen, a.tuning.transport)
+        .await
+        .with_context(|| format!("cannot listen on {}", a.listen))?;
+    eprintln!(
+        "rcp serve: listening on {} (tcp{}), {} storage engine",
+        a.listen,
+        if listener.has_rdma() { " and rdma" } else { "" },
+        engine
+    );
+    accept_loop(&listener, &config, a.max_clients).await
+}
+
+/// The roots as absolute paths without symlinks, each an existing
+/// directory: confinement compares against these.
+fn canonical_roots(given: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut roots = Vec::new();
+    for r in given {
+        let abs = std::fs::canonicalize(r).with_context(|| format!("root {}", r.display()))?;
+        if !abs.is_dir() {
+            bail!("root {} is not a directory", r.display());
+        }
+        roots.push(abs);
+    }
+    Ok(roots)
+}
+
+/// Accepts for ever; a connection beyond `max_clients` sessions is told
+/// why it is turned away instead of waiting. A failed accept or session is
+/// logged and the daemon goes on.
+async fn accept_loop(
+    listener: &Listener,
+    config: &Arc<ServeConfig>,
+    max_clients: usize,
+) -> anyhow::Result<Outcome> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_clients));
+    loop {
+        let conn = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("rcp serve: accept failed: {e:#}");
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            let reason = format!("busy: {max_clients} connections already (--max-clients)");
+            eprintln!("rcp serve: refusing a client: {reason}");
+            let config = Arc::clone(config);
+            tokio::spawn(async move { session::refuse(conn, &config, reason).await });
+            continue;
+        };
+        let config = Arc::clone(config);
+        tokio::spawn(async move {
+            match session::server(conn, &config).await {
+                Ok(Served::Session(_) | Served::Joined) => {}
+                Err(e) => eprintln!("rcp serve: session failed: {e:#}"),
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// `rcp server-once`: listens on a fresh port, prints the banner (port and
+/// one-time token) for the client at the other end of the remote shell,
+/// serves that one session and its streams, and ends.
+pub async fn server_once(a: ServerOnceArgs) -> anyhow::Result<Outcome> {
+    let engine = io_engine(&a.tuning, "rcp (remote side)")?;
+    let ip = shell::listen_ip();
+    let listener = Listener::bind(SocketAddr::new(ip, 0), a.tuning.transport)
+        .await
+        .with_context(|| format!("cannot listen on {ip}"))?;
+    let token = digest::hex(&auth::nonce());
+    println!("{}", shell::banner(listener.port()?, &token));
+    let config = ServeConfig {
+        roots: vec![PathBuf::from("/")],
+        secret: token.into_bytes(),
+        params: params(&a.tuning, engine, false, false, true),
+        log: true,
+        sessions: Arc::default(),
+    };
+    let stats = session::serve_one(listener, config, SERVER_ONCE_WAIT).await?;
+    Ok(Outcome::from_failed(stats.failed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roots_are_canonical_directories() {
+        let dir = std::env::temp_dir().join(format!("rcp-daemon-roots-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("file"), b"x").unwrap();
+        let roots = canonical_roots(&[dir.join("sub/../sub")]).unwrap();
+        assert_eq!(roots, [std::fs::canonicalize(dir.join("sub")).unwrap()]);
+        let e = canonical_roots(&[dir.join("file")]).unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            format!("root {} is not a directory", dir.join("file").display())
+        );
+        let e = canonical_roots(&[dir.join("missing")]).unwrap_err();
+        assert!(
+            format!("{e:#}").starts_with(&format!("root {}: ", dir.join("missing").display())),
+            "{e:#}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
