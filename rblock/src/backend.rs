@@ -1,13 +1,15 @@
 //! Where one NBD connection's requests are carried out: the export's
 //! storage on this node (`rblock serve`), or a remote export across the
 //! fabric (`rblock connect`), through the lane the connection is bound to.
+//! Here local storage meets NBD: a zeroing it refuses becomes an NBD
+//! error, its stretches of data and holes `base:allocation` extents.
 
 use std::sync::Arc;
 
 use crate::fabric::client::Remote;
-use crate::nbd::consts::cflags;
-use crate::nbd::transmission::Extent;
-use crate::storage::Storage;
+use crate::nbd::consts::{STATE_HOLE, STATE_ZERO, cflags, errno};
+use crate::nbd::transmission::{Extent, wire_errno};
+use crate::storage::{Allocation, Storage, Stretch, ZeroError};
 
 /// What an export is served from.
 #[derive(Debug, Clone)]
@@ -100,7 +102,13 @@ impl Backend {
         fua: bool,
     ) -> Result<(), u32> {
         match self {
-            Backend::Local(s) => s.zero(offset, u64::from(len), punch, fast, fua).await,
+            Backend::Local(s) => s
+                .zero(offset, u64::from(len), punch, fast, fua)
+                .await
+                .map_err(|e| match e {
+                    ZeroError::NoFastWay => errno::ENOTSUP,
+                    ZeroError::Io(e) => wire_errno(&e),
+                }),
             Backend::Remote(r, lane) => {
                 let flags = [
                     (fua, cflags::FUA),
@@ -122,11 +130,27 @@ impl Backend {
         one: bool,
     ) -> std::io::Result<Vec<Extent>> {
         match self {
-            Backend::Local(s) => Ok(s.block_status(offset, len, one)),
+            Backend::Local(s) => Ok(s
+                .block_status(offset, len, one)
+                .into_iter()
+                .map(extent)
+                .collect()),
             Backend::Remote(r, lane) => {
                 let flags = if one { cflags::REQ_ONE } else { 0 };
                 r.block_status(*lane, offset, len, flags).await
             }
         }
+    }
+}
+
+/// A stretch of local storage as a `base:allocation` extent.
+fn extent(s: Stretch) -> Extent {
+    let flags = match s.allocation {
+        Allocation::Data => 0,
+        Allocation::Hole => STATE_HOLE | STATE_ZERO,
+    };
+    Extent {
+        length: s.length,
+        flags,
     }
 }

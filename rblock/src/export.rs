@@ -1,6 +1,23 @@
-//! Exports as given on the command line: `NAME=PATH[,ro]`.
+//! Exports as given on the command line (`NAME=PATH[,ro]`), and as
+//! served: what clients are told, and where the data is.
 
 use std::path::PathBuf;
+
+use crate::backend::Source;
+use crate::nbd::handshake::ExportInfo;
+
+/// One export: what clients are told, and its storage.
+#[derive(Debug)]
+pub struct Export {
+    pub info: ExportInfo,
+    pub source: Source,
+}
+
+impl AsRef<ExportInfo> for Export {
+    fn as_ref(&self) -> &ExportInfo {
+        &self.info
+    }
+}
 
 /// One `--export` argument.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,20 +4,26 @@
 //! kernel's NBD driver, qemu, libnbd tools). The RDMA path (`rblock
 //! connect`, requests over queue pairs) builds on the same engine.
 //!
-//! Rooms: [`app`] (what each command does; the binary only parses and
-//! maps the outcome to an exit status), [`cli`] (the command line, as clap
-//! sees it), [`config`] (listen and fabric addresses, remote exports, the
-//! zero-copy policy: plain values both the command line and the server
-//! use), [`nbd`] (the protocol engine, sans I/O: handshake, request
-//! checks, reply encoding), [`export`] (what is exported, from the command
-//! line), [`storage`] (one export's file or device, on rfabric's storage
-//! engine: io_uring or threads), [`serve`]
-//! (NBD over TCP and unix sockets: connections, in-flight requests,
-//! shutdown; large requests without a copy), [`socket`] (a client's
-//! socket, and sending from a file or splicing into a pipe through it),
-//! [`fabric`] (rblock's own protocol over RDMA: `rblock connect`),
-//! [`backend`] (local storage or a remote export), [`attach`] (a kernel
-//! block device through the NBD netlink family, nbd-client as fallback).
+//! Rooms, each layer using only those below it:
+//!
+//! - [`app`]: what each command does (the binary only parses and maps the
+//!   outcome to an exit status); [`cli`]: the command line, as clap sees it.
+//! - [`serve`]: NBD over TCP and unix sockets (listeners, connections,
+//!   in-flight requests, shutdown; large requests without a copy), and
+//!   the fabric listener handing links to [`fabric`]'s server.
+//! - [`fabric`]: rblock's own protocol over RDMA (`rblock connect`): the
+//!   codec, the serving side, the forwarding side.
+//! - [`execute`]: a checked request carried out on a backend, the same for
+//!   NBD and the fabric; [`export`]: what is exported, from the command
+//!   line and as served; [`config`]: listen and fabric addresses, remote
+//!   exports, the zero-copy policy.
+//! - [`backend`]: local storage or a remote export, in NBD's terms;
+//!   [`storage`]: one export's file or device, on rfabric's storage engine
+//!   (io_uring or threads), knowing nothing of NBD; [`socket`]: a client's
+//!   socket, and sending from a file or splicing into a pipe through it.
+//! - [`nbd`]: the protocol engine, sans I/O (handshake, request checks,
+//!   reply encoding, errors); [`attach`]: a kernel block device through the
+//!   NBD netlink family, nbd-client as fallback.
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -25,6 +31,7 @@ pub mod attach;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod execute;
 pub mod export;
 pub mod fabric;
 pub mod nbd;

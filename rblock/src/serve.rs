@@ -16,15 +16,17 @@ use tokio::io::{
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
-use crate::backend::{Backend, Source};
+use crate::backend::Backend;
 use crate::config::{Listen, ZeroCopy};
+use crate::execute::{Executed, Failure, carry_out};
+use crate::export::Export;
 use crate::nbd::consts::{REQUEST_LEN, errno};
-use crate::nbd::handshake::{ExportInfo, Handshake, MAX_PAYLOAD, Outcome};
+use crate::nbd::handshake::{Handshake, MAX_PAYLOAD, Outcome};
 use crate::nbd::transmission::{
     Command, Limits, Request, block_status_reply, check, error_reply, ok_reply, read_reply_header,
 };
 use crate::socket::{Inbound, Outbound, Stream};
-use crate::storage::{StartedRead, Storage, wire_errno};
+use crate::storage::{StartedRead, Storage};
 
 mod zero_copy;
 use zero_copy::{
@@ -37,13 +39,6 @@ const MAX_IN_FLIGHT: usize = 128;
 const MAX_BUFFERED: usize = 128 << 20;
 /// A client has this long to finish the handshake.
 const HANDSHAKE_TIME: Duration = Duration::from_secs(60);
-
-/// One export: what clients are told, and its storage.
-#[derive(Debug)]
-pub struct Export {
-    pub info: ExportInfo,
-    pub source: Source,
-}
 
 /// How and where to serve.
 #[derive(Debug)]
@@ -631,13 +626,13 @@ async fn serve_burst(
     replies.send_all(answered).await
 }
 
+/// The reply to a request that failed.
+fn failed(structured: bool, cookie: u64, f: &Failure) -> Vec<u8> {
+    error_reply(structured, cookie, f.errno, &f.text)
+}
+
 fn write_failed(structured: bool, cookie: u64, e: &std::io::Error) -> Vec<u8> {
-    error_reply(
-        structured,
-        cookie,
-        wire_errno(e),
-        &format!("write failed: {e}"),
-    )
+    failed(structured, cookie, &Failure::write(e))
 }
 
 /// A read's reply: `buf` (header and data) if it worked.
@@ -652,12 +647,7 @@ fn read_reply(
         Ok(()) => buf,
         Err(e) => {
             buffers.give(buf);
-            error_reply(
-                structured,
-                cookie,
-                wire_errno(&e),
-                &format!("read failed: {e}"),
-            )
+            failed(structured, cookie, &Failure::read(&e))
         }
     }
 }
@@ -746,9 +736,6 @@ async fn execute_here(
     buffers: &Buffers,
 ) -> Vec<u8> {
     let (cookie, offset, len) = (req.cookie, req.offset, req.length);
-    let failed = |e: std::io::Error, what: &str| {
-        error_reply(structured, cookie, wire_errno(&e), &format!("{what}: {e}"))
-    };
     match command {
         Command::Read => {
             let head = read_reply_header(structured, cookie, offset, len);
@@ -766,32 +753,12 @@ async fn execute_here(
                 Err(e) => write_failed(structured, cookie, &e),
             }
         }
-        Command::Flush => match storage.flush().await {
-            Ok(()) => ok_reply(cookie),
-            Err(e) => failed(e, "flush failed"),
-        },
-        Command::Trim { fua } => match storage.trim(offset, len, fua).await {
-            Ok(()) => ok_reply(cookie),
-            Err(e) => failed(e, "trim failed"),
-        },
-        Command::Cache => {
-            storage.cache(offset, len).await;
-            ok_reply(cookie)
-        }
-        Command::WriteZeroes { fua, punch, fast } => {
-            match storage.zero(offset, len, punch, fast, fua).await {
-                Ok(()) => ok_reply(cookie),
-                Err(e) if e == errno::ENOTSUP => {
-                    error_reply(structured, cookie, e, "no fast way to zero here")
-                }
-                Err(e) => error_reply(structured, cookie, e, "zeroing failed"),
-            }
-        }
-        Command::BlockStatus { one } => match storage.block_status(offset, len, one).await {
-            Ok(extents) => block_status_reply(cookie, &extents),
-            Err(e) => failed(e, "block status failed"),
-        },
         Command::Disc => unreachable!("handled by the reader"),
+        other => match carry_out(other, req, storage).await {
+            Ok(Executed::Done) => ok_reply(cookie),
+            Ok(Executed::Extents(extents)) => block_status_reply(cookie, &extents),
+            Err(f) => failed(structured, cookie, &f),
+        },
     }
 }
 

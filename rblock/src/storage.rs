@@ -16,9 +16,6 @@ use rustix::fs::{FileType, Mode, OFlags, SeekFrom};
 use rustix::io::ReadWriteFlags;
 use rustix::pipe::SpliceFlags;
 
-use crate::nbd::consts::{STATE_HOLE, STATE_ZERO, errno};
-use crate::nbd::transmission::Extent;
-
 /// Extents one block status reply describes at most.
 const MAX_EXTENTS: usize = 1024;
 
@@ -40,6 +37,34 @@ const PUNTS_TO_SWITCH: u32 = 64;
 /// Largest piece of zeroes written by hand when the filesystem cannot zero
 /// a range itself.
 const ZERO_PIECE: usize = 1 << 20;
+
+/// What a stretch of the export holds, as `SEEK_DATA`/`SEEK_HOLE` tell
+/// (the NBD layer turns it into `base:allocation` states).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocation {
+    Data,
+    /// Nothing allocated: reads as zeros.
+    Hole,
+}
+
+/// `length` bytes in one state, from where the stretch before ended (see
+/// [`Storage::block_status`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stretch {
+    pub length: u32,
+    pub allocation: Allocation,
+}
+
+/// Why a range could not be zeroed (see [`Storage::zero`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ZeroError {
+    /// Only the quick ways were allowed, and none works here: nothing
+    /// changed.
+    #[error("no fast way to zero here")]
+    NoFastWay,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
 
 /// A read of a burst (see [`Storage::start_reads`]).
 pub enum StartedRead {
@@ -80,17 +105,6 @@ pub struct Storage {
     punted_in_a_row: AtomicU32,
     /// The path, for messages.
     shown: String,
-}
-
-/// An I/O failure as an NBD error.
-pub fn wire_errno(e: &std::io::Error) -> u32 {
-    match e.raw_os_error() {
-        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => errno::ENOSPC,
-        Some(libc::EPERM | libc::EACCES | libc::EROFS) => errno::EPERM,
-        Some(libc::ENOMEM) => errno::ENOMEM,
-        Some(libc::EINVAL) => errno::EINVAL,
-        _ => errno::EIO,
-    }
 }
 
 impl Storage {
@@ -480,7 +494,8 @@ impl Storage {
 
     /// Makes the range read back as zeros: by punching a hole when `punch`
     /// allows, by zeroing in place, or by writing zeros (unless `fast`, when
-    /// only the quick ways count: `Err(ENOTSUP)` then, nothing changed).
+    /// only the quick ways count: [`ZeroError::NoFastWay`] then, nothing
+    /// changed).
     pub async fn zero(
         &self,
         offset: u64,
@@ -488,8 +503,8 @@ impl Storage {
         punch: bool,
         fast: bool,
         fua: bool,
-    ) -> Result<(), u32> {
-        let io = |e: std::io::Error| wire_errno(&e);
+    ) -> Result<(), ZeroError> {
+        let io = ZeroError::Io;
         if len == 0 {
             return Ok(());
         }
@@ -515,7 +530,7 @@ impl Storage {
         }
         if !done {
             if fast {
-                return Err(errno::ENOTSUP);
+                return Err(ZeroError::NoFastWay);
             }
             let mut at = 0u64;
             let mut zeros = vec![0u8; (len.min(ZERO_PIECE as u64)) as usize];
@@ -554,8 +569,8 @@ impl Storage {
     }
 
     /// `base:allocation` of `[offset, offset+len)`: data and holes (holes
-    /// read as zeros). One extent only with `one`.
-    pub fn block_status(&self, offset: u64, len: u32, one: bool) -> Vec<Extent> {
+    /// read as zeros). One stretch only with `one`.
+    pub fn block_status(&self, offset: u64, len: u32, one: bool) -> Vec<Stretch> {
         let end = offset + u64::from(len);
         let mut out = Vec::new();
         let mut pos = offset;
@@ -563,10 +578,13 @@ impl Storage {
             let (state, next) = self.extent_at(pos, end);
             let length = (next.min(end) - pos) as u32;
             match out.last_mut() {
-                Some(Extent { length: l, flags }) if *flags == state => *l += length,
-                _ => out.push(Extent {
+                Some(Stretch {
+                    length: l,
+                    allocation,
+                }) if *allocation == state => *l += length,
+                _ => out.push(Stretch {
                     length,
-                    flags: state,
+                    allocation: state,
                 }),
             }
             if one {
@@ -578,19 +596,19 @@ impl Storage {
     }
 
     /// The state at `pos` and where it changes (at most `end`).
-    fn extent_at(&self, pos: u64, end: u64) -> (u32, u64) {
+    fn extent_at(&self, pos: u64, end: u64) -> (Allocation, u64) {
         if self.block_device {
-            return (0, end);
+            return (Allocation::Data, end);
         }
         match rustix::fs::seek(&self.fd, SeekFrom::Data(pos)) {
             Ok(data) if data == pos => {
                 let hole = rustix::fs::seek(&self.fd, SeekFrom::Hole(pos)).unwrap_or(end);
-                (0, hole.max(pos + 1))
+                (Allocation::Data, hole.max(pos + 1))
             }
-            Ok(data) => (STATE_HOLE | STATE_ZERO, data),
+            Ok(data) => (Allocation::Hole, data),
             // No data from here to the end of the file.
-            Err(rustix::io::Errno::NXIO) => (STATE_HOLE | STATE_ZERO, end),
-            Err(_) => (0, end),
+            Err(rustix::io::Errno::NXIO) => (Allocation::Hole, end),
+            Err(_) => (Allocation::Data, end),
         }
     }
 }

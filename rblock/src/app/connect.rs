@@ -14,10 +14,11 @@ use super::stop_signal;
 use crate::backend::Source;
 use crate::cli::ConnectArgs;
 use crate::config::{Listen, ZeroCopy};
+use crate::export::Export;
 use crate::fabric::client::{Opened, Remote, Target};
 use crate::nbd::consts::tflags;
 use crate::nbd::handshake::ExportInfo;
-use crate::serve::{self as server, Export, Plan};
+use crate::serve::{self as server, Plan};
 
 /// Serves the remote export `a.target` to local NBD clients until SIGTERM
 /// or SIGINT (or until attaching the device fails).

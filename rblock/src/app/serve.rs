@@ -11,8 +11,9 @@ use rfabric::storage::{self, Engine};
 use super::stop_signal;
 use crate::backend::Source;
 use crate::cli::ServeArgs;
+use crate::export::Export;
 use crate::nbd::handshake::ExportInfo;
-use crate::serve::{self as server, Export, Plan};
+use crate::serve::{self as server, Plan};
 use crate::storage::Storage;
 
 /// Serves `a.exports` until SIGTERM or SIGINT.

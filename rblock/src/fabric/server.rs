@@ -17,12 +17,12 @@ use tokio::sync::{Semaphore, watch};
 
 use super::proto::{Msg, VERSION, max_extents, write_request};
 use super::{SLOTS, link_config};
-use crate::backend::Source;
-use crate::nbd::consts::errno;
-use crate::nbd::handshake::MAX_PAYLOAD;
+use crate::backend::{Backend, Source};
+use crate::execute::{Executed, Failure, carry_out};
+use crate::export::Export;
+use crate::nbd::handshake::{MAX_PAYLOAD, find_export};
 use crate::nbd::transmission::{Command, Limits, Request, check};
-use crate::serve::Export;
-use crate::storage::{Storage, wire_errno};
+use crate::storage::Storage;
 
 /// A client has this long to open an export.
 const OPEN_TIME: Duration = Duration::from_secs(60);
@@ -62,6 +62,7 @@ pub async fn serve_link(
     let serving = Serving {
         link: Arc::clone(&link),
         storage: Arc::clone(storage),
+        backend: Backend::Local(Arc::clone(storage)),
         limits: Limits {
             size: export.info.size,
             read_only: export.info.read_only,
@@ -132,12 +133,7 @@ async fn open(link: &Link, exports: &[Export]) -> anyhow::Result<Option<usize>> 
         ))
         .await;
     }
-    let found = if name.is_empty() {
-        (!exports.is_empty()).then_some(0)
-    } else {
-        exports.iter().position(|e| e.info.name == name)
-    };
-    let Some(i) = found else {
+    let Some(i) = find_export(exports, name.as_bytes()) else {
         return refuse(format!("no export named {name:?} here")).await;
     };
     let info = &exports[i].info;
@@ -153,6 +149,8 @@ async fn open(link: &Link, exports: &[Export]) -> anyhow::Result<Option<usize>> 
 struct Serving {
     link: Arc<Link>,
     storage: Arc<Storage>,
+    /// The same storage, for the shared executor.
+    backend: Backend,
     limits: Limits,
     pool: Arc<BufferPool>,
     region: Region,
@@ -169,7 +167,7 @@ struct WriteProgress {
     /// Bytes on storage (or failed).
     settled: u64,
     /// Why a piece failed: the first failure answers the write.
-    failed: Option<(u32, String)>,
+    failed: Option<Failure>,
 }
 
 impl Serving {
@@ -212,7 +210,7 @@ impl Serving {
                     Ok(Command::Write { fua }) => fua,
                     Ok(_) => bail!("a chunk whose header is not a write"),
                     Err(refusal) => {
-                        let why = (refusal.errno, refusal.message.to_string());
+                        let why = Failure::from(refusal);
                         self.settle(&req, &progress, u64::from(h.payload_len), Some(why))
                             .await;
                         return Ok(());
@@ -284,9 +282,7 @@ impl Serving {
         drop(chunk);
         let len = data.len();
         let (_, r) = self.storage.write(at, data, 0, len, fua).await;
-        let failed = r
-            .err()
-            .map(|e| (wire_errno(&e), format!("write failed: {e}")));
+        let failed = r.err().map(|e| Failure::write(&e));
         self.settle(req, progress, len as u64, failed).await;
     }
 
@@ -297,7 +293,7 @@ impl Serving {
         req: &Request,
         progress: &Arc<Mutex<WriteProgress>>,
         len: u64,
-        failed: Option<(u32, String)>,
+        failed: Option<Failure>,
     ) {
         let answer = {
             let mut w = progress.lock().expect("progress lock");
@@ -313,7 +309,7 @@ impl Serving {
         self.writes.lock().expect("writes lock").remove(&req.cookie);
         match failed {
             None => self.reply(req.cookie, 0, "").await,
-            Some((e, text)) => self.reply(req.cookie, e, &text).await,
+            Some(f) => self.reply(req.cookie, f.errno, &f.text).await,
         }
     }
 
@@ -328,51 +324,29 @@ impl Serving {
     }
 
     async fn execute(&self, command: Command, req: Request) {
-        let (id, offset, len) = (req.cookie, req.offset, req.length);
-        let done = |r: std::io::Result<()>, what: &str| match r {
-            Ok(()) => (0, String::new()),
-            Err(e) => (wire_errno(&e), format!("{what}: {e}")),
-        };
-        let (error, text) = match command {
-            Command::Read if len == 0 => (0, String::new()),
+        let id = req.cookie;
+        let executed = match command {
+            Command::Read if req.length == 0 => Ok(Executed::Done),
             Command::Read => match self.read(&req).await {
                 Ok(()) => return,
-                Err(failed) => failed,
+                Err(failed) => Err(failed),
             },
-            Command::Flush => done(self.storage.flush().await, "flush failed"),
-            Command::Trim { fua } => done(
-                self.storage.trim(offset, u64::from(len), fua).await,
-                "trim failed",
-            ),
-            Command::Cache => {
-                self.storage.cache(offset, u64::from(len));
-                (0, String::new())
-            }
-            Command::WriteZeroes { fua, punch, fast } => {
-                match self
-                    .storage
-                    .zero(offset, u64::from(len), punch, fast, fua)
-                    .await
-                {
-                    Ok(()) => (0, String::new()),
-                    Err(e) if e == errno::ENOTSUP => (e, "no fast way to zero here".into()),
-                    Err(e) => (e, "zeroing failed".into()),
-                }
-            }
-            Command::BlockStatus { one } => {
-                let mut extents = self.storage.block_status(offset, len, one);
+            Command::Write { .. } | Command::Disc => unreachable!("refused in take"),
+            other => carry_out(other, &req, &self.backend).await,
+        };
+        match executed {
+            Ok(Executed::Done) => self.reply(id, 0, "").await,
+            Ok(Executed::Extents(mut extents)) => {
                 extents.truncate(max_extents(self.link.max_message()).max(1));
                 let m = Msg::Extents { id, extents };
                 let _ = self.link.send_message(&m.encode()).await;
-                return;
             }
-            Command::Write { .. } | Command::Disc => unreachable!("refused in take"),
-        };
-        self.reply(id, error, &text).await;
+            Err(f) => self.reply(id, f.errno, &f.text).await,
+        }
     }
 
     /// Sends a read's data in pieces into the client's slots.
-    async fn read(&self, req: &Request) -> Result<(), (u32, String)> {
+    async fn read(&self, req: &Request) -> Result<(), Failure> {
         let piece = self.link.max_chunk();
         let total = req.length as usize;
         let mut sent = 0;
@@ -384,7 +358,7 @@ impl Serving {
                 .read_piece(req.offset + sent as u64, buf, len)
                 .await;
             if let Err(e) = r {
-                return Err((wire_errno(&e), format!("read failed: {e}")));
+                return Err(Failure::read(&e));
             }
             let last = sent + len == total;
             let meta = ChunkMeta {

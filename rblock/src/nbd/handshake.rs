@@ -67,6 +67,25 @@ impl ExportInfo {
     }
 }
 
+impl AsRef<ExportInfo> for ExportInfo {
+    fn as_ref(&self) -> &ExportInfo {
+        self
+    }
+}
+
+/// The export a client's name means, as an index into `exports`: the
+/// empty name is the default export, the first one. The one lookup for
+/// every way a client names an export (the NBD handshake, the fabric's
+/// open).
+pub fn find_export<E: AsRef<ExportInfo>>(exports: &[E], name: &[u8]) -> Option<usize> {
+    if name.is_empty() {
+        return (!exports.is_empty()).then_some(0);
+    }
+    exports
+        .iter()
+        .position(|e| e.as_ref().name.as_bytes() == name)
+}
+
 /// What the handshake settled for the transmission phase.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Negotiated {
@@ -215,13 +234,9 @@ impl Handshake {
         self.out.extend_from_slice(data);
     }
 
-    /// The export a client's name means: the empty name is the default
-    /// export, the first one.
+    /// The export a client's name means (see [`find_export`]).
     fn find(&self, name: &[u8]) -> Option<usize> {
-        if name.is_empty() {
-            return (!self.exports.is_empty()).then_some(0);
-        }
-        self.exports.iter().position(|e| e.name.as_bytes() == name)
+        find_export(&self.exports, name)
     }
 
     fn option(&mut self, option: u32, data: &[u8]) -> Option<Outcome> {

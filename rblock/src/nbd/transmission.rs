@@ -283,6 +283,18 @@ pub fn read_reply_header(structured: bool, cookie: u64, offset: u64, len: u32) -
     b
 }
 
+/// An I/O failure as the NBD error a client is told (the spec's few:
+/// out of space, not permitted, out of memory, invalid; EIO for the rest).
+pub fn wire_errno(e: &std::io::Error) -> u32 {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => errno::ENOSPC,
+        Some(libc::EPERM | libc::EACCES | libc::EROFS) => errno::EPERM,
+        Some(libc::ENOMEM) => errno::ENOMEM,
+        Some(libc::EINVAL) => errno::EINVAL,
+        _ => errno::EIO,
+    }
+}
+
 /// A `base:allocation` extent: length and state bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {

@@ -351,3 +351,14 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn the_empty_name_means_the_first_export_and_other_names_their_own() {
+    let e = exports();
+    assert_eq!(find_export(&e, b""), Some(0));
+    assert_eq!(find_export(&e, b"disk"), Some(0));
+    assert_eq!(find_export(&e, b"ro"), Some(1));
+    assert_eq!(find_export(&e, b"RO"), None);
+    assert_eq!(find_export(&e, b"nosuch"), None);
+    assert_eq!(find_export::<ExportInfo>(&[], b""), None);
+}

@@ -307,3 +307,23 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn io_failures_become_the_spec_errors() {
+    let e = |n| wire_errno(&std::io::Error::from_raw_os_error(n));
+    for (os, wire) in [
+        (libc::ENOSPC, errno::ENOSPC),
+        (libc::EDQUOT, errno::ENOSPC),
+        (libc::EFBIG, errno::ENOSPC),
+        (libc::EPERM, errno::EPERM),
+        (libc::EACCES, errno::EPERM),
+        (libc::EROFS, errno::EPERM),
+        (libc::ENOMEM, errno::ENOMEM),
+        (libc::EINVAL, errno::EINVAL),
+        (libc::EIO, errno::EIO),
+        (libc::ENXIO, errno::EIO),
+    ] {
+        assert_eq!(e(os), wire, "{os}");
+    }
+    assert_eq!(wire_errno(&std::io::Error::other("no number")), errno::EIO);
+}
