@@ -7,6 +7,7 @@
 
 mod connect;
 mod serve;
+mod signal;
 
 pub use self::connect::connect;
 pub use self::serve::serve;
@@ -46,20 +47,4 @@ pub async fn detach(a: DetachArgs) -> anyhow::Result<()> {
         eprintln!("rblock detach: {} was not attached", a.device.display());
     }
     Ok(())
-}
-
-/// SIGTERM or SIGINT.
-async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use rfabric::endpoint;
 
-use super::stop_signal;
+use super::signal::stop_signal;
 use crate::backend::Source;
 use crate::cli::ConnectArgs;
 use crate::config::{Listen, ZeroCopy};

@@ -8,7 +8,7 @@ use anyhow::Context;
 use rfabric::endpoint::Listener;
 use rfabric::storage::{self, Engine};
 
-use super::stop_signal;
+use super::signal::stop_signal;
 use crate::backend::Source;
 use crate::cli::ServeArgs;
 use crate::export::Export;

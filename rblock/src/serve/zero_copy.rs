@@ -1,17 +1,19 @@
 //! Large requests whose data never passes through the server's memory:
-//! reads sent from the page cache (`sendfile`), and writes moved from the
-//! socket into the file through a pipe (`splice`). What each saves, and
+//! reads sent from the page cache (chosen here, sent with `sendfile` by
+//! the reply writer), and writes moved from the socket into the file
+//! through a pipe (`splice`). What each saves, and
 //! when a read is better copied after all, is in `docs/rblock.md`.
 
 use std::sync::Arc;
 
 use anyhow::bail;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::AsyncBufReadExt;
 use tokio::sync::Semaphore;
 
-use super::{DIRECT_READ, Input, Reply, write_failed};
+use super::input::{DIRECT_READ, Input};
+use super::reply::{Reply, write_failed};
 use crate::nbd::transmission::{Request, ok_reply, read_reply_header};
-use crate::socket::{Outbound, Pipe};
+use crate::socket::Pipe;
 use crate::storage::Storage;
 
 /// Reads at least this long are sent from the page cache when all of
@@ -34,32 +36,6 @@ pub(super) fn send_from_cache(
         offset: req.offset,
         len,
     })
-}
-
-/// Sends a read's header, then its data from the file. A file that fails
-/// to send after the header went out cuts the connection: the header
-/// promised data that cannot come.
-pub(super) async fn send_from_file(
-    out: &mut BufWriter<Outbound>,
-    head: &[u8],
-    storage: &Storage,
-    offset: u64,
-    len: usize,
-) -> std::io::Result<()> {
-    out.flush().await?;
-    out.get_ref().send_before_more(head).await?;
-    let sent = match out.get_ref().send_file(storage.file(), offset, len).await {
-        Ok(n) => n,
-        Err(e) => {
-            out.get_ref().cut();
-            return Err(e);
-        }
-    };
-    if sent < len {
-        // The file shrank under us: what is gone reads as zeros.
-        out.write_all(&vec![0; len - sent]).await?;
-    }
-    Ok(())
 }
 
 /// When a large read's data is sent straight from the page cache.

@@ -1,0 +1,74 @@
+//! Taking a client: a place among the connections (or a refusal when all
+//! are taken), and a task that serves it, NBD or fabric.
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+use super::connection::connection;
+use super::zero_copy::{FromCache, Load};
+use crate::config::ZeroCopy;
+use crate::export::Export;
+use crate::socket::Stream;
+
+pub(super) struct Accepting {
+    pub(super) who: &'static str,
+    pub(super) exports: Arc<[Export]>,
+    pub(super) shutdown: watch::Receiver<bool>,
+    /// The places among the connections, and how many are taken.
+    pub(super) load: Arc<Load>,
+    pub(super) zero_copy_reads: ZeroCopy,
+    pub(super) alive: mpsc::Sender<()>,
+}
+
+impl Accepting {
+    /// A client of rblock's fabric protocol (`rblock connect`).
+    pub(super) fn start_link(&self, conn: Arc<dyn rfabric::transport::Connection>) {
+        let closer = Arc::clone(&conn);
+        let admitted = self.admit("fabric connection", move |exports, shutdown| {
+            crate::fabric::server::serve_link(conn, exports, shutdown)
+        });
+        if !admitted {
+            closer.close();
+        }
+    }
+
+    pub(super) fn start(&self, stream: Stream) {
+        let from_cache = match self.zero_copy_reads {
+            ZeroCopy::Always => FromCache::Always,
+            ZeroCopy::Never => FromCache::Never,
+            ZeroCopy::Auto if !stream.is_local() => FromCache::Always,
+            ZeroCopy::Auto => FromCache::WhenBusy(Arc::clone(&self.load)),
+        };
+        self.admit("connection", move |exports, shutdown| {
+            connection(stream, exports, shutdown, from_cache)
+        });
+    }
+
+    /// Serves one `what` (made by `serve`) in a task of its own while it
+    /// holds a place among the connections; false when all are taken.
+    fn admit<F>(
+        &self,
+        what: &'static str,
+        serve: impl FnOnce(Arc<[Export]>, watch::Receiver<bool>) -> F,
+    ) -> bool
+    where
+        F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        let who = self.who;
+        let Ok(permit) = Arc::clone(&self.load.slots).try_acquire_owned() else {
+            eprintln!("{who}: refusing a {what}: too many open");
+            return false;
+        };
+        let served = serve(Arc::clone(&self.exports), self.shutdown.clone());
+        let alive = self.alive.clone();
+        tokio::spawn(async move {
+            if let Err(e) = served.await {
+                eprintln!("{who}: {what} ended: {e:#}");
+            }
+            drop(permit);
+            drop(alive);
+        });
+        true
+    }
+}

@@ -1,0 +1,139 @@
+//! Replies: made from how a request went, and written to the socket by
+//! whichever task has one ready; a read's data may come straight from the
+//! file (see `zero_copy`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::buffers::Buffers;
+use crate::execute::Failure;
+use crate::nbd::transmission::error_reply;
+use crate::socket::Outbound;
+use crate::storage::Storage;
+
+/// One reply to the client.
+pub(super) enum Reply {
+    /// Made here.
+    Bytes(Vec<u8>),
+    /// A read's header, and its data sent straight from the page cache.
+    File {
+        head: Vec<u8>,
+        storage: Arc<Storage>,
+        offset: u64,
+        len: usize,
+    },
+}
+
+impl From<Vec<u8>> for Reply {
+    fn from(b: Vec<u8>) -> Reply {
+        Reply::Bytes(b)
+    }
+}
+
+/// Where replies go: the socket, written by whichever task has a reply
+/// ready (no hand-off to a writer task). Replies that find it busy wait
+/// their turn; the last of them flushes, so replies that pile up leave in
+/// one system call.
+pub(super) struct Replies {
+    pub(super) out: tokio::sync::Mutex<BufWriter<Outbound>>,
+    /// Replies waiting for or holding the socket.
+    pub(super) queued: AtomicUsize,
+    pub(super) buffers: Buffers,
+}
+
+impl Replies {
+    pub(super) async fn send(
+        &self,
+        reply: Reply,
+        budget: OwnedSemaphorePermit,
+    ) -> std::io::Result<()> {
+        self.send_all([(reply, budget)]).await
+    }
+
+    /// Replies that leave together (each with the budget it held).
+    pub(super) async fn send_all(
+        &self,
+        replies: impl IntoIterator<Item = (Reply, OwnedSemaphorePermit)>,
+    ) -> std::io::Result<()> {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        let mut out = self.out.lock().await;
+        let mut result = Ok(());
+        for (reply, budget) in replies {
+            if result.is_ok() {
+                result = match &reply {
+                    Reply::Bytes(b) => out.write_all(b).await,
+                    Reply::File {
+                        head,
+                        storage,
+                        offset,
+                        len,
+                    } => send_from_file(&mut out, head, storage, *offset, *len).await,
+                };
+            }
+            if let Reply::Bytes(b) = reply {
+                self.buffers.give(b);
+            }
+            drop(budget);
+        }
+        let last = self.queued.fetch_sub(1, Ordering::AcqRel) == 1;
+        if result.is_ok() && last {
+            result = out.flush().await;
+        }
+        result
+    }
+}
+
+/// Sends a read's header, then its data from the file. A file that fails
+/// to send after the header went out cuts the connection: the header
+/// promised data that cannot come.
+async fn send_from_file(
+    out: &mut BufWriter<Outbound>,
+    head: &[u8],
+    storage: &Storage,
+    offset: u64,
+    len: usize,
+) -> std::io::Result<()> {
+    out.flush().await?;
+    out.get_ref().send_before_more(head).await?;
+    let sent = match out.get_ref().send_file(storage.file(), offset, len).await {
+        Ok(n) => n,
+        Err(e) => {
+            out.get_ref().cut();
+            return Err(e);
+        }
+    };
+    if sent < len {
+        // The file shrank under us: what is gone reads as zeros.
+        out.write_all(&vec![0; len - sent]).await?;
+    }
+    Ok(())
+}
+
+/// The reply to a request that failed.
+pub(super) fn failed(structured: bool, cookie: u64, f: &Failure) -> Vec<u8> {
+    error_reply(structured, cookie, f.errno, &f.text)
+}
+
+pub(super) fn write_failed(structured: bool, cookie: u64, e: &std::io::Error) -> Vec<u8> {
+    failed(structured, cookie, &Failure::write(e))
+}
+
+/// A read's reply: `buf` (header and data) if it worked.
+pub(super) fn read_reply(
+    structured: bool,
+    cookie: u64,
+    buf: Vec<u8>,
+    result: std::io::Result<()>,
+    buffers: &Buffers,
+) -> Vec<u8> {
+    match result {
+        Ok(()) => buf,
+        Err(e) => {
+            buffers.give(buf);
+            failed(structured, cookie, &Failure::read(&e))
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! One request of a socket connection carried out: a large read from the
+//! page cache when it may, a read or write with its data passing through
+//! here, anything else through the shared executor.
+
+use super::buffers::Buffers;
+use super::reply::{Reply, failed, read_reply, write_failed};
+use super::zero_copy::send_from_cache;
+use crate::backend::Backend;
+use crate::execute::{Executed, carry_out};
+use crate::nbd::transmission::{Command, Request, block_status_reply, ok_reply, read_reply_header};
+
+/// A request's data, and where the reply's comes from.
+pub(super) struct Data<'a> {
+    /// A write's.
+    pub(super) payload: Option<Vec<u8>>,
+    /// Where a read's buffer comes from.
+    pub(super) buffers: &'a Buffers,
+    /// Whether a large read may be sent from the page cache.
+    pub(super) zero_copy: bool,
+}
+
+/// Carries out one checked request; returns the whole reply.
+pub(super) async fn execute(
+    command: Command,
+    req: &Request,
+    data: Data<'_>,
+    storage: &Backend,
+    structured: bool,
+) -> Reply {
+    if let (Command::Read, Backend::Local(local)) = (command, storage)
+        && let Some(reply) = send_from_cache(local, req, structured, data.zero_copy)
+    {
+        return reply;
+    }
+    execute_here(
+        command,
+        req,
+        data.payload,
+        storage,
+        structured,
+        data.buffers,
+    )
+    .await
+    .into()
+}
+
+/// Carries out one checked request with the data passing through here.
+async fn execute_here(
+    command: Command,
+    req: &Request,
+    payload: Option<Vec<u8>>,
+    storage: &Backend,
+    structured: bool,
+    buffers: &Buffers,
+) -> Vec<u8> {
+    let (cookie, offset, len) = (req.cookie, req.offset, req.length);
+    match command {
+        Command::Read => {
+            let head = read_reply_header(structured, cookie, offset, len);
+            let mut buf = buffers.take(head.len() + len as usize);
+            buf.extend_from_slice(&head);
+            let (buf, r) = storage.read(offset, buf, len as usize).await;
+            read_reply(structured, cookie, buf, r, buffers)
+        }
+        Command::Write { fua } => {
+            let data = payload.unwrap_or_default();
+            let (data, r) = storage.write(offset, data, 0, len as usize, fua).await;
+            buffers.give(data);
+            match r {
+                Ok(()) => ok_reply(cookie),
+                Err(e) => write_failed(structured, cookie, &e),
+            }
+        }
+        Command::Disc => unreachable!("handled by the reader"),
+        other => match carry_out(other, req, storage).await {
+            Ok(Executed::Done) => ok_reply(cookie),
+            Ok(Executed::Extents(extents)) => block_status_reply(cookie, &extents),
+            Err(f) => failed(structured, cookie, &f),
+        },
+    }
+}

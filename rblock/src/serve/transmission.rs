@@ -1,0 +1,172 @@
+//! The transmission phase on a socket: request headers and write data
+//! read in turn, small requests taken in bursts, the others carried out
+//! in tasks of their own with replies sent as they complete; on shutdown,
+//! what is in flight finishes and anything newer gets ESHUTDOWN.
+
+use std::io::Cursor;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::sync::{Semaphore, watch};
+
+use super::buffers::Buffers;
+use super::burst::{serve_burst, take_burst};
+use super::input::{Input, read_payload};
+use super::reply::Replies;
+use super::request::{Data, execute};
+use super::zero_copy::{FromCache, Spare, can_splice, splice_write};
+use crate::backend::Backend;
+use crate::nbd::consts::{REQUEST_LEN, errno};
+use crate::nbd::handshake::MAX_PAYLOAD;
+use crate::nbd::transmission::{Command, Limits, Request, check, error_reply};
+use crate::socket::{Inbound, Outbound};
+
+/// Requests in flight per connection at most.
+pub(super) const MAX_IN_FLIGHT: usize = 128;
+/// Payload bytes (write data read, read data not yet sent) per connection.
+const MAX_BUFFERED: usize = 128 << 20;
+
+pub(super) async fn transmission(
+    pending: Vec<u8>,
+    (rd, wr): (Inbound, Outbound),
+    limits: Limits,
+    backend: Backend,
+    mut shutdown: watch::Receiver<bool>,
+    from_cache: FromCache,
+) -> anyhow::Result<()> {
+    let buffers = Buffers::default();
+    let replies = Arc::new(Replies {
+        out: tokio::sync::Mutex::new(BufWriter::with_capacity(256 * 1024, wr)),
+        queued: AtomicUsize::new(0),
+        buffers: buffers.clone(),
+    });
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let budget = Arc::new(Semaphore::new(MAX_BUFFERED));
+    let mut stopping = *shutdown.borrow();
+    // What the handshake read ahead comes first.
+    let mut rd: Input = BufReader::with_capacity(256 * 1024, Cursor::new(pending).chain(rd));
+    // Made at the first large write.
+    let mut pipe = Spare::Untried;
+    let result = async {
+        loop {
+            // The next header, or (once stopping) the moment nothing is in
+            // flight any more.
+            // (Waiting for bytes is cancel-safe; reading them is not, so it
+            // happens outside the select.)
+            let more = tokio::select! {
+                buf = rd.fill_buf() => !buf?.is_empty(),
+                _ = shutdown.changed(), if !stopping => {
+                    stopping = true;
+                    continue;
+                }
+                _ = idle(&in_flight), if stopping => break,
+            };
+            if !more {
+                // The client hung up.
+                break;
+            }
+            if let (false, Backend::Local(storage)) = (stopping, &backend) {
+                let zero_copy = from_cache.now();
+                let burst = take_burst(&mut rd, &limits, &budget, storage, zero_copy);
+                if !(burst.reads.is_empty() && burst.answered.is_empty()) {
+                    let replies = &replies;
+                    serve_burst(burst, storage, replies, &buffers, &in_flight, &limits).await?;
+                    continue;
+                }
+            }
+            let mut head = [0u8; REQUEST_LEN];
+            rd.read_exact(&mut head)
+                .await
+                .context("the client closed in the middle of a request")?;
+            let req = Request::decode(&head)?;
+            let payload_len = req.payload_len() as usize;
+            if payload_len > MAX_PAYLOAD as usize {
+                bail!("a write of {payload_len} bytes: more than the {MAX_PAYLOAD} allowed");
+            }
+            let checked = check(&req, &limits);
+            let cost = match checked {
+                Ok(Command::Read) => req.length as usize,
+                _ => payload_len,
+            };
+            let money = Arc::clone(&budget)
+                .acquire_many_owned(cost.min(MAX_BUFFERED) as u32)
+                .await
+                .expect("never closed");
+            if let (Ok(Command::Write { fua: false }), Backend::Local(storage), false) =
+                (&checked, &backend, stopping)
+                && can_splice(&rd, &req)
+                && let Some(pipe) = pipe.get()
+            {
+                let reply = splice_write(&mut rd, pipe, storage, &req, limits.structured).await?;
+                replies.send(reply.into(), money).await?;
+                continue;
+            }
+            let payload = if payload_len > 0 {
+                Some(read_payload(&mut rd, buffers.take(payload_len), payload_len).await?)
+            } else {
+                None
+            };
+            let structured = limits.structured;
+            if stopping {
+                let m = error_reply(
+                    structured,
+                    req.cookie,
+                    errno::ESHUTDOWN,
+                    "server shutting down",
+                );
+                replies.send(m.into(), money).await?;
+                continue;
+            }
+            let command = match checked {
+                Ok(c) => c,
+                Err(refusal) => {
+                    let m = error_reply(structured, req.cookie, refusal.errno, refusal.message);
+                    replies.send(m.into(), money).await?;
+                    continue;
+                }
+            };
+            if command == Command::Disc {
+                break;
+            }
+            let ticket = Arc::clone(&in_flight)
+                .acquire_owned()
+                .await
+                .expect("never closed");
+            let (backend, replies, buffers) =
+                (backend.clone(), Arc::clone(&replies), buffers.clone());
+            let zero_copy = from_cache.now();
+            tokio::spawn(async move {
+                let data = Data {
+                    payload,
+                    buffers: &buffers,
+                    zero_copy,
+                };
+                let reply = execute(command, &req, data, &backend, structured).await;
+                // A failed send shows up in the reader too (the client is
+                // gone); the request is done either way.
+                let _ = replies.send(reply, money).await;
+                drop(ticket);
+            });
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    // Whatever is in flight finishes and is answered before the close.
+    idle(&in_flight).await;
+    let mut out = replies.out.lock().await;
+    let flushed = out.flush().await;
+    let _ = out.shutdown().await;
+    result?;
+    flushed?;
+    Ok(())
+}
+
+/// Resolves once no request is in flight.
+pub(super) async fn idle(in_flight: &Arc<Semaphore>) {
+    let _all = in_flight
+        .acquire_many(MAX_IN_FLIGHT as u32)
+        .await
+        .expect("never closed");
+}
