@@ -76,7 +76,7 @@ pub async fn attach(
     let family = match open_family(true).await? {
         Ok(family) => family,
         Err(why) => {
-            nbd_client::attach(device, sock, name, connections, timeout)
+            nbd_client::attach(device, sock, name, connections, BLOCK_SIZE, timeout)
                 .await
                 .with_context(|| format!("{why}; nbd-client was the way left"))?;
             return Ok(Attached::NbdClient { connections, why });

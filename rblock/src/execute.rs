@@ -1,9 +1,9 @@
 //! One checked request carried out on a backend, the same whichever way
-//! it came: NBD over TCP or a unix socket ([`crate::serve`]) or the fabric
-//! ([`crate::fabric::server`]). Each way encodes the outcome its own way
-//! (an NBD reply, a fabric `Reply` message), but the storage call, the
-//! error number and the text are made here once, so that a client is told
-//! the same about the same failure.
+//! it came to [`crate::serve`]: NBD over TCP or a unix socket, or the
+//! fabric. Each way encodes the outcome its own way (an NBD reply, a
+//! fabric `Reply` message), but the storage call, the error number and
+//! the text are made here once, so that a client is told the same about
+//! the same failure.
 //!
 //! Reads and writes move their data differently on each way (buffers and
 //! the page cache on a socket, pieces in landing slots on the fabric), so

@@ -4,26 +4,28 @@
 //! kernel's NBD driver, qemu, libnbd tools). The RDMA path (`rblock
 //! connect`, requests over queue pairs) builds on the same engine.
 //!
-//! Rooms, each layer using only those below it:
+//! Rooms, each layer using only those below it (`cargo` has no check
+//! for that; the module graph is kept free of cycles):
 //!
 //! - [`app`]: what each command does (the binary only parses and maps the
 //!   outcome to an exit status); [`cli`]: the command line, as clap sees it.
-//! - [`serve`]: NBD over TCP and unix sockets (listeners, connections,
-//!   in-flight requests, shutdown; large requests without a copy), and
-//!   the fabric listener handing links to [`fabric`]'s server.
-//! - [`fabric`]: rblock's own protocol over RDMA (`rblock connect`): the
-//!   codec, the serving side, the forwarding side.
+//! - [`serve`]: the server's front ends: NBD over TCP and unix sockets
+//!   (listeners, connections, in-flight requests, shutdown; large requests
+//!   without a copy), and links of the fabric protocol (`rblock connect`).
 //! - [`execute`]: a checked request carried out on a backend, the same for
 //!   NBD and the fabric; [`export`]: what is exported, from the command
 //!   line and as served; [`config`]: listen and fabric addresses, remote
 //!   exports, the zero-copy policy.
-//! - [`backend`]: local storage or a remote export, in NBD's terms;
-//!   [`storage`]: one export's file or device, on rfabric's storage engine
-//!   (io_uring or threads), knowing nothing of NBD; [`socket`]: a client's
-//!   socket, and sending from a file or splicing into a pipe through it.
+//! - [`backend`]: local storage or a remote export, in NBD's terms.
+//! - [`fabric`]: rblock's own protocol over RDMA or tcp (the codec, and
+//!   the forwarding side a remote export stands on); [`storage`]: one
+//!   export's file or device, on rfabric's storage engine (io_uring or
+//!   threads), knowing nothing of NBD; [`socket`]: a client's socket, and
+//!   sending from a file or splicing into a pipe through it.
 //! - [`nbd`]: the protocol engine, sans I/O (handshake, request checks,
 //!   reply encoding, errors); [`attach`]: a kernel block device through the
-//!   NBD netlink family, nbd-client as fallback.
+//!   NBD netlink family (with nbd's client handshake), nbd-client as
+//!   fallback.
 #![forbid(unsafe_code)]
 
 pub mod app;

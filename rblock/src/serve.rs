@@ -4,8 +4,9 @@
 //! ESHUTDOWN, then closes.
 //!
 //! Rooms by job, each using only those listed after it: `accept` (a
-//! place among the connections, a task per client), `connection` (the
-//! handshake on the socket), `transmission` (the request loop: headers,
+//! place among the connections, a task per client), `link` (a client of
+//! the fabric protocol, `rblock connect`: its requests, carried out),
+//! `connection` (the NBD handshake on the socket), `transmission` (the request loop: headers,
 //! write data, bursts, shutdown), `burst` (small requests taken together),
 //! `request` (one request carried out), `zero_copy` (large requests
 //! without a copy), `reply` (replies made and written to the socket),
@@ -27,6 +28,7 @@ mod buffers;
 mod burst;
 mod connection;
 mod input;
+mod link;
 mod reply;
 mod request;
 mod transmission;

@@ -7,13 +7,14 @@ use anyhow::{Context, bail};
 use tokio::process::Command;
 
 /// Runs `nbd-client` to attach `device` to the NBD export `name` served on
-/// the unix socket `sock`, with `connections` kernel connections and a
-/// request timeout of `timeout` seconds.
+/// the unix socket `sock`, with `connections` kernel connections, blocks
+/// of `block_size` bytes and a request timeout of `timeout` seconds.
 pub async fn attach(
     device: &Path,
     sock: &Path,
     name: &str,
     connections: u16,
+    block_size: u32,
     timeout: u64,
 ) -> anyhow::Result<()> {
     let mut cmd = Command::new("nbd-client");
@@ -22,7 +23,7 @@ pub async fn attach(
         .arg(device)
         .args(["-N", name])
         .args(["-C", &connections.to_string()])
-        .args(["-b", &super::BLOCK_SIZE.to_string()])
+        .args(["-b", &block_size.to_string()])
         .args(["-t", &timeout.to_string()]);
     run(cmd, "attach", device).await
 }

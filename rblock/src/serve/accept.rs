@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
 use super::connection::connection;
+use super::link::serve_link;
 use super::zero_copy::{FromCache, Load};
 use crate::config::ZeroCopy;
 use crate::export::Export;
@@ -26,7 +27,7 @@ impl Accepting {
     pub(super) fn start_link(&self, conn: Arc<dyn rfabric::transport::Connection>) {
         let closer = Arc::clone(&conn);
         let admitted = self.admit("fabric connection", move |exports, shutdown| {
-            crate::fabric::server::serve_link(conn, exports, shutdown)
+            serve_link(conn, exports, shutdown)
         });
         if !admitted {
             closer.close();

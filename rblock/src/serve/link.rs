@@ -1,6 +1,6 @@
 //! The serving side of rblock over the fabric: one link per client
 //! connection; the client opens an export, then sends requests (see
-//! [`super::proto`]). Requests run concurrently on the export's storage;
+//! [`crate::fabric::proto`]). Requests run concurrently on the export's storage;
 //! a write is answered once all its pieces are written (durably, with FUA);
 //! a read's data goes out in pieces into the client's slots.
 
@@ -15,11 +15,11 @@ use rfabric::transport::{Connection, Region};
 use rfabric::wire::{Role, chunk_flags};
 use tokio::sync::{Semaphore, watch};
 
-use super::proto::{Msg, VERSION, max_extents, write_request};
-use super::{SLOTS, link_config};
 use crate::backend::{Backend, Source};
 use crate::execute::{Executed, Failure, carry_out};
 use crate::export::Export;
+use crate::fabric::proto::{Msg, VERSION, max_extents, write_request};
+use crate::fabric::{SLOTS, link_config};
 use crate::nbd::handshake::{MAX_PAYLOAD, find_export};
 use crate::nbd::transmission::{Command, Limits, Request, check};
 use crate::storage::Storage;
@@ -33,7 +33,7 @@ const MAX_IN_FLIGHT: usize = 256;
 const MAX_OPEN_WRITES: usize = 4096;
 
 /// Serves one client link from its hello to its goodbye (or failure).
-pub async fn serve_link(
+pub(super) async fn serve_link(
     conn: Arc<dyn Connection>,
     exports: Arc<[Export]>,
     mut shutdown: watch::Receiver<bool>,
