@@ -16,7 +16,7 @@ use rustix::fs::{FileType, Mode, OFlags, SeekFrom};
 use rustix::io::ReadWriteFlags;
 use rustix::pipe::SpliceFlags;
 
-/// Extents one block status reply describes at most.
+/// Stretches one `block_status` describes at most (one reply's worth).
 const MAX_EXTENTS: usize = 1024;
 
 /// Writes up to this size may be done with `pwrite` on the calling thread

@@ -28,6 +28,9 @@ pub(super) const MAX_IN_FLIGHT: usize = 128;
 /// Payload bytes (write data read, read data not yet sent) per connection.
 const MAX_BUFFERED: usize = 128 << 20;
 
+/// Serves a connection's requests once its handshake is over (`pending`:
+/// what the handshake read ahead) until the client leaves or, after a
+/// shutdown, until nothing is in flight.
 pub(super) async fn transmission(
     pending: Vec<u8>,
     (rd, wr): (Inbound, Outbound),
