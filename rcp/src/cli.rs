@@ -22,6 +22,7 @@ use rfabric::storage::EngineChoice;
     name = "rcp",
     version,
     args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
     after_long_help = "Exit status: 0 when every file arrived and verified, 1 when anything \
                        failed (each failure is named on stderr), 2 for a usage error."
 )]
@@ -65,7 +66,7 @@ pub struct Tuning {
 #[derive(Args, Debug)]
 pub struct CopyArgs {
     /// Sources, then the destination.
-    #[arg(value_name = "SRC... DEST", num_args = 2..)]
+    #[arg(value_name = "SRC... DEST", num_args = 2.., required = true)]
     pub operands: Vec<String>,
     /// Copy directories recursively (symlinks are copied as symlinks).
     #[arg(short = 'r', long)]

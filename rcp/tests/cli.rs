@@ -584,6 +584,12 @@ fn a_full_destination_is_a_clear_error_and_leaves_nothing() {
 fn usage_errors_exit_two() {
     let out = rcp(&["only-one"]);
     assert_eq!(out.status.code(), Some(2));
+    // No operands at all: a usage error, not an internal one.
+    let out = rcp(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("SRC... DEST"), "{stderr}");
+    assert!(!stderr.contains("internal error"), "{stderr}");
     let out = rcp(&["--chunk-size", "1", "a", "b"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("chunk size"));
