@@ -10,8 +10,9 @@
 //!   backend and io_uring (fixed buffers) can all use.
 //! * [`transport`]: a trait shaped like an RC queue pair (register, post
 //!   receive/send, notified and plain one-sided writes, reads, asynchronous
-//!   completions) and its backends: [`transport::tcp`] now, verbs through
-//!   rdma_cm next. Nothing above this layer knows which backend it runs on.
+//!   completions) and its backends: [`transport::verbs`] (rdma-core through
+//!   rdma_cm: InfiniBand, RoCE, iWARP) and [`transport::tcp`]. Nothing above
+//!   this layer knows which backend it runs on.
 //! * [`credit`]: the credit-based flow-control engine, sans I/O: events in,
 //!   decisions out, no sockets, no clock, no runtime.
 //! * [`wire`]: the link's messages (hello, credit update, error, goodbye,
