@@ -7,7 +7,7 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, bail};
 use rfabric::memory::PoolBuf;
@@ -19,20 +19,10 @@ use rustix::pipe::SpliceFlags;
 /// Stretches one `block_status` describes at most (one reply's worth).
 const MAX_EXTENTS: usize = 1024;
 
-/// Writes up to this size may be done with `pwrite` on the calling thread
-/// where the engine would hand each to a worker anyway (io_uring on
-/// filesystems without non-blocking buffered writes; the threads engine
-/// always): the same copy into the page cache, without two thread hops.
-/// Larger writes and FUA writes always go through the engine.
-const INLINE_WRITE: usize = 256 * 1024;
-
 /// Reads up to this size may be done on the calling thread when the page
 /// cache holds them (see [`Storage::read_now`]); larger ones go through
 /// the engine, whose buffers need no zeroing first.
 const NOWAIT_READ: usize = 64 * 1024;
-
-/// Consecutive small writes handed to kernel workers before switching.
-const PUNTS_TO_SWITCH: u32 = 64;
 
 /// Largest piece of zeroes written by hand when the filesystem cannot zero
 /// a range itself.
@@ -96,13 +86,12 @@ pub struct Storage {
     can_punch: AtomicBool,
     /// Zeroing a range without writing works here.
     can_zero_range: AtomicBool,
-    /// Small buffered writes go straight to `pwrite` (see `note_write`).
-    write_inline: AtomicBool,
+    /// The engine's switch of small writes to this thread was reported.
+    said_small_writes: AtomicBool,
     /// `cachestat` works here (cleared on the first failure).
     can_cachestat: AtomicBool,
     /// Reads that must not wait (`RWF_NOWAIT`) work here.
     can_read_nowait: AtomicBool,
-    punted_in_a_row: AtomicU32,
     /// The path, for messages.
     shown: String,
 }
@@ -139,11 +128,9 @@ impl Storage {
             block_device,
             can_punch: AtomicBool::new(true),
             can_zero_range: AtomicBool::new(true),
-            // The threads engine would hand every write to a pool thread.
-            write_inline: AtomicBool::new(engine.kind() == Kind::Threads),
+            said_small_writes: AtomicBool::new(false),
             can_cachestat: AtomicBool::new(true),
             can_read_nowait: AtomicBool::new(true),
-            punted_in_a_row: AtomicU32::new(0),
             shown: path.display().to_string(),
         })
     }
@@ -314,6 +301,7 @@ impl Storage {
         if let Some(r) = self.write_now(offset, &buf[at..at + len], fua) {
             return (buf, r);
         }
+        let small_here = self.engine.writes_small_here();
         let mut done = 0;
         while done < len {
             let finished = self
@@ -328,8 +316,8 @@ impl Storage {
                 )
                 .await;
             buf = finished.buf;
-            if !fua && len <= INLINE_WRITE && self.engine.kind() == Kind::IoUring {
-                self.note_write(finished.inline);
+            if !small_here && self.engine.writes_small_here() {
+                self.say_small_writes_here();
             }
             match finished.result {
                 Ok(0) => {
@@ -343,15 +331,12 @@ impl Storage {
         (buf, Ok(()))
     }
 
-    /// Small buffered writes count towards deciding how to write: the kernel
-    /// handing each one to a worker thread, again and again, means this
-    /// filesystem cannot write without blocking, and the hand-off buys
-    /// nothing.
-    fn note_write(&self, inline: bool) {
-        if inline {
-            self.punted_in_a_row.store(0, Ordering::Relaxed);
-        } else if self.punted_in_a_row.fetch_add(1, Ordering::Relaxed) + 1 == PUNTS_TO_SWITCH
-            && !self.write_inline.swap(true, Ordering::Relaxed)
+    /// Says once that io_uring's small buffered writes to this export went
+    /// to kernel worker threads again and again (a filesystem that cannot
+    /// write without blocking), so that the engine now does them itself.
+    fn say_small_writes_here(&self) {
+        if self.engine.kind() == Kind::IoUring
+            && !self.said_small_writes.swap(true, Ordering::Relaxed)
         {
             eprintln!(
                 "rblock: buffered writes to {} go to kernel worker threads; \
@@ -361,12 +346,19 @@ impl Storage {
         }
     }
 
-    /// Writes `data` at `offset` right here, whole, if this is a write
-    /// that would be done with `pwrite` on the calling thread anyway (see
-    /// `note_write`); None if it has to go the usual way.
+    /// Writes `data` at `offset` right here, whole, if this is a write the
+    /// engine does on the calling thread anyway (small and buffered, see
+    /// [`Engine::write_now`]); None if it has to go the usual way.
     pub fn write_now(&self, offset: u64, data: &[u8], fua: bool) -> Option<std::io::Result<()>> {
-        let here = !fua && data.len() <= INLINE_WRITE && self.write_inline.load(Ordering::Relaxed);
-        here.then(|| self.write_here(offset, data))
+        if fua {
+            return None;
+        }
+        match self.engine.write_now(&*self.fd, offset, data)? {
+            Ok(n) if n == data.len() => Some(Ok(())),
+            // Short: the rest the plain way, here as well.
+            Ok(n) => Some(self.write_here(offset + n as u64, &data[n..])),
+            Err(e) => Some(Err(e)),
+        }
     }
 
     /// A buffered write on this thread (`pwrite`), whole.

@@ -33,6 +33,7 @@ mod uring;
 
 use std::ffi::CString;
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::oneshot;
@@ -187,10 +188,42 @@ impl Appending {
     }
 }
 
+/// Buffered (not durable) writes up to this size may be done on the
+/// calling thread (see [`Engine::write_now`]).
+pub const INLINE_WRITE: usize = 256 * 1024;
+
+/// Small buffered writes in a row that io_uring hands to its kernel workers
+/// before the engine does such writes itself.
+const PUNTS_TO_SWITCH: u32 = 64;
+
 /// A handle to a storage engine; clone freely. Needs a tokio runtime.
 #[derive(Debug, Clone)]
 pub struct Engine {
     inner: Inner,
+    small_writes: Arc<SmallWrites>,
+}
+
+/// How the io_uring engine does small buffered writes. Where the
+/// filesystem cannot write to the page cache without blocking (ext4 and
+/// tmpfs on the kernels tested here), the ring hands every write to one of
+/// its kernel workers: the same copy, plus two thread hops. After
+/// [`PUNTS_TO_SWITCH`] such hand-offs in a row the engine writes small
+/// buffered writes with `pwrite` on the calling thread instead (as the
+/// threads engine always does).
+#[derive(Debug, Default)]
+struct SmallWrites {
+    here: AtomicBool,
+    punted_in_a_row: AtomicU32,
+}
+
+impl SmallWrites {
+    fn note(&self, inline: bool) {
+        if inline {
+            self.punted_in_a_row.store(0, Ordering::Relaxed);
+        } else if self.punted_in_a_row.fetch_add(1, Ordering::Relaxed) + 1 >= PUNTS_TO_SWITCH {
+            self.here.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -211,7 +244,7 @@ impl Engine {
             Kind::IoUring => Inner::Ring(Uring::start(fixed)?),
             Kind::Threads => Inner::Threads(Threads::start()),
         };
-        Ok(Engine { inner })
+        Ok(Engine::with(inner))
     }
 
     /// An engine of `kind` for servers whose tasks run on every runtime
@@ -226,7 +259,50 @@ impl Engine {
             }
             Kind::Threads => Inner::Threads(Threads::start()),
         };
-        Ok(Engine { inner })
+        Ok(Engine::with(inner))
+    }
+
+    fn with(inner: Inner) -> Engine {
+        Engine {
+            inner,
+            small_writes: Arc::default(),
+        }
+    }
+
+    /// Small buffered writes are done on the calling thread (always on the
+    /// threads engine; on io_uring once the ring kept handing them to its
+    /// workers).
+    pub fn writes_small_here(&self) -> bool {
+        match self.inner {
+            Inner::Threads(_) => true,
+            _ => self.small_writes.here.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Writes `data` (a borrowed slice: nothing is in flight after this
+    /// returns) at `offset` right here, if it is a write this engine does
+    /// on the calling thread anyway: buffered, at most [`INLINE_WRITE`],
+    /// and [`Engine::writes_small_here`]. None if it has to go through
+    /// [`Engine::write`]. A short count is not an error.
+    pub fn write_now(
+        &self,
+        file: &impl AsFd,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<std::io::Result<usize>> {
+        if data.len() > INLINE_WRITE {
+            return None;
+        }
+        match &self.inner {
+            Inner::Threads(t) => t.write_here(file.as_fd(), data, offset),
+            _ if self.small_writes.here.load(Ordering::Relaxed) => {
+                match rustix::io::pwrite(file, data, offset) {
+                    Err(rustix::io::Errno::INTR) => None,
+                    r => Some(r.map_err(Into::into)),
+                }
+            }
+            _ => None,
+        }
     }
 
     pub fn kind(&self) -> Kind {
@@ -318,9 +394,28 @@ impl Engine {
         len: usize,
         durable: bool,
     ) -> Written<B> {
+        let small = !durable && len <= INLINE_WRITE;
         match (&self.inner, self.ring()) {
             (Inner::Threads(t), _) => t.write(held(file), offset, buf, at, len, durable).await,
-            (_, Ok(Some(r))) => r.write(held(file), offset, buf, at, len, durable).await,
+            (_, Ok(Some(r))) => {
+                if small {
+                    let bytes = buf.io_bytes();
+                    let at = at.min(bytes.len());
+                    let data = &bytes[at..at + len.min(bytes.len() - at)];
+                    if let Some(result) = self.write_now(&**file, offset, data) {
+                        return Written {
+                            buf,
+                            result,
+                            inline: true,
+                        };
+                    }
+                }
+                let w = r.write(held(file), offset, buf, at, len, durable).await;
+                if small {
+                    self.small_writes.note(w.inline);
+                }
+                w
+            }
             (_, Err(e)) => Written {
                 buf,
                 result: Err(e),

@@ -270,3 +270,47 @@ fn the_choice_is_reported_by_name() {
     assert_eq!(Kind::Threads.name(), "threads");
     assert_eq!(EngineChoice::IoUring.name(), "io_uring");
 }
+
+/// Small buffered writes: done on the calling thread exactly when the
+/// engine says it does them there (threads always; io_uring once its ring
+/// kept handing them to kernel workers), never when too large; and a run
+/// of them lands whole whichever way each one went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_writes_land_whole_here_or_through_the_engine() {
+    let t = Scratch::new("engine-small-writes");
+    for (i, engine) in engines(None).into_iter().enumerate() {
+        let kind = engine.kind();
+        let file = file_with(&t, &format!("f{i}"), &[]);
+        let big = vec![1u8; storage::INLINE_WRITE + 1];
+        assert!(
+            engine.write_now(&*file, 0, &big).is_none(),
+            "{kind}: too large"
+        );
+        let data = pattern(5000, 7);
+        match engine.write_now(&*file, 100, &data) {
+            Some(r) => {
+                assert!(engine.writes_small_here(), "{kind}");
+                assert_eq!(r.unwrap(), 5000, "{kind}");
+                let mut got = vec![0u8; 5000];
+                file.read_exact_at(&mut got, 100).unwrap();
+                assert_eq!(got, data, "{kind}");
+            }
+            // io_uring before it switched, or a write RWF_NOWAIT refused.
+            None => assert!(
+                kind == Kind::IoUring || engine.writes_small_here(),
+                "{kind}"
+            ),
+        }
+        for r in 0..200u64 {
+            let (_, w) = engine
+                .write_all(&file, r * 4096, pattern(4096, r), 0, 4096, false)
+                .await;
+            w.unwrap();
+        }
+        let mut got = vec![0u8; 4096];
+        for r in 0..200u64 {
+            file.read_exact_at(&mut got, r * 4096).unwrap();
+            assert!(got == pattern(4096, r), "{kind}: write {r}");
+        }
+    }
+}

@@ -21,7 +21,7 @@
 
 use std::ffi::CString;
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -100,16 +100,15 @@ pub(crate) struct Threads {
     nowait_writes: Arc<AtomicBool>,
 }
 
-/// Buffered (not durable) writes up to this size are done on the calling
-/// thread: a copy into the page cache, as the ring does inline, without
-/// the two wake-ups of a hand-off (for a tree of small files those
-/// wake-ups were a third of the copy's time). With `RWF_NOWAIT` where the
-/// kernel and filesystem have it, so the write is refused rather than
-/// kept waiting (it then goes to the pool); elsewhere (Linux before 5.x,
-/// tmpfs) a plain `pwrite`, which can wait only while the page cache
-/// throttles dirty pages: rblock makes the same choice for its small
-/// writes. Larger writes, and durable ones, go to the pool.
-const INLINE_WRITE: usize = 256 * 1024;
+// Buffered (not durable) writes up to INLINE_WRITE are done on the
+// calling thread: a copy into the page cache, as the ring does inline,
+// without the two wake-ups of a hand-off (for a tree of small files those
+// wake-ups were a third of the copy's time). With `RWF_NOWAIT` where the
+// kernel and filesystem have it, so the write is refused rather than kept
+// waiting (it then goes to the pool); elsewhere (Linux before 5.x, tmpfs)
+// a plain `pwrite`, which can wait only while the page cache throttles
+// dirty pages. Larger writes, and durable ones, go to the pool.
+use super::INLINE_WRITE;
 
 impl Threads {
     pub(crate) fn start() -> Threads {
@@ -231,10 +230,15 @@ impl Threads {
 
     /// A buffered write of `data` at `offset` right here (see
     /// [`INLINE_WRITE`]); None if it has to go to the pool.
-    fn write_here(&self, file: &Held, data: &[u8], offset: u64) -> Option<std::io::Result<usize>> {
+    pub(crate) fn write_here(
+        &self,
+        file: BorrowedFd<'_>,
+        data: &[u8],
+        offset: u64,
+    ) -> Option<std::io::Result<usize>> {
         if self.nowait_writes.load(Ordering::Relaxed) {
             let slice = [IoSlice::new(data)];
-            match rustix::io::pwritev2(file.as_fd(), &slice, offset, ReadWriteFlags::NOWAIT) {
+            match rustix::io::pwritev2(file, &slice, offset, ReadWriteFlags::NOWAIT) {
                 Ok(n) => return Some(Ok(n)),
                 Err(Errno::AGAIN | Errno::INTR) => return None,
                 // Kernels before 5.x refuse non-blocking buffered writes
@@ -245,7 +249,7 @@ impl Threads {
                 Err(e) => return Some(Err(io(e))),
             }
         }
-        match rustix::io::pwrite(file.as_fd(), data, offset) {
+        match rustix::io::pwrite(file, data, offset) {
             Err(Errno::INTR) => None,
             r => Some(r.map_err(io)),
         }
@@ -264,7 +268,7 @@ impl Threads {
             let bytes = buf.io_bytes();
             let at = at.min(bytes.len());
             let data = &bytes[at..at + len.min(bytes.len() - at)];
-            if let Some(result) = self.write_here(&file, data, offset) {
+            if let Some(result) = self.write_here(file.as_fd(), data, offset) {
                 return Written {
                     buf,
                     result,
