@@ -122,7 +122,8 @@ impl Storage {
         };
         Ok(Storage {
             fd: Arc::new(fd),
-            engine: engine.clone(),
+            // Exports may be on different filesystems.
+            engine: engine.for_another_file(),
             size,
             read_only,
             block_device,

@@ -317,6 +317,18 @@ impl Engine {
         threads::pool_size()
     }
 
+    /// A handle on the same engine (the same rings or pool) that learns on
+    /// its own how a file behaves (whether `RWF_NOWAIT` works, whether the
+    /// ring hands small writes to its workers): for a file that may live
+    /// on another filesystem than the others'.
+    pub fn for_another_file(&self) -> Engine {
+        let inner = match &self.inner {
+            Inner::Threads(_) => Inner::Threads(Threads::start()),
+            other => other.clone(),
+        };
+        Engine::with(inner)
+    }
+
     fn ring(&self) -> std::io::Result<Option<Uring>> {
         match &self.inner {
             Inner::Ring(r) => Ok(Some(r.clone())),

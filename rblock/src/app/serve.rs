@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rfabric::endpoint::Listener;
-use rfabric::storage::{self, Engine};
+use rfabric::storage::{self, Engine, Kind};
 
 use super::signal::stop_signal;
 use crate::backend::Source;
@@ -24,7 +24,13 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     let engine = Engine::per_thread(chosen.kind)
         .with_context(|| format!("cannot start the {} storage engine", chosen.kind))?;
-    eprintln!("rblock serve: {} storage engine", chosen.kind);
+    match chosen.kind {
+        Kind::Threads => eprintln!(
+            "rblock serve: threads storage engine ({} threads)",
+            Engine::pool_threads()
+        ),
+        Kind::IoUring => eprintln!("rblock serve: io_uring storage engine"),
+    }
     let mut exports = Vec::new();
     for spec in &a.exports {
         if exports.iter().any(|e: &Export| e.info.name == spec.name) {
