@@ -34,15 +34,15 @@ impl Stream {
     }
 
     /// The receiving and the sending half, each usable on its own.
-    pub fn split(self) -> (Inbound, Outbound) {
+    pub fn split(self) -> (ReadHalf, WriteHalf) {
         match self {
             Stream::Tcp(s) => {
                 let (r, w) = s.into_split();
-                (Inbound::Tcp(r), Outbound::Tcp(w))
+                (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
             }
             Stream::Unix(s) => {
                 let (r, w) = s.into_split();
-                (Inbound::Unix(r), Outbound::Unix(w))
+                (ReadHalf::Unix(r), WriteHalf::Unix(w))
             }
         }
     }
@@ -50,19 +50,19 @@ impl Stream {
 
 /// What the client sends.
 #[derive(Debug)]
-pub enum Inbound {
+pub enum ReadHalf {
     Tcp(tcp::OwnedReadHalf),
     Unix(unix::OwnedReadHalf),
 }
 
 /// What the client is sent.
 #[derive(Debug)]
-pub enum Outbound {
+pub enum WriteHalf {
     Tcp(tcp::OwnedWriteHalf),
     Unix(unix::OwnedWriteHalf),
 }
 
-impl Inbound {
+impl ReadHalf {
     /// Moves up to `max` bytes of what the client sends into `pipe` (its
     /// write end), waiting until some are there; 0 when the client has
     /// closed. The pipe must have room (see [`Pipe`]).
@@ -79,13 +79,13 @@ impl Inbound {
             )?)
         };
         match self {
-            Inbound::Tcp(h) => when_ready(h.as_ref(), Interest::READABLE, moved).await,
-            Inbound::Unix(h) => when_ready(h.as_ref(), Interest::READABLE, moved).await,
+            ReadHalf::Tcp(h) => when_ready(h.as_ref(), Interest::READABLE, moved).await,
+            ReadHalf::Unix(h) => when_ready(h.as_ref(), Interest::READABLE, moved).await,
         }
     }
 }
 
-impl Outbound {
+impl WriteHalf {
     /// Sends `len` bytes of `file` from `offset` straight from the page
     /// cache; fewer only where the file ends first.
     pub async fn send_file(
@@ -128,8 +128,8 @@ impl Outbound {
         op: impl FnMut(BorrowedFd<'_>) -> io::Result<R>,
     ) -> io::Result<R> {
         match self {
-            Outbound::Tcp(h) => when_ready(h.as_ref(), Interest::WRITABLE, op).await,
-            Outbound::Unix(h) => when_ready(h.as_ref(), Interest::WRITABLE, op).await,
+            WriteHalf::Tcp(h) => when_ready(h.as_ref(), Interest::WRITABLE, op).await,
+            WriteHalf::Unix(h) => when_ready(h.as_ref(), Interest::WRITABLE, op).await,
         }
     }
 
@@ -137,8 +137,8 @@ impl Outbound {
     /// not be finished, nothing more on it can be trusted.
     pub fn cut(&self) {
         let sock = match self {
-            Outbound::Tcp(h) => h.as_ref().as_fd(),
-            Outbound::Unix(h) => h.as_ref().as_fd(),
+            WriteHalf::Tcp(h) => h.as_ref().as_fd(),
+            WriteHalf::Unix(h) => h.as_ref().as_fd(),
         };
         let _ = rustix::net::shutdown(sock, rustix::net::Shutdown::Both);
     }
@@ -243,28 +243,28 @@ impl Pipe {
     }
 }
 
-impl AsyncRead for Inbound {
+impl AsyncRead for ReadHalf {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Inbound::Tcp(h) => Pin::new(h).poll_read(cx, buf),
-            Inbound::Unix(h) => Pin::new(h).poll_read(cx, buf),
+            ReadHalf::Tcp(h) => Pin::new(h).poll_read(cx, buf),
+            ReadHalf::Unix(h) => Pin::new(h).poll_read(cx, buf),
         }
     }
 }
 
-impl AsyncWrite for Outbound {
+impl AsyncWrite for WriteHalf {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Outbound::Tcp(h) => Pin::new(h).poll_write(cx, buf),
-            Outbound::Unix(h) => Pin::new(h).poll_write(cx, buf),
+            WriteHalf::Tcp(h) => Pin::new(h).poll_write(cx, buf),
+            WriteHalf::Unix(h) => Pin::new(h).poll_write(cx, buf),
         }
     }
 
@@ -274,8 +274,8 @@ impl AsyncWrite for Outbound {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Outbound::Tcp(h) => Pin::new(h).poll_write_vectored(cx, bufs),
-            Outbound::Unix(h) => Pin::new(h).poll_write_vectored(cx, bufs),
+            WriteHalf::Tcp(h) => Pin::new(h).poll_write_vectored(cx, bufs),
+            WriteHalf::Unix(h) => Pin::new(h).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -285,15 +285,15 @@ impl AsyncWrite for Outbound {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Outbound::Tcp(h) => Pin::new(h).poll_flush(cx),
-            Outbound::Unix(h) => Pin::new(h).poll_flush(cx),
+            WriteHalf::Tcp(h) => Pin::new(h).poll_flush(cx),
+            WriteHalf::Unix(h) => Pin::new(h).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Outbound::Tcp(h) => Pin::new(h).poll_shutdown(cx),
-            Outbound::Unix(h) => Pin::new(h).poll_shutdown(cx),
+            WriteHalf::Tcp(h) => Pin::new(h).poll_shutdown(cx),
+            WriteHalf::Unix(h) => Pin::new(h).poll_shutdown(cx),
         }
     }
 }

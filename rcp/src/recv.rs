@@ -21,7 +21,7 @@ use crate::digest;
 use crate::proto::{Entry, EntryKind, MAX_OKS, Msg};
 use crate::report::{Progress, Stats};
 use crate::streams::Merged;
-use crate::tree::{self, Base, DirSyncs, Incoming};
+use crate::tree::{self, Base, DirSyncs, PartFile};
 use rfabric::storage::{Engine, Kind};
 
 #[derive(Debug, Clone, Copy)]
@@ -45,7 +45,7 @@ type ChunkResult = anyhow::Result<(u64, [u8; 32])>;
 
 struct File {
     entry: Entry,
-    out: Arc<Incoming>,
+    out: Arc<PartFile>,
     writes: Vec<JoinHandle<ChunkResult>>,
     /// Digests of chunks already on disk (resume): those the sender skips.
     known: Vec<Option<[u8; 32]>>,
@@ -327,7 +327,7 @@ fn land(
 
 async fn write_chunk(
     engine: Engine,
-    out: Arc<Incoming>,
+    out: Arc<PartFile>,
     chunk: Chunk,
     k: u64,
     verify: bool,
@@ -443,7 +443,7 @@ async fn finish_file(
 async fn tell_what_is_there(
     link: &Link,
     e: &Entry,
-    out: &Arc<Incoming>,
+    out: &Arc<PartFile>,
 ) -> anyhow::Result<Vec<Option<[u8; 32]>>> {
     let (o, size, chunk) = (Arc::clone(out), e.size, e.chunk);
     let digests = tokio::task::spawn_blocking(move || o.existing_digests(size, chunk)).await??;

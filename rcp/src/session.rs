@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use rfabric::link::{Incoming, Link};
-use rfabric::transport::Connection;
+use rfabric::transport::{Backend, Connection};
 use rfabric::wire::Role;
 
 use crate::auth;
@@ -157,7 +157,7 @@ pub async fn client(
     progress: &Progress,
 ) -> anyhow::Result<Report> {
     let first = target.open(secret, &params).await?;
-    let transport = first.backend();
+    let transport = first.backend().name();
     let mut links = vec![first];
     let result = client_session(target, &mut links, secret, request, params, progress).await;
     if result.is_err() {
@@ -210,8 +210,8 @@ async fn join_streams(
     // Every stream over the transport the first one got.
     let target = Target {
         transport: match links[0].backend() {
-            "tcp" => Transport::Tcp,
-            _ => Transport::Rdma,
+            Backend::Tcp => Transport::Tcp,
+            Backend::Rdma => Transport::Rdma,
         },
         ..target
     };

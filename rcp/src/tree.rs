@@ -299,7 +299,7 @@ impl AsFd for DestDir {
     }
 }
 
-impl AsFd for Incoming {
+impl AsFd for PartFile {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
@@ -307,7 +307,7 @@ impl AsFd for Incoming {
 
 /// A file being received under a temporary name.
 #[derive(Debug)]
-pub struct Incoming {
+pub struct PartFile {
     pub fd: OwnedFd,
     parent: Arc<DestDir>,
     temp: CString,
@@ -392,7 +392,7 @@ impl Base {
     /// was left, the current file under the final name is taken as the
     /// starting point (a kernel-side copy): the sender then sends only the
     /// chunks that differ.
-    pub fn create_file(&self, e: &Entry, resume: bool) -> anyhow::Result<Incoming> {
+    pub fn create_file(&self, e: &Entry, resume: bool) -> anyhow::Result<PartFile> {
         let (parent, name) = self.place(&e.path)?;
         let temp = part_name(&name)?;
         let shown = || format!("cannot create a temporary file for {}", show(&e.path));
@@ -404,7 +404,7 @@ impl Base {
             let mode = Mode::from_raw_mode(e.mode & 0o777);
             match rustix::fs::openat(&parent, temp.as_c_str(), flags, mode) {
                 Ok(fd) => {
-                    return Ok(Incoming {
+                    return Ok(PartFile {
                         fd,
                         parent,
                         temp,
@@ -428,7 +428,7 @@ impl Base {
                 temp.to_string_lossy()
             );
         }
-        let incoming = Incoming {
+        let incoming = PartFile {
             fd,
             parent,
             temp,
@@ -442,7 +442,7 @@ impl Base {
     }
 }
 
-impl Incoming {
+impl PartFile {
     /// Copies the file under the final name (if it is a regular file) into
     /// the temporary one.
     fn start_from_final(&self) -> anyhow::Result<()> {
@@ -554,7 +554,7 @@ impl Incoming {
             )
             .context("cannot rename into place")?;
         } else {
-            let Incoming {
+            let PartFile {
                 fd,
                 parent,
                 temp,

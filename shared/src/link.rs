@@ -29,8 +29,8 @@ use tokio::sync::Notify;
 use crate::credit::{CreditError, Inbound, Outbound, SPARE_RECEIVES};
 use crate::memory::{Memory, MemoryError, PoolBuf};
 use crate::transport::{
-    Access, Completion, Connection, Op, Region, RemoteAddr, Segment, TransportError, WcError,
-    WriteGate, closed_reason, completions,
+    Access, Backend, Completion, Connection, Op, Region, RemoteAddr, Segment, TransportError,
+    WcError, WriteGate, closed_reason, completions,
 };
 use crate::wire::{
     self, Body, CHUNK_HEADER_LEN, ChunkHeader, CreditUpdate, ErrorCode, FRAME_HEADER_LEN, Frame,
@@ -434,7 +434,7 @@ impl Link {
     }
 
     /// The transport backend in use ("tcp", "rdma").
-    pub fn backend(&self) -> &'static str {
+    pub fn backend(&self) -> Backend {
         self.inner.conn.backend()
     }
 

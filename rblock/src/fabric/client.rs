@@ -167,7 +167,7 @@ impl Remote {
             .current
             .borrow()
             .as_ref()
-            .map_or("a link being set up", |s| s.link.backend())
+            .map_or("a link being set up", |s| s.link.backend().name())
     }
 
     pub fn lanes(&self) -> usize {

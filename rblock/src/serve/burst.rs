@@ -56,12 +56,12 @@ pub(super) fn take_burst<R: AsyncRead + Unpin>(
         }
         match check(&req, limits) {
             Ok(Command::Read) => {
-                let Ok(money) = Arc::clone(budget).try_acquire_many_owned(req.length) else {
+                let Ok(reserved) = Arc::clone(budget).try_acquire_many_owned(req.length) else {
                     break;
                 };
                 match send_from_cache(storage, &req, limits.structured, zero_copy) {
-                    Some(reply) => burst.answered.push((reply, money)),
-                    None => burst.reads.push((req, money)),
+                    Some(reply) => burst.answered.push((reply, reserved)),
+                    None => burst.reads.push((req, reserved)),
                 }
                 used += REQUEST_LEN;
             }
@@ -116,11 +116,11 @@ pub(super) async fn serve_burst(
         })
         .collect();
     let started = storage.start_reads(reads).await;
-    for ((req, money), read) in burst.into_iter().zip(started) {
+    for ((req, reserved), read) in burst.into_iter().zip(started) {
         match read {
             StartedRead::Done(buf, r) => {
                 let reply = read_reply(structured, req.cookie, buf, r, buffers);
-                answered.push((reply.into(), money));
+                answered.push((reply.into(), reserved));
             }
             StartedRead::Later(read) => {
                 let ticket = Arc::clone(in_flight)
@@ -131,7 +131,7 @@ pub(super) async fn serve_burst(
                 tokio::spawn(async move {
                     let (buf, r) = read.await;
                     let reply = read_reply(structured, req.cookie, buf, r, &buffers);
-                    let _ = replies.send(reply.into(), money).await;
+                    let _ = replies.send(reply.into(), reserved).await;
                     drop(ticket);
                 });
             }

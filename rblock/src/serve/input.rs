@@ -5,10 +5,10 @@ use std::io::Cursor;
 use anyhow::bail;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader, Chain};
 
-use crate::socket::Inbound;
+use crate::socket::ReadHalf;
 
 /// What the reader reads: what the handshake read ahead, then the socket.
-pub(super) type Input = BufReader<Chain<Cursor<Vec<u8>>, Inbound>>;
+pub(super) type Input = BufReader<Chain<Cursor<Vec<u8>>, ReadHalf>>;
 
 /// A write's data, read into a buffer of its size (not zeroed first):
 /// what the input buffer holds already, then the rest straight from the

@@ -11,7 +11,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::buffers::Buffers;
 use crate::execute::Failure;
 use crate::nbd::transmission::error_reply;
-use crate::socket::Outbound;
+use crate::socket::WriteHalf;
 use crate::storage::Storage;
 
 /// One reply to the client.
@@ -38,7 +38,7 @@ impl From<Vec<u8>> for Reply {
 /// their turn; the last of them flushes, so replies that pile up leave in
 /// one system call.
 pub(super) struct Replies {
-    pub(super) out: tokio::sync::Mutex<BufWriter<Outbound>>,
+    pub(super) out: tokio::sync::Mutex<BufWriter<WriteHalf>>,
     /// Replies waiting for or holding the socket.
     pub(super) queued: AtomicUsize,
     pub(super) buffers: Buffers,
@@ -90,7 +90,7 @@ impl Replies {
 /// to send after the header went out cuts the connection: the header
 /// promised data that cannot come.
 async fn send_from_file(
-    out: &mut BufWriter<Outbound>,
+    out: &mut BufWriter<WriteHalf>,
     head: &[u8],
     storage: &Storage,
     offset: u64,

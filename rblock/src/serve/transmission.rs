@@ -21,7 +21,7 @@ use crate::backend::Backend;
 use crate::nbd::consts::{REQUEST_LEN, errno};
 use crate::nbd::handshake::MAX_PAYLOAD;
 use crate::nbd::transmission::{Command, Limits, Request, check, error_reply};
-use crate::socket::{Inbound, Outbound};
+use crate::socket::{ReadHalf, WriteHalf};
 
 /// Requests in flight per connection at most.
 pub(super) const MAX_IN_FLIGHT: usize = 128;
@@ -33,7 +33,7 @@ const MAX_BUFFERED: usize = 128 << 20;
 /// shutdown, until nothing is in flight.
 pub(super) async fn transmission(
     pending: Vec<u8>,
-    (rd, wr): (Inbound, Outbound),
+    (rd, wr): (ReadHalf, WriteHalf),
     limits: Limits,
     backend: Backend,
     mut shutdown: watch::Receiver<bool>,
@@ -93,7 +93,7 @@ pub(super) async fn transmission(
                 Ok(Command::Read) => req.length as usize,
                 _ => payload_len,
             };
-            let money = Arc::clone(&budget)
+            let reserved = Arc::clone(&budget)
                 .acquire_many_owned(cost.min(MAX_BUFFERED) as u32)
                 .await
                 .expect("never closed");
@@ -103,7 +103,7 @@ pub(super) async fn transmission(
                 && let Some(pipe) = pipe.get()
             {
                 let reply = splice_write(&mut rd, pipe, storage, &req, limits.structured).await?;
-                replies.send(reply.into(), money).await?;
+                replies.send(reply.into(), reserved).await?;
                 continue;
             }
             let payload = if payload_len > 0 {
@@ -119,14 +119,14 @@ pub(super) async fn transmission(
                     errno::ESHUTDOWN,
                     "server shutting down",
                 );
-                replies.send(m.into(), money).await?;
+                replies.send(m.into(), reserved).await?;
                 continue;
             }
             let command = match checked {
                 Ok(c) => c,
                 Err(refusal) => {
                     let m = error_reply(structured, req.cookie, refusal.errno, refusal.message);
-                    replies.send(m.into(), money).await?;
+                    replies.send(m.into(), reserved).await?;
                     continue;
                 }
             };
@@ -149,7 +149,7 @@ pub(super) async fn transmission(
                 let reply = execute(command, &req, data, &backend, structured).await;
                 // A failed send shows up in the reader too (the client is
                 // gone); the request is done either way.
-                let _ = replies.send(reply, money).await;
+                let _ = replies.send(reply, reserved).await;
                 drop(ticket);
             });
         }

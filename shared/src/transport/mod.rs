@@ -298,10 +298,33 @@ impl From<std::io::Error> for TransportError {
     }
 }
 
+/// Which backend carries a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Verbs through rdma_cm (InfiniBand, RoCE, iWARP).
+    Rdma,
+    Tcp,
+}
+
+impl Backend {
+    /// The name users see ("rdma", "tcp"), as in `--json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Rdma => "rdma",
+            Backend::Tcp => "tcp",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// One reliable, connected queue pair.
 pub trait Connection: Send + Sync + 'static {
-    /// Short name of the backend ("tcp", "rdma"), for users and `--json`.
-    fn backend(&self) -> &'static str;
+    fn backend(&self) -> Backend;
 
     fn limits(&self) -> Limits;
 

@@ -31,7 +31,7 @@ use tokio::sync::{Notify, mpsc};
 pub use frame::{FrameError, FrameHeader, FrameOp, HEADER_LEN, PREFACE};
 
 use super::{
-    Access, Completion, Connection, Limits, Op, Region, RemoteAddr, RemoteRegion, Segment,
+    Access, Backend, Completion, Connection, Limits, Op, Region, RemoteAddr, RemoteRegion, Segment,
     TransportError, WcError, WriteGate, sgl_len,
 };
 use crate::memory::Memory;
@@ -401,8 +401,8 @@ impl Drop for TcpConnection {
 }
 
 impl Connection for TcpConnection {
-    fn backend(&self) -> &'static str {
-        "tcp"
+    fn backend(&self) -> Backend {
+        Backend::Tcp
     }
 
     fn limits(&self) -> Limits {

@@ -55,7 +55,7 @@ use tokio::sync::mpsc;
 
 use self::cm::{CmChannel, CmEvent, event_error, expect, unavailable};
 use super::{
-    Access, Completion, Connection, Limits, Op, Region, RemoteAddr, RemoteRegion, Segment,
+    Access, Backend, Completion, Connection, Limits, Op, Region, RemoteAddr, RemoteRegion, Segment,
     TransportError, WcError, WriteGate, sgl_len,
 };
 use crate::memory::Memory;
@@ -704,8 +704,8 @@ async fn watch_cm(inner: std::sync::Weak<Inner>, mut events: mpsc::UnboundedRece
 }
 
 impl Connection for VerbsConnection {
-    fn backend(&self) -> &'static str {
-        "rdma"
+    fn backend(&self) -> Backend {
+        Backend::Rdma
     }
 
     fn limits(&self) -> Limits {

@@ -62,7 +62,7 @@ pub async fn connected() -> (Arc<dyn Connection>, Arc<dyn Connection>) {
     let listener = VerbsListener::bind(addr, options).unwrap();
     let (server, client) = tokio::join!(listener.accept(), verbs::connect(addr, options));
     let (server, client) = (server.unwrap(), client.unwrap());
-    assert_eq!(server.backend(), "rdma");
+    assert_eq!(server.backend(), rfabric::transport::Backend::Rdma);
     (Arc::new(server), Arc::new(client))
 }
 
