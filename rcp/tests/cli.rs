@@ -1,13 +1,12 @@
 //! rcp end to end: the real binary, real processes, loopback only.
 
-use std::net::TcpListener;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
-use test_support::{Scratch, pattern};
+use test_support::{Scratch, free_port, pattern};
 
 const RCP: &str = env!("CARGO_BIN_EXE_rcp");
 
@@ -278,14 +277,6 @@ fn a_chunk_corrupted_in_flight_fails_the_copy_and_leaves_nothing() {
         .unwrap();
     assert!(out.status.success());
     assert_ne!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `rcp serve` on loopback, stopped on drop.

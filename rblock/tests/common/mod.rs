@@ -2,7 +2,6 @@
 #![allow(dead_code)]
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -10,14 +9,7 @@ use test_support::{Scratch, pattern};
 
 pub const RBLOCK: &str = env!("CARGO_BIN_EXE_rblock");
 
-/// A port nobody listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use test_support::free_port;
 
 pub fn run(cmd: &str, args: &[&str]) -> Output {
     Command::new(cmd)

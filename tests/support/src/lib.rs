@@ -1,5 +1,6 @@
 //! What the integration tests of every crate share: a scratch directory
-//! that cleans up after itself, and reproducible pseudo-random bytes.
+//! that cleans up after itself, reproducible pseudo-random bytes, and free
+//! loopback ports.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -50,4 +51,26 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// A loopback TCP port nobody listens on right now, and one this process
+/// has not handed out before: the tests of one binary run in parallel and
+/// would otherwise be given the same port the kernel just freed. (Another
+/// process may still take it before the test binds it: a server the test
+/// starts should be told the port, and fail clearly if it is taken.)
+pub fn free_port() -> u16 {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let mut given = GIVEN.lock().expect("port lock");
+    let given = given.get_or_insert_with(HashSet::new);
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a loopback port")
+            .port();
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
