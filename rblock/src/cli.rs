@@ -15,7 +15,14 @@ use crate::export::ExportSpec;
 /// on the node with the storage, `rblock connect` on the node that uses
 /// it (the kernel's NBD driver, qemu or libnbd's tools talk to it there).
 #[derive(Parser, Debug)]
-#[command(name = "rblock", version)]
+#[command(
+    name = "rblock",
+    version,
+    after_long_help = "Exit status: 0 after a clean stop (SIGTERM or SIGINT: requests in \
+                       flight are answered, an attached device is detached first; rblock \
+                       detach: detached or nothing to do), 1 when anything failed (named on \
+                       stderr), 2 for a usage error."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Cmd,
