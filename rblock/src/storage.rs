@@ -229,8 +229,13 @@ impl Storage {
         reads: Vec<(u64, Vec<u8>, usize)>,
     ) -> Vec<StartedRead> {
         // Reads of cached data are done right here, each with one system
-        // call (cheaper than a place in the ring or a hand-off to a pool
-        // thread); the rest go to the engine together.
+        // call (cheaper than a place in the ring); the rest go to the ring
+        // together. The threads engine makes the same try itself, into
+        // room it does not zero first: trying here as well would cost a
+        // second system call for every read the cache lacks.
+        if self.engine.kind() == Kind::Threads {
+            return self.start_in_engine(reads).await;
+        }
         let mut done: Vec<Option<StartedRead>> = Vec::with_capacity(reads.len());
         let mut rest = Vec::new();
         for (offset, mut buf, len) in reads {
@@ -299,9 +304,8 @@ impl Storage {
         len: usize,
         fua: bool,
     ) -> (Vec<u8>, std::io::Result<()>) {
-        if let Some(r) = self.write_now(offset, &buf[at..at + len], fua) {
-            return (buf, r);
-        }
+        // (The engine does a small buffered write on this thread itself
+        // where that is its way: see `write_now`.)
         let small_here = self.engine.writes_small_here();
         let mut done = 0;
         while done < len {

@@ -151,6 +151,19 @@ pub fn select(choice: EngineChoice) -> Result<Selection, StorageError> {
     }
 }
 
+/// What carries one operation (see [`Engine::exec`]).
+enum Exec<'a> {
+    Ring(Uring),
+    Pool(&'a Threads),
+}
+
+/// `[at, at + len)` cut to what fits in `total` bytes: the range an
+/// engine is handed, so that it never has to check it again.
+fn within(total: usize, at: usize, len: usize) -> (usize, usize) {
+    let at = at.min(total);
+    (at, len.min(total - at))
+}
+
 /// A file an operation keeps open until it is done.
 type Held = Arc<dyn AsFd + Send + Sync>;
 
@@ -329,11 +342,13 @@ impl Engine {
         Engine::with(inner)
     }
 
-    fn ring(&self) -> std::io::Result<Option<Uring>> {
+    /// What carries this call's operation: a ring (this engine's own, or
+    /// the calling thread's, made on first use) or the pool.
+    fn exec(&self) -> std::io::Result<Exec<'_>> {
         match &self.inner {
-            Inner::Ring(r) => Ok(Some(r.clone())),
-            Inner::ThreadRings => Uring::local().map(Some),
-            Inner::Threads(_) => Ok(None),
+            Inner::Ring(r) => Ok(Exec::Ring(r.clone())),
+            Inner::ThreadRings => Uring::local().map(Exec::Ring),
+            Inner::Threads(t) => Ok(Exec::Pool(t)),
         }
     }
 
@@ -348,11 +363,11 @@ impl Engine {
         at: usize,
         len: usize,
     ) -> (PoolBuf, std::io::Result<usize>) {
-        match (&self.inner, self.ring()) {
-            (Inner::Threads(t), _) => t.read(held(file), offset, buf, at, len).await,
-            (_, Ok(Some(r))) => r.read(held(file), offset, buf, at, len).await,
-            (_, Err(e)) => (buf, Err(e)),
-            (_, Ok(None)) => unreachable!("only the threads engine has no ring"),
+        let (at, len) = within(buf.capacity(), at, len);
+        match self.exec() {
+            Ok(Exec::Pool(t)) => t.read(held(file), offset, buf, at, len).await,
+            Ok(Exec::Ring(r)) => r.read(held(file), offset, buf, at, len).await,
+            Err(e) => (buf, Err(e)),
         }
     }
 
@@ -378,10 +393,10 @@ impl Engine {
         file: &Arc<F>,
         reads: Vec<(u64, Vec<u8>, usize)>,
     ) -> Vec<Appending> {
-        match (&self.inner, self.ring()) {
-            (Inner::Threads(t), _) => t.read_append_many(held(file), reads),
-            (_, Ok(Some(r))) => r.read_append_many(held(file), reads).await,
-            (_, Err(e)) => reads
+        match self.exec() {
+            Ok(Exec::Pool(t)) => t.read_append_many(held(file), reads),
+            Ok(Exec::Ring(r)) => r.read_append_many(held(file), reads).await,
+            Err(e) => reads
                 .into_iter()
                 .map(|(_, buf, _)| {
                     let (tx, rx) = oneshot::channel();
@@ -389,7 +404,6 @@ impl Engine {
                     Appending { rx }
                 })
                 .collect(),
-            (_, Ok(None)) => unreachable!("only the threads engine has no ring"),
         }
     }
 
@@ -406,34 +420,31 @@ impl Engine {
         len: usize,
         durable: bool,
     ) -> Written<B> {
+        let (at, len) = within(buf.io_bytes().len(), at, len);
         let small = !durable && len <= INLINE_WRITE;
-        match (&self.inner, self.ring()) {
-            (Inner::Threads(t), _) => t.write(held(file), offset, buf, at, len, durable).await,
-            (_, Ok(Some(r))) => {
-                if small {
-                    let bytes = buf.io_bytes();
-                    let at = at.min(bytes.len());
-                    let data = &bytes[at..at + len.min(bytes.len() - at)];
-                    if let Some(result) = self.write_now(&**file, offset, data) {
-                        return Written {
-                            buf,
-                            result,
-                            inline: true,
-                        };
-                    }
-                }
+        if small
+            && let Some(result) = self.write_now(&**file, offset, &buf.io_bytes()[at..at + len])
+        {
+            return Written {
+                buf,
+                result,
+                inline: true,
+            };
+        }
+        match self.exec() {
+            Ok(Exec::Pool(t)) => t.write(held(file), offset, buf, at, len, durable).await,
+            Ok(Exec::Ring(r)) => {
                 let w = r.write(held(file), offset, buf, at, len, durable).await;
                 if small {
                     self.small_writes.note(w.inline);
                 }
                 w
             }
-            (_, Err(e)) => Written {
+            Err(e) => Written {
                 buf,
                 result: Err(e),
                 inline: false,
             },
-            (_, Ok(None)) => unreachable!("only the threads engine has no ring"),
         }
     }
 
@@ -478,10 +489,9 @@ impl Engine {
         file: &Arc<F>,
         data_only: bool,
     ) -> std::io::Result<()> {
-        match (&self.inner, self.ring()?) {
-            (Inner::Threads(t), _) => t.sync(held(file), data_only).await,
-            (_, Some(r)) => r.sync(held(file), data_only).await,
-            (_, None) => unreachable!("only the threads engine has no ring"),
+        match self.exec()? {
+            Exec::Pool(t) => t.sync(held(file), data_only).await,
+            Exec::Ring(r) => r.sync(held(file), data_only).await,
         }
     }
 
@@ -493,10 +503,9 @@ impl Engine {
         offset: u64,
         len: u64,
     ) -> std::io::Result<()> {
-        match (&self.inner, self.ring()?) {
-            (Inner::Threads(t), _) => t.fallocate(held(file), mode, offset, len).await,
-            (_, Some(r)) => r.fallocate(held(file), mode, offset, len).await,
-            (_, None) => unreachable!("only the threads engine has no ring"),
+        match self.exec()? {
+            Exec::Pool(t) => t.fallocate(held(file), mode, offset, len).await,
+            Exec::Ring(r) => r.fallocate(held(file), mode, offset, len).await,
         }
     }
 
@@ -514,10 +523,9 @@ impl Engine {
         F: AsFd + Send + Sync + 'static,
         D: AsFd + Send + Sync + 'static,
     {
-        let (synced, renamed) = match (&self.inner, self.ring()?) {
-            (Inner::Threads(t), _) => t.sync_and_rename(held(file), held(dir), from, to).await,
-            (_, Some(r)) => r.sync_and_rename(held(file), held(dir), from, to).await,
-            (_, None) => unreachable!("only the threads engine has no ring"),
+        let (synced, renamed) = match self.exec()? {
+            Exec::Pool(t) => t.sync_and_rename(held(file), held(dir), from, to).await,
+            Exec::Ring(r) => r.sync_and_rename(held(file), held(dir), from, to).await,
         };
         let explain = |what: &str, e: std::io::Error| {
             std::io::Error::new(e.kind(), format!("cannot {what}: {e}"))

@@ -100,16 +100,6 @@ pub(crate) struct Threads {
     nowait_writes: Arc<AtomicBool>,
 }
 
-// Buffered (not durable) writes up to INLINE_WRITE are done on the
-// calling thread: a copy into the page cache, as the ring does inline,
-// without the two wake-ups of a hand-off (for a tree of small files those
-// wake-ups were a third of the copy's time). With `RWF_NOWAIT` where the
-// kernel and filesystem have it, so the write is refused rather than kept
-// waiting (it then goes to the pool); elsewhere (Linux before 5.x, tmpfs)
-// a plain `pwrite`, which can wait only while the page cache throttles
-// dirty pages. Larger writes, and durable ones, go to the pool.
-use super::INLINE_WRITE;
-
 impl Threads {
     pub(crate) fn start() -> Threads {
         pool();
@@ -127,8 +117,6 @@ impl Threads {
         at: usize,
         len: usize,
     ) -> (PoolBuf, std::io::Result<usize>) {
-        let at = at.min(buf.capacity());
-        let len = len.min(buf.capacity() - at);
         if len > 0 && self.nowait.load(Ordering::Relaxed) {
             let mut slice = [IoSliceMut::new(&mut buf.spare()[at..at + len])];
             match rustix::io::preadv2(file.as_fd(), &mut slice, offset, ReadWriteFlags::NOWAIT) {
@@ -228,8 +216,15 @@ impl Threads {
         Some(Ok(n as usize))
     }
 
-    /// A buffered write of `data` at `offset` right here (see
-    /// [`INLINE_WRITE`]); None if it has to go to the pool.
+    /// A small buffered write of `data` at `offset` right here (the
+    /// engine asks for it, see [`super::Engine::write_now`]): a copy into
+    /// the page cache, as the ring does inline, without the two wake-ups of
+    /// a hand-off (for a tree of small files those wake-ups were a third of
+    /// the copy's time). With `RWF_NOWAIT` where the kernel and filesystem
+    /// have it, so the write is refused rather than kept waiting (None: it
+    /// goes to the pool); elsewhere (Linux before 5.x, tmpfs) a plain
+    /// `pwrite`, which can wait only while the page cache throttles dirty
+    /// pages.
     pub(crate) fn write_here(
         &self,
         file: BorrowedFd<'_>,
@@ -264,22 +259,8 @@ impl Threads {
         len: usize,
         durable: bool,
     ) -> Written<B> {
-        if !durable && len <= INLINE_WRITE {
-            let bytes = buf.io_bytes();
-            let at = at.min(bytes.len());
-            let data = &bytes[at..at + len.min(bytes.len() - at)];
-            if let Some(result) = self.write_here(file.as_fd(), data, offset) {
-                return Written {
-                    buf,
-                    result,
-                    inline: true,
-                };
-            }
-        }
         let (buf, result) = answer(run(move || {
-            let bytes = buf.io_bytes();
-            let at = at.min(bytes.len());
-            let data = &bytes[at..at + len.min(bytes.len() - at)];
+            let data = &buf.io_bytes()[at..at + len];
             let r = if durable {
                 rustix::io::pwritev2(
                     file.as_fd(),

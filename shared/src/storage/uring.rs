@@ -128,7 +128,7 @@ impl Uring {
 
     /// Reads up to `len` bytes at file `offset` into `buf` from byte `at`
     /// of the buffer on (a fixed-buffer read when `buf` is of the ring's
-    /// pool).
+    /// pool). The range is within the buffer: [`super::Engine`] cuts it.
     pub(crate) async fn read(
         &self,
         file: Held,
@@ -137,8 +137,7 @@ impl Uring {
         at: usize,
         len: usize,
     ) -> (PoolBuf, std::io::Result<usize>) {
-        let at = at.min(buf.capacity());
-        let len = len.min(buf.capacity() - at) as u32;
+        let len = len.min(u32::MAX as usize) as u32;
         // A registered buffer by its index (which io_uring counts in 16
         // bits: any beyond that is read like another pool's).
         let fixed = self
@@ -147,7 +146,8 @@ impl Uring {
             .as_ref()
             .filter(|p| Arc::ptr_eq(p, buf.pool()))
             .and_then(|_| u16::try_from(buf.index()).ok());
-        // SAFETY: `at` is within the buffer (clamped above).
+        // SAFETY: `at` is within the buffer (the engine's caller cut the
+        // range to it).
         let dst = unsafe { buf.as_mut_ptr().add(at) };
         let sqe = if let Some(index) = fixed {
             opcode::ReadFixed::new(fd_of(&file), dst, len, index)
@@ -219,7 +219,8 @@ impl Uring {
         started
     }
 
-    /// Writes `buf.io_bytes()[at..at+len]` at file `offset`; with `durable`,
+    /// Writes `buf.io_bytes()[at..at+len]` (within the buffer:
+    /// [`super::Engine`] cuts the range) at file `offset`; with `durable`,
     /// on stable storage when it completes (`RWF_DSYNC`).
     pub(crate) async fn write<B: IoBuf>(
         &self,
@@ -231,8 +232,7 @@ impl Uring {
         durable: bool,
     ) -> Written<B> {
         let bytes = buf.io_bytes();
-        let at = at.min(bytes.len());
-        let len = len.min(bytes.len() - at).min(u32::MAX as usize) as u32;
+        let len = len.min(u32::MAX as usize) as u32;
         let flags = if durable { libc::RWF_DSYNC } else { 0 };
         let sqe = opcode::Write::new(fd_of(&file), bytes[at..].as_ptr(), len)
             .offset(offset)
