@@ -14,7 +14,9 @@
 //! engine and a session's parameters from the flags), [`operand`] (what
 //! the user typed), [`proto`] (control messages, sans I/O), [`auth`]
 //! (challenge-response), [`tree`] (confined filesystem work), [`send`] and
-//! [`recv`] (the two pipelines), [`session`] (auth, request, pipelines),
+//! [`recv`] (the two pipelines), [`arrivals`] (the receiver's rules of what
+//! may arrive when, sans I/O) and [`resume`] (the `Have` exchange, sans
+//! I/O), [`session`] (auth, request, pipelines),
 //! [`streams`] (striping a session over several links), [`connect`]
 //! (transport choice), [`shell`] (remote-shell mode), [`report`] (progress,
 //! the summary and the `--json` object, the outcome), [`digest`] (the
@@ -25,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod app;
+pub mod arrivals;
 pub mod auth;
 pub mod cli;
 pub mod connect;
@@ -34,6 +37,7 @@ pub mod operand;
 pub mod proto;
 pub mod recv;
 pub mod report;
+pub mod resume;
 pub mod send;
 pub mod session;
 pub mod shell;

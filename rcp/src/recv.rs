@@ -17,9 +17,11 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::arrivals::{Action, Arrivals, Place, Shape};
 use crate::digest;
 use crate::proto::{Entry, EntryKind, MAX_OKS, Msg};
 use crate::report::{Progress, Stats};
+use crate::resume::have_batches;
 use crate::streams::Merged;
 use crate::tree::{self, Base, DirSyncs, PartFile};
 use rfabric::storage::{Engine, Kind};
@@ -38,9 +40,6 @@ pub struct RecvOptions {
 /// thread would cost more than the hash.
 pub const INLINE_HASH: usize = 64 * 1024;
 
-/// Digests per `Have` message; a shorter one is the last for its entry.
-pub const HAVE_BATCH: usize = 256;
-
 type ChunkResult = anyhow::Result<(u64, [u8; 32])>;
 
 struct File {
@@ -49,25 +48,8 @@ struct File {
     writes: Vec<JoinHandle<ChunkResult>>,
     /// Digests of chunks already on disk (resume): those the sender skips.
     known: Vec<Option<[u8; 32]>>,
-    /// The sender's end of the file: how many chunks it sent, the digest.
-    end: Option<(u64, [u8; 32])>,
-}
-
-impl File {
-    /// Every chunk the sender announced has landed.
-    fn complete(&self) -> anyhow::Result<bool> {
-        let Some((sent, _)) = self.end else {
-            return Ok(false);
-        };
-        let landed = self.writes.len() as u64;
-        if landed > sent {
-            bail!(
-                "{}: more chunks arrived than were sent",
-                tree::show(&self.entry.path)
-            );
-        }
-        Ok(landed == sent)
-    }
+    /// The file digest the sender gave with the file's end.
+    digest: Option<[u8; 32]>,
 }
 
 /// What arrived.
@@ -99,7 +81,6 @@ pub async fn receive(
     tree::umask();
     let base = Arc::new(base);
     let mut files: HashMap<u32, File> = HashMap::new();
-    let mut dirs: Vec<Entry> = Vec::new();
     let mut finals: Vec<JoinHandle<Verdict>> = Vec::new();
     let dirs_to_sync = Arc::new(std::sync::Mutex::new(DirSyncs::default()));
     let mut stats = Stats {
@@ -107,146 +88,91 @@ pub async fn receive(
         ..Stats::default()
     };
     let mut incoming = Merged::new(links);
-    // Chunks that overtook their entry's announcement on another stream
-    // (they hold their slots, so the window bounds them).
-    let mut early: HashMap<u32, Vec<Chunk>> = HashMap::new();
-    // Entry indices grow; anything at or below this was announced.
-    let mut announced: Option<u32> = None;
-    let mut done = false;
+    // The rules of what may arrive when (and the chunks that overtook
+    // their entry's announcement on another stream: they hold their
+    // slots, so the window bounds them).
+    let mut arrivals: Arrivals<Chunk> = Arrivals::new();
     let (answers, answerer) = Answers::start(link.clone());
-    let start_finish = |file: File| {
-        tokio::spawn(finish_file(
-            answers.clone(),
-            engine.clone(),
-            file,
-            opts,
-            Arc::clone(&dirs_to_sync),
-        ))
+    let mut new = Creator {
+        link,
+        base: &*base,
+        opts,
+        answers: &answers,
+        files: 0,
+        dirs: Vec::new(),
     };
     let result = async {
-        while !(done && files.is_empty()) {
+        while !arrivals.is_over() {
             let (stream, item) = incoming
                 .next()
                 .await
                 .context("the sender went away before it was done")?;
             let item = item?.context("the sender went away before it was done")?;
-            let bytes = match item {
+            let actions = match item {
                 LinkIncoming::Chunk(chunk) => {
-                    stats.stream_bytes[stream as usize] += u64::from(chunk.header().payload_len);
-                    let index = u32::try_from(chunk.header().stream).context("bad stream")?;
-                    if announced.is_none_or(|a| index > a) {
-                        early.entry(index).or_default().push(chunk);
-                        continue;
-                    }
-                    let file = files
-                        .get_mut(&index)
-                        .with_context(|| format!("data for unknown entry {index}"))?;
-                    land(file, chunk, &engine, opts, &mut stats, progress)?;
-                    if file.complete()? {
-                        finals.push(start_finish(files.remove(&index).expect("present")));
-                    }
-                    continue;
+                    let h = chunk.header();
+                    stats.stream_bytes[stream as usize] += u64::from(h.payload_len);
+                    let place = Place {
+                        entry: h.stream,
+                        offset: h.offset,
+                        len: h.payload_len,
+                    };
+                    arrivals.chunk(place, chunk)?
                 }
                 LinkIncoming::Message(_) if stream != 0 => {
                     bail!("a message arrived on data stream {stream}")
                 }
-                LinkIncoming::Message(bytes) => bytes,
-            };
-            let (e, end) = match Msg::decode(&bytes)? {
-                Msg::Entry(e) => (e, None),
-                Msg::Whole {
-                    entry,
-                    chunks,
-                    digest,
-                } => (entry, Some((chunks, digest))),
-                Msg::EntryEnd {
-                    index,
-                    chunks,
-                    digest,
-                } => {
-                    let file = files
-                        .get_mut(&index)
-                        .with_context(|| format!("end of unknown entry {index}"))?;
-                    if file.end.is_some() {
-                        bail!("entry {index} ended twice");
+                LinkIncoming::Message(bytes) => match Msg::decode(&bytes)? {
+                    Msg::Entry(e) => new.create(&mut arrivals, &mut files, e, None).await?,
+                    Msg::Whole {
+                        entry,
+                        chunks,
+                        digest,
+                    } => {
+                        new.create(&mut arrivals, &mut files, entry, Some((chunks, digest)))
+                            .await?
                     }
-                    file.end = Some((chunks, digest));
-                    if file.complete()? {
-                        finals.push(start_finish(files.remove(&index).expect("present")));
+                    Msg::EntryEnd {
+                        index,
+                        chunks,
+                        digest,
+                    } => {
+                        let finish = arrivals.end(index, chunks)?;
+                        files.get_mut(&index).expect("an open file").digest = Some(digest);
+                        finish.into_iter().collect()
                     }
-                    continue;
-                }
-                Msg::Done { .. } => {
-                    done = true;
-                    continue;
-                }
-                Msg::Fail { reason } => bail!("the sender gave up: {reason}"),
-                other => bail!("unexpected {} from the sender", other.name()),
-            };
-            let index = e.index;
-            if announced.is_some_and(|a| index <= a) {
-                bail!("entry {index} announced out of order");
-            }
-            announced = Some(index);
-            match e.kind {
-                EntryKind::File => match base.create_file(&e, opts.resume) {
-                    Ok(out) => {
-                        stats.files += 1;
-                        let out = Arc::new(out);
-                        let known = if opts.resume {
-                            tell_what_is_there(link, &e, &out).await?
-                        } else {
-                            Vec::new()
-                        };
-                        let mut file = File {
-                            entry: e,
-                            out,
-                            writes: Vec::new(),
-                            known,
-                            end,
-                        };
-                        for chunk in early.remove(&index).unwrap_or_default() {
-                            land(&mut file, chunk, &engine, opts, &mut stats, progress)?;
-                        }
-                        if file.complete()? {
-                            finals.push(start_finish(file));
-                        } else {
-                            files.insert(index, file);
-                        }
+                    Msg::Done { .. } => {
+                        arrivals.done()?;
+                        Vec::new()
                     }
-                    Err(err) => {
-                        answers.send(e.index, Err(format!("{err:#}")));
-                        bail!("{}: {err:#}", tree::show(&e.path));
-                    }
+                    Msg::Fail { reason } => bail!("the sender gave up: {reason}"),
+                    other => bail!("unexpected {} from the sender", other.name()),
                 },
-                EntryKind::Dir => {
-                    let r = base.make_dir(&e).map_err(|err| format!("{err:#}"));
-                    let failed = r.is_err();
-                    answers.send(e.index, r);
-                    if failed {
-                        bail!("cannot create directory {}", tree::show(&e.path));
+            };
+            for action in actions {
+                match action {
+                    Action::Land { entry, k, chunk } => {
+                        let file = files.get_mut(&entry).expect("an open file");
+                        land(file, chunk, k, &engine, opts, &mut stats, progress);
                     }
-                    dirs.push(e);
-                }
-                EntryKind::Symlink => {
-                    let r = base.make_symlink(&e).map_err(|err| format!("{err:#}"));
-                    answers.send(e.index, r);
+                    Action::Finish { entry } => {
+                        let file = files.remove(&entry).expect("an open file");
+                        finals.push(tokio::spawn(finish_file(
+                            answers.clone(),
+                            engine.clone(),
+                            file,
+                            opts,
+                            Arc::clone(&dirs_to_sync),
+                        )));
+                    }
                 }
             }
-            // Early data for anything announced by now, other than
-            // a file, belongs to nothing.
-            if let Some(stray) = early.keys().find(|&&k| k <= index) {
-                bail!("data for unknown entry {stray}");
-            }
-        }
-        if let Some(stray) = early.keys().next() {
-            bail!("data for unknown entry {stray}");
         }
         anyhow::Ok(())
     }
     .await;
     drop(incoming);
-    early.clear();
+    drop(arrivals);
     let mut ok = result.is_ok();
     let mut digests = Vec::new();
     let mut failed = Vec::new();
@@ -268,9 +194,10 @@ pub async fn receive(
         }
     }
     result?;
+    stats.files = new.files;
     // Directory modes and times last (deepest first), so that writing into
     // them was possible and their times are not bumped afterwards.
-    for d in dirs.iter().rev() {
+    for d in new.dirs.iter().rev() {
         if let Err(e) = base.finish_dir(d, opts.preserve) {
             failed.push((tree::show(&d.path), format!("{e:#}")));
             ok = false;
@@ -291,38 +218,96 @@ pub async fn receive(
     })
 }
 
-/// The chunk's number within its file, after checking it lies inside the
-/// announced size on a chunk boundary.
-fn check_place(e: &Entry, chunk: &Chunk) -> anyhow::Result<u64> {
-    let h = chunk.header();
-    let c = u64::from(e.chunk);
-    let end = h.offset.checked_add(u64::from(h.payload_len));
-    if h.offset % c != 0 || end.is_none_or(|end| end > e.size) || u64::from(h.payload_len) > c {
-        bail!(
-            "chunk at offset {} of {} lies outside the file",
-            h.offset,
-            tree::show(&e.path)
-        );
-    }
-    Ok(h.offset / c)
+/// What creates the entries the rules accepted, and what it created.
+struct Creator<'a> {
+    link: &'a Link,
+    base: &'a Base,
+    opts: RecvOptions,
+    answers: &'a Answers,
+    /// Files created.
+    files: u64,
+    /// Directories created, in order (their modes and times come last).
+    dirs: Vec<Entry>,
 }
 
-/// Checks where a landed chunk belongs and starts its hash and write.
+impl Creator<'_> {
+    /// Checks an announced entry against the rules, then creates it: a
+    /// file under its temporary name (with resume, telling the sender what
+    /// is there already), a directory or symlink in place. Returns what the
+    /// rules say to do next (land the file's early chunks, finish it).
+    async fn create(
+        &mut self,
+        arrivals: &mut Arrivals<Chunk>,
+        files: &mut HashMap<u32, File>,
+        e: Entry,
+        end: Option<(u64, [u8; 32])>,
+    ) -> anyhow::Result<Vec<Action<Chunk>>> {
+        let shape = match e.kind {
+            EntryKind::File => Shape::File {
+                size: e.size,
+                chunk: e.chunk,
+                sent: end.map(|(sent, _)| sent),
+            },
+            EntryKind::Dir | EntryKind::Symlink => Shape::Other,
+        };
+        let actions = arrivals.announce(e.index, shape)?;
+        match e.kind {
+            EntryKind::File => match self.base.create_file(&e, self.opts.resume) {
+                Ok(out) => {
+                    self.files += 1;
+                    let out = Arc::new(out);
+                    let known = if self.opts.resume {
+                        tell_what_is_there(self.link, &e, &out).await?
+                    } else {
+                        Vec::new()
+                    };
+                    let file = File {
+                        entry: e,
+                        out,
+                        writes: Vec::new(),
+                        known,
+                        digest: end.map(|(_, digest)| digest),
+                    };
+                    files.insert(file.entry.index, file);
+                }
+                Err(err) => {
+                    self.answers.send(e.index, Err(format!("{err:#}")));
+                    bail!("{}: {err:#}", tree::show(&e.path));
+                }
+            },
+            EntryKind::Dir => {
+                let r = self.base.make_dir(&e).map_err(|err| format!("{err:#}"));
+                let failed = r.is_err();
+                self.answers.send(e.index, r);
+                if failed {
+                    bail!("cannot create directory {}", tree::show(&e.path));
+                }
+                self.dirs.push(e);
+            }
+            EntryKind::Symlink => {
+                let r = self.base.make_symlink(&e).map_err(|err| format!("{err:#}"));
+                self.answers.send(e.index, r);
+            }
+        }
+        Ok(actions)
+    }
+}
+
+/// Starts the hash and write of a landed chunk, chunk `k` of `file`.
 fn land(
     file: &mut File,
     chunk: Chunk,
+    k: u64,
     engine: &Engine,
     opts: RecvOptions,
     stats: &mut Stats,
     progress: &Progress,
-) -> anyhow::Result<()> {
-    let k = check_place(&file.entry, &chunk)?;
+) {
     let len = u64::from(chunk.header().payload_len);
     stats.bytes += len;
     progress.add(len);
     let task = write_chunk(engine.clone(), Arc::clone(&file.out), chunk, k, opts.verify);
     file.writes.push(tokio::spawn(task));
-    Ok(())
 }
 
 async fn write_chunk(
@@ -377,9 +362,9 @@ async fn finish_file(
         out,
         writes,
         known,
-        end,
+        digest,
     } = file;
-    let (_, digest) = end.expect("finished files have ended");
+    let digest = digest.expect("finished files have ended");
     let mut chunks = known;
     let mut error: Option<String> = None;
     for w in writes {
@@ -447,19 +432,8 @@ async fn tell_what_is_there(
 ) -> anyhow::Result<Vec<Option<[u8; 32]>>> {
     let (o, size, chunk) = (Arc::clone(out), e.size, e.chunk);
     let digests = tokio::task::spawn_blocking(move || o.existing_digests(size, chunk)).await??;
-    let mut first = 0usize;
-    loop {
-        let part = &digests[first..(first + HAVE_BATCH).min(digests.len())];
-        let msg = Msg::Have {
-            index: e.index,
-            first: first as u64,
-            digests: part.to_vec(),
-        };
+    for msg in have_batches(e.index, &digests) {
         link.send_message(&msg.encode()).await?;
-        first += part.len();
-        if part.len() < HAVE_BATCH {
-            break;
-        }
     }
     Ok(digests.into_iter().map(Some).collect())
 }

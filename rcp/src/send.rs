@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use crate::digest;
 use crate::proto::{Entry, EntryKind, Msg};
 use crate::report::{Progress, Stats};
+use crate::resume;
 use crate::tree::{self, Item};
 use rfabric::storage::{Engine, Kind};
 
@@ -193,10 +194,9 @@ pub async fn send(
                     file_chunks = 0;
                     if e.kind == EntryKind::File && opts.resume {
                         let (tx, rx) = tokio::sync::oneshot::channel();
-                        haves
-                            .lock()
-                            .expect("haves lock")
-                            .insert(e.index, (Vec::new(), tx));
+                        let mut r = haves.lock().expect("haves lock");
+                        r.haves.ask(e.index);
+                        r.waiting.insert(e.index, tx);
                         waiting = Some(rx);
                     }
                 }
@@ -545,11 +545,15 @@ fn data_chunks(file: &OwnedFd, size: u64, chunk: u64) -> anyhow::Result<Vec<u64>
     Ok(out)
 }
 
-/// Digests the receiver has of a file being resumed, gathered from its
-/// `Have` messages until the last, then handed to the waiting sender.
-type Haves = Arc<
-    std::sync::Mutex<HashMap<u32, (Vec<[u8; 32]>, tokio::sync::oneshot::Sender<Vec<[u8; 32]>>)>>,
->;
+/// The files being resumed: the collection of the receiver's `Have`
+/// messages, and the sender waiting for each file's digests.
+#[derive(Default)]
+struct Resuming {
+    haves: resume::Haves,
+    waiting: HashMap<u32, tokio::sync::oneshot::Sender<Vec<[u8; 32]>>>,
+}
+
+type Haves = Arc<std::sync::Mutex<Resuming>>;
 
 /// Reads the receiver's answers until it says goodbye; every entry gets one.
 async fn collect_answers(
@@ -567,18 +571,10 @@ async fn collect_answers(
                 first,
                 digests,
             } => {
-                let mut map = haves.lock().expect("haves lock");
-                let Some((got, _)) = map.get_mut(&index) else {
-                    bail!("the receiver sent digests for an entry nobody asked about");
-                };
-                if first != got.len() as u64 {
-                    bail!("the receiver's digests are out of order");
-                }
-                let last = digests.len() < crate::recv::HAVE_BATCH;
-                got.extend(digests);
-                if last {
-                    let (got, tx) = map.remove(&index).expect("present");
-                    let _ = tx.send(got);
+                let mut r = haves.lock().expect("haves lock");
+                if let Some(all) = r.haves.on_have(index, first, digests)? {
+                    let tx = r.waiting.remove(&index).expect("a waiting sender");
+                    let _ = tx.send(all);
                 }
             }
             Msg::EntryOk { index } => answers.push((index, Ok(()))),
