@@ -95,7 +95,7 @@ pub async fn receive(
     let (answers, answerer) = Answers::start(link.clone());
     let mut new = Creator {
         link,
-        base: &*base,
+        base: &base,
         opts,
         answers: &answers,
         files: 0,
