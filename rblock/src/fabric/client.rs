@@ -9,9 +9,8 @@
 //! answered, so a write is never acknowledged that the server did not
 //! acknowledge. After `give_up` without a link, requests fail with EIO.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,14 +23,11 @@ use rfabric::wire::{Role, chunk_flags};
 use tokio::sync::{oneshot, watch};
 
 use super::proto::{Msg, VERSION, write_tag};
+use super::redial::{LaneClock, Wait};
+use super::requests::{Expect, Outcome, Requests, Said};
 use super::{SLOTS, link_config};
 use crate::nbd::consts::{cflags, cmd, errno};
 use crate::nbd::transmission::{Extent, Request};
-
-/// The first wait before dialling a failed lane again; it doubles up to
-/// [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// What the server said about the export when it was opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +53,6 @@ pub struct Remote {
     pub opened: Opened,
     lanes: Vec<Lane>,
     next_lane: AtomicUsize,
-    give_up: Duration,
     /// Set by `close`: no more dialling.
     closed: AtomicBool,
 }
@@ -66,8 +61,8 @@ pub struct Remote {
 struct Lane {
     /// The live session, or None while the lane is being dialled again.
     current: watch::Sender<Option<Arc<Session>>>,
-    /// Since when the lane has had no session.
-    down_since: Mutex<Option<Instant>>,
+    /// Its outage and redial timing.
+    clock: Mutex<LaneClock>,
 }
 
 /// How a request ended.
@@ -84,21 +79,34 @@ enum Answer {
     Lost(Option<Vec<u8>>),
 }
 
-/// A request sent and not answered yet.
+/// Who waits for a request's answer (the request table keeps it).
 #[derive(Debug)]
 enum Pending {
+    /// A read: its data is appended to `buf` as it comes.
     Read {
         buf: Vec<u8>,
-        /// The buffer's length once all the data is in.
-        target: usize,
-        /// Data bytes in so far.
-        got: u64,
         reply: oneshot::Sender<Answer>,
     },
     Other(oneshot::Sender<Answer>),
 }
 
 impl Pending {
+    /// Tells the waiter how its request ended.
+    fn answer(self, outcome: Outcome) {
+        let (reply, answer) = match (self, outcome) {
+            (Pending::Read { buf, reply }, Outcome::Data) => (reply, Answer::Data(buf)),
+            (Pending::Read { reply, .. } | Pending::Other(reply), Outcome::Done { error }) => {
+                (reply, Answer::Done { error })
+            }
+            (Pending::Read { reply, .. } | Pending::Other(reply), Outcome::Extents(e)) => {
+                (reply, Answer::Extents(e))
+            }
+            // (Never: the table answers with data only a read.)
+            (Pending::Other(reply), Outcome::Data) => (reply, Answer::Done { error: errno::EIO }),
+        };
+        let _ = reply.send(answer);
+    }
+
     fn lose(self) {
         match self {
             Pending::Read { buf, reply, .. } => drop(reply.send(Answer::Lost(Some(buf)))),
@@ -110,9 +118,8 @@ impl Pending {
 /// One link of a lane and the requests in flight on it.
 struct Session {
     link: Arc<Link>,
-    /// None once the link has failed: nothing more is sent on it.
-    pending: Mutex<Option<HashMap<u64, Pending>>>,
-    next_id: AtomicU64,
+    /// The requests in flight (none once the link has failed).
+    pending: Mutex<Requests<Pending>>,
     /// Write data leaves from these buffers (registered with the link).
     pool: Arc<BufferPool>,
     region: Region,
@@ -137,11 +144,11 @@ impl Remote {
             .await
             .with_context(|| format!("cannot open {}/{}", target.addr, target.name))?;
         let mut all = Vec::with_capacity(lanes);
-        all.push(Lane::up(Arc::clone(&first)));
+        all.push(Lane::up(Arc::clone(&first), give_up));
         for _ in 1..lanes.max(1) {
             all.push(match open_session(&target).await {
-                Ok((s, o)) if o == opened => Lane::up(s),
-                _ => Lane::down(),
+                Ok((s, o)) if o == opened => Lane::up(s, give_up),
+                _ => Lane::down(give_up),
             });
         }
         let remote = Arc::new(Remote {
@@ -149,7 +156,6 @@ impl Remote {
             opened,
             lanes: all,
             next_lane: AtomicUsize::new(0),
-            give_up,
             closed: AtomicBool::new(false),
         });
         for i in 0..remote.lanes.len() {
@@ -211,7 +217,7 @@ impl Remote {
                 offset,
                 length: len as u32,
             };
-            let (id, rx) = match s.enlist(Some((buf, start + len))) {
+            let (id, rx) = match s.enlist(Some((buf, len))) {
                 Ok(x) => x,
                 Err(b) => {
                     buf = b.expect("a read gives its buffer back");
@@ -365,19 +371,22 @@ impl Remote {
             if let Some(s) = rx.borrow_and_update().clone() {
                 return Ok(s);
             }
-            let since = l
-                .down_since
-                .lock()
-                .expect("lane lock")
-                .unwrap_or_else(Instant::now);
-            let left = self.give_up.saturating_sub(since.elapsed());
-            if left.is_zero() {
-                return Err(std::io::Error::other(format!(
-                    "no link to {} for {:?}",
-                    self.target.addr, self.give_up
-                )));
-            }
-            let _ = tokio::time::timeout(left, rx.changed()).await;
+            let (wait, give_up) = {
+                let clock = l.clock.lock().expect("lane lock");
+                (clock.wait(Instant::now()), clock.give_up())
+            };
+            let until = match wait {
+                Wait::Until(deadline) => deadline,
+                // Connected, and the session is about to be published.
+                Wait::Up => Instant::now() + give_up,
+                Wait::GiveUp => {
+                    return Err(std::io::Error::other(format!(
+                        "no link to {} for {give_up:?}",
+                        self.target.addr
+                    )));
+                }
+            };
+            let _ = tokio::time::timeout_at(until.into(), rx.changed()).await;
         }
     }
 
@@ -388,17 +397,17 @@ impl Remote {
 }
 
 impl Lane {
-    fn up(s: Arc<Session>) -> Lane {
+    fn up(s: Arc<Session>, give_up: Duration) -> Lane {
         Lane {
             current: watch::Sender::new(Some(s)),
-            down_since: Mutex::new(None),
+            clock: Mutex::new(LaneClock::up(give_up)),
         }
     }
 
-    fn down() -> Lane {
+    fn down(give_up: Duration) -> Lane {
         Lane {
             current: watch::Sender::new(None),
-            down_since: Mutex::new(Some(Instant::now())),
+            clock: Mutex::new(LaneClock::down(give_up, Instant::now())),
         }
     }
 
@@ -412,7 +421,7 @@ impl Lane {
             _ => false,
         });
         if taken {
-            *self.down_since.lock().expect("lane lock") = Some(Instant::now());
+            self.clock.lock().expect("lane lock").lost(Instant::now());
             s.link.abort("the client gave this link up");
         }
     }
@@ -420,29 +429,26 @@ impl Lane {
 
 impl Session {
     /// Registers a request under a fresh id: a read (`Some(buf)`, whose
-    /// data is appended until it is `target` long) or any other request.
+    /// `len` bytes of data are appended as they come) or any other request.
     /// `Err` (with a read's buffer) if the link has failed already.
     fn enlist(
         &self,
         read: Option<(Vec<u8>, usize)>,
     ) -> Result<(u64, oneshot::Receiver<Answer>), Option<Vec<u8>>> {
-        let mut map = self.pending.lock().expect("pending lock");
-        let Some(m) = map.as_mut() else {
-            return Err(read.map(|(buf, _)| buf));
-        };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
-        let pending = match read {
-            Some((buf, target)) => Pending::Read {
-                buf,
-                target,
-                got: 0,
-                reply,
-            },
-            None => Pending::Other(reply),
+        let (expect, pending) = match read {
+            Some((buf, len)) => (
+                Expect::Read { len: len as u64 },
+                Pending::Read { buf, reply },
+            ),
+            None => (Expect::Reply, Pending::Other(reply)),
         };
-        m.insert(id, pending);
-        Ok((id, rx))
+        let mut requests = self.pending.lock().expect("pending lock");
+        match requests.enlist(expect, pending) {
+            Ok(id) => Ok((id, rx)),
+            Err(Pending::Read { buf, .. }) => Err(Some(buf)),
+            Err(Pending::Other(_)) => Err(None),
+        }
     }
 
     /// Sends a write's data in pieces into the server's slots, each
@@ -469,64 +475,29 @@ impl Session {
 
     /// Hands an incoming item to the request it answers.
     fn deliver(&self, item: Incoming) -> anyhow::Result<()> {
-        let mut map = self.pending.lock().expect("pending lock");
-        let map = map.as_mut().context("delivery after failure")?;
+        let mut requests = self.pending.lock().expect("pending lock");
         match item {
             Incoming::Chunk(c) => {
                 let h = *c.header();
-                let Some(Pending::Read {
-                    buf, target, got, ..
-                }) = map.get_mut(&h.stream)
-                else {
-                    bail!(
-                        "read data for request {}, which is no read in flight",
-                        h.stream
-                    );
-                };
-                let len = c.payload().len();
-                if h.offset != *got || buf.len() + len > *target {
-                    bail!(
-                        "read data for request {} at {}+{len} does not follow the {} bytes before it",
-                        h.stream,
-                        h.offset,
-                        got
-                    );
-                }
-                buf.extend_from_slice(c.payload());
-                *got += len as u64;
-                if buf.len() == *target {
-                    if let Some(Pending::Read { buf, reply, .. }) = map.remove(&h.stream) {
-                        let _ = reply.send(Answer::Data(buf));
+                let data = c.payload();
+                let append = |p: &mut Pending| {
+                    if let Pending::Read { buf, .. } = p {
+                        buf.extend_from_slice(data);
                     }
+                };
+                if let Some(p) = requests.data(h.stream, h.offset, data.len() as u64, append)? {
+                    p.answer(Outcome::Data);
                 }
             }
             Incoming::Message(m) => {
-                let (id, answer) = match Msg::decode(&m)? {
+                let (id, said) = match Msg::decode(&m)? {
                     // (The server's text is for its own log; NBD gets the number.)
-                    Msg::Reply { id, error, .. } => (id, Answer::Done { error }),
-                    Msg::Extents { id, extents } => (id, Answer::Extents(extents)),
+                    Msg::Reply { id, error, .. } => (id, Said::Reply { error }),
+                    Msg::Extents { id, extents } => (id, Said::Extents(extents)),
                     other => bail!("unexpected message from the server: {other:?}"),
                 };
-                let pending = map.remove(&id).with_context(|| {
-                    format!("an answer to request {id}, which is not in flight")
-                })?;
-                match (pending, answer) {
-                    // A read that worked: only one with no data says so.
-                    (
-                        Pending::Read {
-                            buf, target, reply, ..
-                        },
-                        Answer::Done { error: 0 },
-                    ) => {
-                        if buf.len() != target {
-                            bail!("request {id}: a read answered done before all its data came");
-                        }
-                        let _ = reply.send(Answer::Data(buf));
-                    }
-                    (Pending::Read { reply, .. }, a @ Answer::Done { .. }) => drop(reply.send(a)),
-                    (Pending::Other(reply), a) => drop(reply.send(a)),
-                    (Pending::Read { .. }, _) => bail!("extents in answer to a read"),
-                }
+                let (p, outcome) = requests.answer(id, said)?;
+                p.answer(outcome);
             }
         }
         Ok(())
@@ -535,9 +506,9 @@ impl Session {
     /// The link is gone: every request still waiting is sent again on the
     /// next one. How many there were.
     fn fail_all(&self) -> usize {
-        let lost = self.pending.lock().expect("pending lock").take();
-        let count = lost.as_ref().map_or(0, HashMap::len);
-        for (_, p) in lost.into_iter().flatten() {
+        let lost = self.pending.lock().expect("pending lock").fail_all();
+        let count = lost.len();
+        for p in lost {
             p.lose();
         }
         count
@@ -591,7 +562,6 @@ async fn redial(remote: std::sync::Weak<Remote>, lane: usize) {
                 return;
             }
         }
-        let mut backoff = FIRST_BACKOFF;
         let mut said = None::<String>;
         loop {
             let Some(r) = remote.upgrade() else { return };
@@ -601,7 +571,7 @@ async fn redial(remote: std::sync::Weak<Remote>, lane: usize) {
             match open_session(&r.target).await {
                 Ok((s, opened)) if opened == r.opened => {
                     eprintln!("rblock connect: lane {lane}: connected again");
-                    *r.lanes[lane].down_since.lock().expect("lane lock") = None;
+                    r.lanes[lane].clock.lock().expect("lane lock").connected();
                     tokio::spawn(receive(Arc::clone(&r), lane, Arc::clone(&s)));
                     r.lanes[lane].current.send_replace(Some(s));
                     break;
@@ -625,9 +595,13 @@ async fn redial(remote: std::sync::Weak<Remote>, lane: usize) {
                     }
                 }
             }
+            let next = r.lanes[lane]
+                .clock
+                .lock()
+                .expect("lane lock")
+                .dial_failed(Instant::now());
             drop(r);
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            tokio::time::sleep_until(next.into()).await;
         }
     }
 }
@@ -670,8 +644,7 @@ async fn open_session(t: &Target) -> anyhow::Result<(Arc<Session>, Opened)> {
     let region = link.register(pool.memory())?;
     let s = Session {
         link: Arc::new(link),
-        pending: Mutex::new(Some(HashMap::new())),
-        next_id: AtomicU64::new(1),
+        pending: Mutex::new(Requests::new()),
         pool,
         region,
     };

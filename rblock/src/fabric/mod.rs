@@ -2,13 +2,16 @@
 //! rfabric links (RDMA queue pairs, or tcp), `rblock connect` forwards a
 //! local NBD client's requests over them. [`proto`] is the request
 //! protocol (sans I/O), [`client`] the forwarding side with its
-//! reconnects, [`link_config`] the shape of a link both sides agree on.
+//! reconnects (its rules in [`requests`], the table of requests in flight
+//! on a link, and its timing in [`redial`], both sans I/O), [`link_config`] the shape of a link both sides agree on.
 //! The serving side is one of the server's front ends, beside NBD over
 //! TCP: `serve/link.rs` (it carries requests out on local storage, a
 //! layer above this one, which `rblock connect`'s backend stands on).
 
 pub mod client;
 pub mod proto;
+pub mod redial;
+pub mod requests;
 
 use rfabric::endpoint::fitted_link_config;
 use rfabric::link::LinkConfig;
