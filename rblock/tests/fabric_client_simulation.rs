@@ -379,7 +379,7 @@ fn requests_give_up_exactly_when_an_outage_outlasts_give_up() {
         let mut clock = LaneClock::up(give_up);
         let mut up = true;
         let mut queue = BinaryHeap::new();
-        let mut at = |q: &mut BinaryHeap<_>, t: u64, e: Event| q.push(Reverse((t, e)));
+        let at = |q: &mut BinaryHeap<_>, t: u64, e: Event| q.push(Reverse((t, e)));
         at(&mut queue, rng.random_range(1..3000), Event::LinkFails);
         let requests = rng.random_range(1..=40);
         for r in 0..requests {
