@@ -17,6 +17,8 @@
 //! sends standalone credit updates when the engine asks for one. Any breach
 //! of the protocol fails the link: the peer gets an error message when one
 //! can still be sent, the connection closes, and every waiter sees why.
+//! The rules from hello to goodbye are a machine of their own, without
+//! I/O: [`lifecycle`].
 #![allow(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
@@ -36,6 +38,9 @@ use crate::wire::{
     self, Body, CHUNK_HEADER_LEN, ChunkHeader, CreditUpdate, ErrorCode, FRAME_HEADER_LEN, Frame,
     Hello, RingDescriptor, Role, WireError,
 };
+use lifecycle::{Heard, Lifecycle, check_hello};
+
+pub mod lifecycle;
 
 /// How one side of a link is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,9 +209,8 @@ struct State {
     in_flight: HashMap<u64, InFlight>,
     next_wr: u64,
     incoming: VecDeque<Incoming>,
-    error: Option<LinkError>,
-    peer_done: bool,
-    goodbye_sent: bool,
+    /// Hello to goodbye: what may be sent and heard, how the link ended.
+    life: Lifecycle,
 }
 
 struct Inner {
@@ -412,9 +416,7 @@ impl Link {
             in_flight,
             next_wr: 1,
             incoming: VecDeque::new(),
-            error: None,
-            peer_done: false,
-            goodbye_sent: false,
+            life: Lifecycle::new(),
         };
         let inner = Arc::new(Inner {
             conn,
@@ -509,12 +511,7 @@ impl Link {
             let changed = inner.changed.notified();
             {
                 let mut st = self.state();
-                if let Some(e) = &st.error {
-                    return Err(e.clone());
-                }
-                if st.goodbye_sent {
-                    return Err(LinkError::Finished);
-                }
+                st.life.may_send()?;
                 let next_header =
                     (st.outbound.sent() % u64::from(inner.peer.ring.slot_count.max(1))) as usize;
                 // Two send-queue entries per chunk at most (write, then note
@@ -584,15 +581,10 @@ impl Link {
             let changed = self.inner.changed.notified();
             {
                 let mut st = self.state();
-                if let Some(e) = &st.error {
-                    return Err(e.clone());
-                }
-                if st.goodbye_sent {
-                    return Err(LinkError::Finished);
-                }
+                st.life.may_send()?;
                 if try_post_control(&self.inner, &mut st, &body)? {
                     if matches!(body, Body::Goodbye { .. }) {
-                        st.goodbye_sent = true;
+                        st.life.said_goodbye();
                     }
                     return Ok(());
                 }
@@ -611,11 +603,8 @@ impl Link {
                 if let Some(item) = self.take_incoming(&mut st) {
                     return Ok(Some(item));
                 }
-                if let Some(e) = &st.error {
-                    return Err(e.clone());
-                }
-                if st.peer_done {
-                    return Ok(None);
+                if let Some(end) = st.life.receive_end() {
+                    return end.map(|()| None);
                 }
             }
             changed.await;
@@ -648,10 +637,8 @@ impl Link {
             let changed = self.inner.changed.notified();
             {
                 let st = self.state();
-                if let Some(e) = &st.error {
-                    return Err(e.clone());
-                }
-                if st.in_flight.is_empty() && st.peer_done {
+                if let Some(end) = st.life.finished(st.in_flight.is_empty()) {
+                    end?;
                     break;
                 }
             }
@@ -742,27 +729,7 @@ fn read_peer_hello(
             .memory()
             .slice(0, (first.byte_len as usize).min(size))
     };
-    let frame = Frame::decode(bytes)?;
-    let Body::Hello(hello) = frame.body else {
-        return Err(LinkError::Protocol(
-            "the peer's first message was not a hello".into(),
-        ));
-    };
-    if hello.role != config.role.peer() {
-        return Err(LinkError::Protocol(format!(
-            "both ends are {:?}s",
-            config.role
-        )));
-    }
-    if frame.credit
-        != (CreditUpdate {
-            grant_limit: hello.ring.slot_count.into(),
-            control_return: 0,
-        })
-    {
-        return Err(LinkError::Protocol("hello carries stray credits".into()));
-    }
-    Ok(hello)
+    check_hello(config.role, &Frame::decode(bytes)?)
 }
 
 /// Posts a control message if a send buffer and (except for a standalone
@@ -796,13 +763,11 @@ fn try_post_control(inner: &Inner, st: &mut State, body: &Body<'_>) -> Result<bo
 
 fn fail(inner: &Inner, error: LinkError) {
     let mut st = inner.state.lock().expect("state lock");
-    // After both goodbyes, the flushes of the closing connection are no
-    // failure.
-    if st.error.is_some() || (st.peer_done && st.goodbye_sent) {
+    // (After both goodbyes, the flushes of the closing connection are no
+    // failure.)
+    let Some(tell_peer) = st.life.fail(error.clone()) else {
         return;
-    }
-    st.error = Some(error.clone());
-    let tell_peer = !matches!(error, LinkError::Transport(_) | LinkError::Peer { .. });
+    };
     if tell_peer {
         let text = error.to_string();
         let frame_size = inner.config.control_size.min(inner.peer.control_size);
@@ -834,10 +799,8 @@ async fn drive(inner: Arc<Inner>, backlog: Vec<Completion>) {
             r = completions(&*inner.conn, &mut batch) => {
                 if let Err(e) = r {
                     let mut st = inner.state.lock().expect("state lock");
-                    let clean = st.peer_done && st.goodbye_sent && st.in_flight.is_empty();
-                    if !clean && st.error.is_none() {
-                        st.error = Some(LinkError::Transport(e));
-                    }
+                    let nothing_in_flight = st.in_flight.is_empty();
+                    st.life.connection_down(e, nothing_in_flight);
                     drop(st);
                     inner.changed.notify_waiters();
                     return;
@@ -850,7 +813,7 @@ async fn drive(inner: Arc<Inner>, backlog: Vec<Completion>) {
 
 fn send_standalone_credit(inner: &Inner) {
     let mut st = inner.state.lock().expect("state lock");
-    if st.error.is_some() {
+    if st.life.is_failed() {
         return;
     }
     let due = inner
@@ -933,9 +896,7 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
             // in the landing slot).
             unsafe { repost(inner, index) };
             let mut st = inner.state.lock().expect("state lock");
-            if st.peer_done {
-                return Err(LinkError::Protocol("chunk after goodbye".into()));
-            }
+            st.life.chunk_landed()?;
             st.incoming.push_back(Incoming::Chunk(chunk));
             Ok(())
         }
@@ -1008,20 +969,11 @@ fn handle_frame(inner: &Inner, bytes: &[u8]) -> Result<(), LinkError> {
     }
     let mut st = inner.state.lock().expect("state lock");
     st.outbound.on_update(frame.credit)?;
-    match frame.body {
-        // A peer that said goodbye still returns credits for what we send
-        // until we say goodbye too.
-        Body::Credit => Ok(()),
-        _ if st.peer_done => Err(LinkError::Protocol("message after goodbye".into())),
-        Body::Hello(_) => Err(LinkError::Protocol("second hello".into())),
-        Body::App(payload) => {
-            st.incoming.push_back(Incoming::Message(payload.to_vec()));
-            Ok(())
-        }
-        Body::Goodbye { .. } => {
-            st.peer_done = true;
-            Ok(())
-        }
-        Body::Error { .. } => unreachable!("handled above"),
+    if let Some(heard) = Heard::of(&frame.body) {
+        st.life.heard(heard)?;
     }
+    if let Body::App(payload) = frame.body {
+        st.incoming.push_back(Incoming::Message(payload.to_vec()));
+    }
+    Ok(())
 }
