@@ -40,8 +40,6 @@ use zero_copy::Load;
 /// How and where to serve.
 #[derive(Debug)]
 pub struct Plan {
-    /// Who speaks in messages ("rblock serve").
-    pub who: &'static str,
     /// NBD listeners.
     pub listen: Vec<Listen>,
     /// rblock's own protocol over RDMA or tcp (`rblock connect`).
@@ -62,7 +60,6 @@ pub async fn run(
     stop: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let Plan {
-        who,
         listen,
         fabric,
         max_connections,
@@ -79,7 +76,6 @@ pub async fn run(
     let (conn_tx, mut conn_rx) = mpsc::channel::<()>(1);
     let mut acceptors = Vec::new();
     let accepting = || Accepting {
-        who,
         exports: Arc::clone(&exports),
         shutdown: shutdown.clone(),
         load: Arc::clone(&load),
@@ -93,7 +89,7 @@ pub async fn run(
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("cannot listen on {addr}"))?;
-                eprintln!("{who}: listening on {}", listener.local_addr()?);
+                tracing::info!("listening on {}", listener.local_addr()?);
                 acceptors.push(tokio::spawn(async move {
                     loop {
                         match listener.accept().await {
@@ -101,7 +97,7 @@ pub async fn run(
                                 let _ = s.set_nodelay(true);
                                 ctx.start(Stream::Tcp(s));
                             }
-                            Err(e) => eprintln!("{who}: accept failed: {e}"),
+                            Err(e) => tracing::warn!("accept failed: {e}"),
                         }
                     }
                 }));
@@ -110,12 +106,12 @@ pub async fn run(
                 remove_stale_socket(path)?;
                 let listener = tokio::net::UnixListener::bind(path)
                     .with_context(|| format!("cannot listen on {}", path.display()))?;
-                eprintln!("{who}: listening on unix:{}", path.display());
+                tracing::info!("listening on unix:{}", path.display());
                 acceptors.push(tokio::spawn(async move {
                     loop {
                         match listener.accept().await {
                             Ok((s, _)) => ctx.start(Stream::Unix(s)),
-                            Err(e) => eprintln!("{who}: accept failed: {e}"),
+                            Err(e) => tracing::warn!("accept failed: {e}"),
                         }
                     }
                 }));
@@ -128,14 +124,14 @@ pub async fn run(
             loop {
                 match fabric.accept().await {
                     Ok(conn) => ctx.start_link(conn),
-                    Err(e) => eprintln!("{who}: fabric accept failed: {e}"),
+                    Err(e) => tracing::warn!("fabric accept failed: {e}"),
                 }
             }
         }));
     }
     drop(conn_tx);
     stop.await;
-    eprintln!("{who}: shutting down");
+    tracing::info!("shutting down");
     for a in &acceptors {
         a.abort();
     }
@@ -143,7 +139,7 @@ pub async fn run(
     drop(acceptors);
     // Every connection holds a sender: all gone means all closed.
     if tokio::time::timeout(grace, conn_rx.recv()).await.is_err() {
-        eprintln!("{who}: connections still open after {grace:?}; closing them");
+        tracing::warn!("connections still open after {grace:?}; closing them");
     }
     for l in &listen {
         if let Listen::Unix(p) = l {

@@ -343,8 +343,9 @@ impl Storage {
         if self.engine.kind() == Kind::IoUring
             && !self.said_small_writes.swap(true, Ordering::Relaxed)
         {
-            eprintln!(
-                "rblock: buffered writes to {} go to kernel worker threads; \
+            tracing::info!(
+                file = %self.shown,
+                "buffered writes to {} go to kernel worker threads; \
                  small ones are now written directly",
                 self.shown
             );

@@ -24,6 +24,7 @@ const SERVER_ONCE_WAIT: Duration = Duration::from_secs(60);
 
 /// `rcp serve`: serves copies to and from the roots until killed.
 pub async fn serve(a: ServeArgs) -> anyhow::Result<Outcome> {
+    rfabric::daemon_log::init("rcp serve");
     let secret = auth::read_secret(&a.secret_file)?;
     let roots = canonical_roots(&a.roots)?;
     let engine = io_engine(&a.tuning, "rcp serve")?;
@@ -37,11 +38,11 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<Outcome> {
     let listener = Listener::bind(a.listen, a.tuning.transport)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
-    eprintln!(
-        "rcp serve: listening on {} (tcp{}), {} storage engine",
+    tracing::info!(
+        io_engine = %engine,
+        "listening on {} (tcp{}), {engine} storage engine",
         a.listen,
         if listener.has_rdma() { " and rdma" } else { "" },
-        engine
     );
     accept_loop(&listener, &config, a.max_clients).await
 }
@@ -73,26 +74,35 @@ async fn accept_loop(
         let conn = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("rcp serve: accept failed: {e:#}");
+                tracing::warn!("accept failed: {e:#}");
                 continue;
             }
         };
         let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
             let reason = format!("busy: {max_clients} connections already (--max-clients)");
-            eprintln!("rcp serve: refusing a client: {reason}");
+            tracing::warn!(client = client_of(&*conn), "refusing a client: {reason}");
             let config = Arc::clone(config);
             tokio::spawn(async move { session::refuse(conn, &config, reason).await });
             continue;
         };
         let config = Arc::clone(config);
         tokio::spawn(async move {
+            let client = client_of(&*conn);
             match session::server(conn, &config).await {
                 Ok(Served::Session(_) | Served::Joined) => {}
-                Err(e) => eprintln!("rcp serve: session failed: {e:#}"),
+                Err(e) => tracing::warn!(client, "session failed: {e:#}"),
             }
             drop(permit);
         });
     }
+}
+
+/// How the logs name a connection's peer.
+fn client_of(conn: &dyn rfabric::transport::Connection) -> String {
+    conn.peer().map_or_else(
+        || format!("{} peer", conn.backend().name()),
+        |a| a.to_string(),
+    )
 }
 
 /// `rcp server-once`: listens on a fresh port, prints the banner (port and

@@ -432,7 +432,7 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             let got = recv::receive(links, base, params.recv_options(), &progress).await?;
             if config.log {
                 for (name, why) in &got.failed {
-                    eprintln!("rcp serve: {name}: {why}");
+                    tracing::warn!(path = %name, "{name}: {why}");
                 }
             }
             streams::finish_all(links).await?;

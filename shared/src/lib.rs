@@ -28,9 +28,13 @@
 //!   landed chunks), on io_uring where the kernel allows it and on a
 //!   bounded thread pool of plain system calls everywhere else (RHEL 8,
 //!   and 9.3+/10 where io_uring is refused by default).
+//! * [`daemon_log`] (feature `daemon-log`): how the tools' daemons log,
+//!   as terminal lines or journal entries with fields.
 #![deny(unsafe_code)]
 
 pub mod credit;
+#[cfg(feature = "daemon-log")]
+pub mod daemon_log;
 pub mod endpoint;
 pub mod link;
 pub mod memory;

@@ -31,10 +31,13 @@ pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
         transport: a.transport,
     };
     let give_up = Duration::from_secs(a.give_up_after);
+    rfabric::daemon_log::init("rblock connect");
     let remote = Remote::connect(target, usize::from(a.connections), give_up).await?;
     let o = remote.opened;
-    eprintln!(
-        "rblock connect: {addr}/{name}: {} bytes{}, {} lane(s) over {}",
+    tracing::info!(
+        server = %addr,
+        export = name,
+        "{addr}/{name}: {} bytes{}, {} lane(s) over {}",
         o.size,
         if read_only(&o) { ", read-only" } else { "" },
         remote.lanes(),
@@ -79,7 +82,11 @@ pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
             };
             let timeout = a.give_up_after + 30;
             match crate::attach::attach(&device, &sock, &name, lanes, timeout).await {
-                Ok(how) => eprintln!("rblock connect: attached as {} ({how})", device.display()),
+                Ok(how) => tracing::info!(
+                    device = %device.display(),
+                    "attached as {} ({how})",
+                    device.display()
+                ),
                 Err(e) => {
                     *attach_error.lock().expect("lock") = Some(e);
                     return;
@@ -87,12 +94,11 @@ pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
             }
             stop_signal().await;
             if let Err(e) = crate::attach::detach(&device).await {
-                eprintln!("rblock connect: {e:#}");
+                tracing::error!("{e:#}");
             }
         }
     };
     let plan = Plan {
-        who: "rblock connect",
         listen,
         fabric: None,
         max_connections: a.max_connections,

@@ -18,18 +18,20 @@ use crate::storage::Storage;
 
 /// Serves `a.exports` until SIGTERM or SIGINT.
 pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    rfabric::daemon_log::init("rblock serve");
     let chosen = storage::select(a.io_engine)?;
     if let Some(notice) = chosen.notice("rblock serve") {
-        eprintln!("{notice}");
+        tracing::warn!("{}", notice.trim_start_matches("rblock serve: "));
     }
     let engine = Engine::per_thread(chosen.kind)
         .with_context(|| format!("cannot start the {} storage engine", chosen.kind))?;
     match chosen.kind {
-        Kind::Threads => eprintln!(
-            "rblock serve: threads storage engine ({} threads)",
+        Kind::Threads => tracing::info!(
+            io_engine = "threads",
+            "threads storage engine ({} threads)",
             Engine::pool_threads()
         ),
-        Kind::IoUring => eprintln!("rblock serve: io_uring storage engine"),
+        Kind::IoUring => tracing::info!(io_engine = "io_uring", "io_uring storage engine"),
     }
     let mut exports = Vec::new();
     for spec in &a.exports {
@@ -37,8 +39,9 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
             anyhow::bail!("export {:?} is named twice", spec.name);
         }
         let storage = Storage::open(&spec.path, spec.read_only, &engine)?;
-        eprintln!(
-            "rblock serve: export {:?}: {} ({} bytes{})",
+        tracing::info!(
+            export = spec.name,
+            "export {:?}: {} ({} bytes{})",
             spec.name,
             spec.path.display(),
             storage.size(),
@@ -67,12 +70,11 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
                 (true, false) => "rdma",
                 _ => "tcp",
             };
-            eprintln!("rblock serve: serving rblock connect on {addr} over {over}");
+            tracing::info!("serving rblock connect on {addr} over {over}");
             Some(l)
         }
     };
     let plan = Plan {
-        who: "rblock serve",
         listen: a.listen,
         fabric,
         max_connections: a.max_connections,

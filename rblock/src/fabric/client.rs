@@ -522,18 +522,16 @@ async fn receive(remote: Arc<Remote>, lane: usize, s: Arc<Session>) {
             Ok(Some(item)) => item,
             _ if remote.closed.load(Ordering::Relaxed) => break,
             Ok(None) => {
-                eprintln!(
-                    "rblock connect: lane {lane}: the server closed the link; dialling again"
-                );
+                tracing::warn!(lane, "the server closed the link; dialling again");
                 break;
             }
             Err(e) => {
-                eprintln!("rblock connect: lane {lane}: link failed ({e}); dialling again");
+                tracing::warn!(lane, "link failed ({e}); dialling again");
                 break;
             }
         };
         if let Err(e) = s.deliver(item) {
-            eprintln!("rblock connect: lane {lane}: the server broke the protocol: {e:#}");
+            tracing::error!(lane, "the server broke the protocol: {e:#}");
             s.link.abort(&format!("{e:#}"));
             break;
         }
@@ -541,9 +539,10 @@ async fn receive(remote: Arc<Remote>, lane: usize, s: Arc<Session>) {
     remote.lanes[lane].lose(&s);
     let unanswered = s.fail_all();
     if unanswered > 0 {
-        eprintln!(
-            "rblock connect: lane {lane}: {unanswered} request(s) got no answer; \
-             they go again once connected"
+        tracing::warn!(
+            lane,
+            unanswered,
+            "{unanswered} request(s) got no answer; they go again once connected"
         );
     }
 }
@@ -570,7 +569,7 @@ async fn redial(remote: std::sync::Weak<Remote>, lane: usize) {
             }
             match open_session(&r.target).await {
                 Ok((s, opened)) if opened == r.opened => {
-                    eprintln!("rblock connect: lane {lane}: connected again");
+                    tracing::info!(lane, "connected again");
                     r.lanes[lane].clock.lock().expect("lane lock").connected();
                     tokio::spawn(receive(Arc::clone(&r), lane, Arc::clone(&s)));
                     r.lanes[lane].current.send_replace(Some(s));
@@ -583,14 +582,14 @@ async fn redial(remote: std::sync::Weak<Remote>, lane: usize) {
                         r.opened
                     );
                     if said.as_ref() != Some(&why) {
-                        eprintln!("rblock connect: lane {lane}: {why}");
+                        tracing::warn!(lane, "{why}");
                         said = Some(why);
                     }
                 }
                 Err(e) => {
                     let why = format!("{e:#}");
                     if said.as_ref() != Some(&why) {
-                        eprintln!("rblock connect: lane {lane}: {why}; retrying");
+                        tracing::warn!(lane, "{why}; retrying");
                         said = Some(why);
                     }
                 }

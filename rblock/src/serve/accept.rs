@@ -13,7 +13,6 @@ use crate::export::Export;
 use crate::socket::Stream;
 
 pub(super) struct Accepting {
-    pub(super) who: &'static str,
     pub(super) exports: Arc<[Export]>,
     pub(super) shutdown: watch::Receiver<bool>,
     /// The places among the connections, and how many are taken.
@@ -26,7 +25,11 @@ impl Accepting {
     /// A client of rblock's fabric protocol (`rblock connect`).
     pub(super) fn start_link(&self, conn: Arc<dyn rfabric::transport::Connection>) {
         let closer = Arc::clone(&conn);
-        let admitted = self.admit("fabric connection", move |exports, shutdown| {
+        let client = conn.peer().map_or_else(
+            || format!("{} peer", conn.backend().name()),
+            |a| a.to_string(),
+        );
+        let admitted = self.admit("fabric connection", client, move |exports, shutdown| {
             serve_link(conn, exports, shutdown)
         });
         if !admitted {
@@ -41,31 +44,38 @@ impl Accepting {
             ZeroCopy::Auto if !stream.is_local() => FromCache::Always,
             ZeroCopy::Auto => FromCache::WhenBusy(Arc::clone(&self.load)),
         };
-        self.admit("connection", move |exports, shutdown| {
+        let client = match &stream {
+            Stream::Tcp(s) => s
+                .peer_addr()
+                .map_or_else(|_| "tcp peer".into(), |a| a.to_string()),
+            Stream::Unix(_) => "unix socket".into(),
+        };
+        self.admit("connection", client, move |exports, shutdown| {
             connection(stream, exports, shutdown, from_cache)
         });
     }
 
-    /// Serves one `what` (made by `serve`) in a task of its own while it
-    /// holds a place among the connections; false when all are taken.
+    /// Serves one `what` (made by `serve`) from `client` (as the logs name
+    /// it) in a task of its own while it holds a place among the
+    /// connections; false when all are taken.
     fn admit<F>(
         &self,
         what: &'static str,
+        client: String,
         serve: impl FnOnce(Arc<[Export]>, watch::Receiver<bool>) -> F,
     ) -> bool
     where
         F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
     {
-        let who = self.who;
         let Ok(permit) = Arc::clone(&self.load.slots).try_acquire_owned() else {
-            eprintln!("{who}: refusing a {what}: too many open");
+            tracing::warn!(client, "refusing a {what}: too many open");
             return false;
         };
         let served = serve(Arc::clone(&self.exports), self.shutdown.clone());
         let alive = self.alive.clone();
         tokio::spawn(async move {
             if let Err(e) = served.await {
-                eprintln!("{who}: {what} ended: {e:#}");
+                tracing::warn!(client, "{what} ended: {e:#}");
             }
             drop(permit);
             drop(alive);

@@ -91,7 +91,7 @@ impl Spare {
             *self = match Pipe::new() {
                 Ok(p) => Spare::Made(p),
                 Err(e) => {
-                    eprintln!("rblock: no pipe for moving write data ({e}); copying it");
+                    tracing::warn!("no pipe for moving write data ({e}); copying it");
                     Spare::Refused
                 }
             };

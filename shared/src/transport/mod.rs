@@ -326,6 +326,11 @@ impl std::fmt::Display for Backend {
 pub trait Connection: Send + Sync + 'static {
     fn backend(&self) -> Backend;
 
+    /// The peer's address, where the backend knows it (for logs).
+    fn peer(&self) -> Option<std::net::SocketAddr> {
+        None
+    }
+
     fn limits(&self) -> Limits;
 
     /// Registers `memory`; with `gate`, every peer write into it is checked

@@ -194,6 +194,7 @@ struct Queue {
 
 struct Shared {
     limits: Limits,
+    peer: Option<SocketAddr>,
     regions: RwLock<Vec<Region>>,
     recvs: Mutex<VecDeque<(u64, Segment)>>,
     reads: Mutex<VecDeque<PendingRead>>,
@@ -312,6 +313,7 @@ impl TcpConnection {
     /// Must run inside a tokio runtime.
     pub async fn establish(stream: TcpStream, limits: Limits) -> Result<Self, TransportError> {
         stream.set_nodelay(true)?;
+        let peer = stream.peer_addr().ok();
         let (read_half, mut write_half) = stream.into_split();
         write_half.write_all(&PREFACE).await?;
         let mut reader = BufReader::with_capacity(READ_BUFFER, read_half);
@@ -326,6 +328,7 @@ impl TcpConnection {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
+            peer,
             limits,
             regions: RwLock::new(Vec::new()),
             recvs: Mutex::new(VecDeque::new()),
@@ -403,6 +406,10 @@ impl Drop for TcpConnection {
 impl Connection for TcpConnection {
     fn backend(&self) -> Backend {
         Backend::Tcp
+    }
+
+    fn peer(&self) -> Option<SocketAddr> {
+        self.shared.peer
     }
 
     fn limits(&self) -> Limits {
