@@ -89,7 +89,17 @@ async fn accept_loop(
         tokio::spawn(async move {
             let client = client_of(&*conn);
             match session::server(conn, &config).await {
-                Ok(Served::Session(_) | Served::Joined) => {}
+                Ok(Served::Session(stats)) => tracing::info!(
+                    client,
+                    files = stats.files,
+                    bytes = stats.bytes,
+                    failed = stats.failed,
+                    "session done: {} file(s), {} bytes{}",
+                    stats.files,
+                    stats.bytes,
+                    if stats.failed { ", some failed" } else { "" }
+                ),
+                Ok(Served::Joined) => {}
                 Err(e) => tracing::warn!(client, "session failed: {e:#}"),
             }
             drop(permit);

@@ -283,6 +283,8 @@ fn a_chunk_corrupted_in_flight_fails_the_copy_and_leaves_nothing() {
 struct Daemon {
     child: Child,
     port: u16,
+    /// Where its stderr goes.
+    log: PathBuf,
 }
 
 impl Daemon {
@@ -300,13 +302,16 @@ impl Daemon {
         for r in roots {
             cmd.args(["--root", s(r)]);
         }
+        let log =
+            std::env::temp_dir().join(format!("rcp-daemon-{}-{port}.log", std::process::id()));
         let child = cmd
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .env_remove("RUST_LOG")
             .spawn()
             .unwrap();
         // Owned by the guard from here on: killed and reaped on drop.
-        let daemon = Daemon { child, port };
+        let daemon = Daemon { child, port, log };
         for _ in 0..200 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return daemon;
@@ -319,12 +324,18 @@ impl Daemon {
     fn url(&self, path: &Path) -> String {
         format!("rcp://127.0.0.1:{}{}", self.port, path.display())
     }
+
+    /// What it logged so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
@@ -362,6 +373,26 @@ fn daemon_push_and_pull_with_a_shared_secret() {
     ])));
     assert_eq!(std::fs::read(t.path("down")).unwrap(), data);
     assert_eq!(v["sha256"], file_digest(&data, 1 << 20));
+    // Each session is logged with its client when it is done.
+    let mut log = String::new();
+    for _ in 0..200 {
+        log = d.log();
+        if log.matches("session done").count() >= 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(log.contains("rcp serve: listening on 127.0.0.1:"), "{log}");
+    let done: Vec<&str> = log.lines().filter(|l| l.contains("session done")).collect();
+    assert_eq!(done.len(), 2, "{log}");
+    for line in done {
+        assert!(
+            line.starts_with(
+                "rcp serve: session done: 1 file(s), 3000000 bytes (client=127.0.0.1:"
+            ),
+            "{line}"
+        );
+    }
 }
 
 #[test]
