@@ -18,10 +18,17 @@ use crate::export::ExportSpec;
 #[command(
     name = "rblock",
     version,
-    after_long_help = "Exit status: 0 after a clean stop (SIGTERM or SIGINT: requests in \
-                       flight are answered, an attached device is detached first; rblock \
-                       detach: detached or nothing to do), 1 when anything failed (named on \
-                       stderr), 2 for a usage error."
+    after_long_help = "Exit status:\n  \
+                       0  a clean stop (SIGTERM or SIGINT: requests in flight are answered, \
+                       an attached device is detached first); rblock detach: detached, or \
+                       nothing to do\n  \
+                       1  anything else failed (named on stderr)\n  \
+                       2  bad usage\n  \
+                       3  refused: the server does not serve that export, or turned the \
+                       connection down\n  \
+                       5  a local I/O error: an export, socket or device that cannot be \
+                       opened or used here\n  \
+                       6  the server could not be reached (rblock connect)"
 )]
 pub struct Cli {
     #[command(subcommand)]

@@ -34,6 +34,7 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod execute;
+pub mod exit;
 pub mod export;
 pub mod fabric;
 pub mod nbd;

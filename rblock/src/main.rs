@@ -1,12 +1,14 @@
 //! The `rblock` command: parses the command line and hands it to the
 //! library ([`rblock::app::run`]); what is left here is the process: the
-//! runtime, the error message and the exit status (0: done; 1: the command
-//! failed or could not start; 2: bad usage, from clap).
+//! runtime, the error message and the exit status ([`rblock::exit`]: 0
+//! done; 1 failed; 2 bad usage; 3 refused; 5 local I/O error; 6 the server
+//! unreachable).
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use rblock::cli::Cli;
+use rblock::exit::Exit;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -14,7 +16,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rblock: cannot start: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(Exit::Io.code());
         }
     };
     // The work runs as a task, not in `block_on` itself: on a runtime with
@@ -29,7 +31,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("rblock: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(Exit::of_error(&e).code())
         }
     }
 }

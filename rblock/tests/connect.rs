@@ -312,9 +312,9 @@ fn connect_says_clearly_what_is_wrong() {
             "tcp",
         ],
     );
-    assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot connect to 127.0.0.1"), "{err}");
+    assert_eq!(out.status.code(), Some(6), "unreachable: {err}");
 
     let img = image(&t, 4 << 20);
     let fabric = free_port();
@@ -328,13 +328,22 @@ fn connect_says_clearly_what_is_wrong() {
             "tcp",
         ],
     );
-    assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no export named \"nosuch\""), "{err}");
+    assert_eq!(out.status.code(), Some(3), "refused: {err}");
 
     let out = run(RBLOCK, &["connect", "no-slash-here"]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&out.stderr).contains("HOST[:PORT]/NAME"));
+
+    // An export that cannot be opened here is a local I/O error.
+    let missing = t.path("missing.img");
+    let out = run(
+        RBLOCK,
+        &["serve", "--export", &format!("disk={}", missing.display())],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "I/O: {err}");
 }
 
 /// A raw client of the fabric protocol: a link with the export opened.

@@ -14,8 +14,9 @@ use anyhow::{Context, bail};
 use rfabric::endpoint::{self, Listener, Transport};
 
 use crate::cli::{Cli, Cmd, CopyArgs};
+use crate::exit::Exit;
 use crate::operand::Operand;
-use crate::report::{self, Outcome, Progress, Report};
+use crate::report::{self, Progress, Report};
 use crate::session::{self, Params, Request, ServeConfig, Target};
 use crate::tuning::{io_engine, params};
 use crate::{auth, daemon, shell};
@@ -26,7 +27,7 @@ const LOCAL_SERVER_WAIT: Duration = Duration::from_secs(10);
 
 /// Runs what the command line asks for; a copy ends with its summary
 /// printed ([`report::summarize`]).
-pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
+pub async fn run(cli: Cli) -> anyhow::Result<Exit> {
     match cli.command {
         Some(Cmd::Serve(a)) => daemon::serve(a).await,
         Some(Cmd::ServerOnce(a)) => daemon::server_once(a).await,

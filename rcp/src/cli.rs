@@ -23,8 +23,16 @@ use rfabric::storage::EngineChoice;
     version,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    after_long_help = "Exit status: 0 when every file arrived and verified, 1 when anything \
-                       failed (each failure is named on stderr), 2 for a usage error."
+    after_long_help = "Exit status:\n  \
+                       0  every file arrived and was verified\n  \
+                       1  the copy ran, and some files failed (each is named on stderr)\n  \
+                       2  bad usage\n  \
+                       3  refused: authentication failed, or the server turned the request \
+                       down (outside its roots, busy)\n  \
+                       4  verification failed: data arrived corrupted (nothing corrupted is \
+                       kept under its final name)\n  \
+                       5  a local I/O error stopped the copy\n  \
+                       6  the peer could not be reached, or was lost mid-copy"
 )]
 pub struct Cli {
     #[command(subcommand)]

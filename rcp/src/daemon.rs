@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use rfabric::endpoint::Listener;
 
 use crate::cli::{ServeArgs, ServerOnceArgs};
-use crate::report::Outcome;
+use crate::exit::Exit;
 use crate::session::{self, ServeConfig, Served};
 use crate::tuning::{io_engine, params};
 use crate::{auth, digest, shell};
@@ -23,7 +23,7 @@ use crate::{auth, digest, shell};
 const SERVER_ONCE_WAIT: Duration = Duration::from_secs(60);
 
 /// `rcp serve`: serves copies to and from the roots until killed.
-pub async fn serve(a: ServeArgs) -> anyhow::Result<Outcome> {
+pub async fn serve(a: ServeArgs) -> anyhow::Result<Exit> {
     rfabric::daemon_log::init("rcp serve");
     let secret = auth::read_secret(&a.secret_file)?;
     let roots = canonical_roots(&a.roots)?;
@@ -68,7 +68,7 @@ async fn accept_loop(
     listener: &Listener,
     config: &Arc<ServeConfig>,
     max_clients: usize,
-) -> anyhow::Result<Outcome> {
+) -> anyhow::Result<Exit> {
     let slots = Arc::new(tokio::sync::Semaphore::new(max_clients));
     loop {
         let conn = match listener.accept().await {
@@ -118,7 +118,7 @@ fn client_of(conn: &dyn rfabric::transport::Connection) -> String {
 /// `rcp server-once`: listens on a fresh port, prints the banner (port and
 /// one-time token) for the client at the other end of the remote shell,
 /// serves that one session and its streams, and ends.
-pub async fn server_once(a: ServerOnceArgs) -> anyhow::Result<Outcome> {
+pub async fn server_once(a: ServerOnceArgs) -> anyhow::Result<Exit> {
     let engine = io_engine(&a.tuning, "rcp (remote side)")?;
     let ip = shell::listen_ip();
     let listener = Listener::bind(SocketAddr::new(ip, 0), a.tuning.transport)
@@ -134,7 +134,11 @@ pub async fn server_once(a: ServerOnceArgs) -> anyhow::Result<Outcome> {
         sessions: Arc::default(),
     };
     let stats = session::serve_one(listener, config, SERVER_ONCE_WAIT).await?;
-    Ok(Outcome::from_failed(stats.failed))
+    Ok(if stats.failed {
+        Exit::Partial
+    } else {
+        Exit::Complete
+    })
 }
 
 #[cfg(test)]

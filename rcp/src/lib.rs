@@ -33,6 +33,7 @@ pub mod cli;
 pub mod connect;
 pub mod daemon;
 pub mod digest;
+pub mod exit;
 pub mod operand;
 pub mod proto;
 pub mod recv;

@@ -1,13 +1,14 @@
 //! The `rcp` command: parses the command line and hands it to the library
 //! ([`rcp::app::run`]); what is left here is the process: the runtime, the
-//! error message and the exit status (0: every file arrived and verified;
-//! 1: something failed or the copy could not run; 2: bad usage, from clap).
+//! error message and the exit status ([`rcp::exit`]: 0 every file arrived
+//! and verified; 1 some failed; 2 bad usage; 3 refused; 4 verification
+//! failed; 5 local I/O error; 6 the peer unreachable or lost).
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use rcp::cli::Cli;
-use rcp::report::Outcome;
+use rcp::exit::Exit;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -19,7 +20,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rcp: cannot start: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(Exit::Io.code());
         }
     };
     // The work runs as a task on the workers, not on this thread: a future
@@ -30,11 +31,10 @@ fn main() -> ExitCode {
             .unwrap_or_else(|e| Err(anyhow::anyhow!("internal error: {e}")))
     });
     match result {
-        Ok(Outcome::Complete) => ExitCode::SUCCESS,
-        Ok(Outcome::Failed) => ExitCode::FAILURE,
+        Ok(exit) => ExitCode::from(exit.code()),
         Err(e) => {
             eprintln!("rcp: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(Exit::of_error(&e).code())
         }
     }
 }

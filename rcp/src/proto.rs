@@ -27,6 +27,29 @@ pub mod flags {
     pub const KNOWN: u32 = RECURSIVE | PRESERVE | RESUME | NO_VERIFY;
 }
 
+/// Why an entry failed, as far as the sender's exit status cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FailKind {
+    /// Anything else (a name that cannot be created here, say).
+    Other = 0,
+    /// Reading or writing it failed on the receiver.
+    Io = 1,
+    /// A chunk or the file digest differed: the data arrived corrupted.
+    Corrupted = 2,
+}
+
+impl FailKind {
+    fn from_wire(b: u8) -> Result<FailKind, ProtoError> {
+        Ok(match b {
+            0 => FailKind::Other,
+            1 => FailKind::Io,
+            2 => FailKind::Corrupted,
+            _ => return Err(ProtoError::BadField("entry_failed.kind")),
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {
     File = 1,
@@ -111,6 +134,7 @@ pub enum Msg {
     /// name.
     EntryFailed {
         index: u32,
+        kind: FailKind,
         reason: String,
     },
     /// Receiver → sender, for `--resume`: digests of the chunks of `index`
@@ -271,8 +295,13 @@ impl Msg {
                 w.extend_from_slice(digest);
             }
             Msg::EntryOk { index } => put_u32(&mut w, *index),
-            Msg::EntryFailed { index, reason } => {
+            Msg::EntryFailed {
+                index,
+                kind,
+                reason,
+            } => {
                 put_u32(&mut w, *index);
+                w.push(*kind as u8);
                 put_bytes(&mut w, truncate(reason).as_bytes());
             }
             Msg::Have {
@@ -351,6 +380,7 @@ impl Msg {
             9 => Msg::EntryOk { index: r.u32()? },
             10 => Msg::EntryFailed {
                 index: r.u32()?,
+                kind: FailKind::from_wire(r.u8()?)?,
                 reason: r.text()?,
             },
             11 => {
@@ -595,6 +625,7 @@ mod tests {
             Msg::EntryOk { index: 7 },
             Msg::EntryFailed {
                 index: 8,
+                kind: FailKind::Io,
                 reason: "disk full".into(),
             },
             Msg::Have {

@@ -19,8 +19,10 @@ use tokio::task::JoinHandle;
 
 use crate::arrivals::{Action, Arrivals, Place, Shape};
 use crate::digest;
+use crate::exit::{Corrupted, Exit, PeerLost};
+use crate::proto::FailKind;
 use crate::proto::{Entry, EntryKind, MAX_OKS, Msg};
-use crate::report::{Progress, Stats};
+use crate::report::{Failure, Progress, Stats};
 use crate::resume::have_batches;
 use crate::streams::Merged;
 use crate::tree::{self, Base, DirSyncs, PartFile};
@@ -58,12 +60,29 @@ pub struct Received {
     pub stats: Stats,
     /// Digests of the files that arrived verified, by path.
     pub digests: Vec<(String, [u8; 32])>,
-    /// Entries that failed, with the reason.
-    pub failed: Vec<(String, String)>,
+    /// Entries that failed.
+    pub failed: Vec<Failure>,
 }
 
 /// A finished file's digest (verified copies), or what went wrong.
-type Verdict = Result<Option<(String, [u8; 32])>, (String, String)>;
+type Verdict = Result<Option<(String, [u8; 32])>, Failure>;
+
+/// The receiver's answer about one entry: in place, or why not.
+type Answer = Result<(), (FailKind, String)>;
+
+/// What kind of failure `e` is, from the types in it.
+fn kind_of(e: &anyhow::Error) -> FailKind {
+    match Exit::of_error(e) {
+        Exit::Corrupted => FailKind::Corrupted,
+        Exit::Io => FailKind::Io,
+        _ => FailKind::Other,
+    }
+}
+
+/// `e` as an answer to the sender.
+fn failed(e: &anyhow::Error) -> (FailKind, String) {
+    (kind_of(e), format!("{e:#}"))
+}
 
 /// Receives entries into `base` until the sender's `Done` and the last
 /// file is complete, answering each. `links[0]` carries the messages; data
@@ -103,11 +122,9 @@ pub async fn receive(
     };
     let result = async {
         while !arrivals.is_over() {
-            let (stream, item) = incoming
-                .next()
-                .await
-                .context("the sender went away before it was done")?;
-            let item = item?.context("the sender went away before it was done")?;
+            let gone = || PeerLost("the sender went away before it was done".into());
+            let (stream, item) = incoming.next().await.ok_or_else(gone)?;
+            let item = item?.ok_or_else(gone)?;
             let actions = match item {
                 LinkIncoming::Chunk(chunk) => {
                     let h = chunk.header();
@@ -180,7 +197,11 @@ pub async fn receive(
         match f.await {
             Ok(Ok(d)) => digests.extend(d),
             Ok(Err(why)) => failed.push(why),
-            Err(e) => failed.push(("?".into(), e.to_string())),
+            Err(e) => failed.push(Failure {
+                path: "?".into(),
+                kind: FailKind::Other,
+                reason: e.to_string(),
+            }),
         }
     }
     ok &= failed.is_empty();
@@ -199,7 +220,12 @@ pub async fn receive(
     // them was possible and their times are not bumped afterwards.
     for d in new.dirs.iter().rev() {
         if let Err(e) = base.finish_dir(d, opts.preserve) {
-            failed.push((tree::show(&d.path), format!("{e:#}")));
+            let (kind, reason) = self::failed(&e);
+            failed.push(Failure {
+                path: tree::show(&d.path),
+                kind,
+                reason,
+            });
             ok = false;
         }
     }
@@ -271,12 +297,12 @@ impl Creator<'_> {
                     files.insert(file.entry.index, file);
                 }
                 Err(err) => {
-                    self.answers.send(e.index, Err(format!("{err:#}")));
+                    self.answers.send(e.index, Err(failed(&err)));
                     bail!("{}: {err:#}", tree::show(&e.path));
                 }
             },
             EntryKind::Dir => {
-                let r = self.base.make_dir(&e).map_err(|err| format!("{err:#}"));
+                let r = self.base.make_dir(&e).map_err(|err| failed(&err));
                 let failed = r.is_err();
                 self.answers.send(e.index, r);
                 if failed {
@@ -285,7 +311,7 @@ impl Creator<'_> {
                 self.dirs.push(e);
             }
             EntryKind::Symlink => {
-                let r = self.base.make_symlink(&e).map_err(|err| format!("{err:#}"));
+                let r = self.base.make_symlink(&e).map_err(|err| failed(&err));
                 self.answers.send(e.index, r);
             }
         }
@@ -331,10 +357,11 @@ async fn write_chunk(
             .await?
         };
         if h.flags & chunk_flags::DIGEST == 0 || digest != h.digest {
-            bail!(
+            return Err(Corrupted(format!(
                 "chunk at offset {} arrived corrupted (digest mismatch)",
                 h.offset
-            );
+            ))
+            .into());
         }
         (chunk, digest)
     } else {
@@ -366,7 +393,7 @@ async fn finish_file(
     } = file;
     let digest = digest.expect("finished files have ended");
     let mut chunks = known;
-    let mut error: Option<String> = None;
+    let mut error: Option<(FailKind, String)> = None;
     for w in writes {
         match w.await {
             Ok(Ok((k, d))) => {
@@ -376,10 +403,10 @@ async fn finish_file(
                 chunks[k as usize] = Some(d);
             }
             Ok(Err(e)) => {
-                error.get_or_insert(format!("{e:#}"));
+                error.get_or_insert(failed(&e));
             }
             Err(e) => {
-                error.get_or_insert(e.to_string());
+                error.get_or_insert((FailKind::Other, e.to_string()));
             }
         }
     }
@@ -387,10 +414,13 @@ async fn finish_file(
     if error.is_none() && opts.verify {
         let mine = digest::file_digest(entry.size, entry.chunk, &chunks);
         if mine != digest {
-            error = Some(format!(
-                "file digest mismatch (sender {}, received {})",
-                digest::hex(&digest),
-                digest::hex(&mine)
+            error = Some((
+                FailKind::Corrupted,
+                format!(
+                    "file digest mismatch (sender {}, received {})",
+                    digest::hex(&digest),
+                    digest::hex(&mine)
+                ),
             ));
         }
     }
@@ -406,7 +436,7 @@ async fn finish_file(
             let sized = count == 0 || chunks.get(count as usize - 1).is_some_and(Option::is_some);
             out.commit(&entry, opts.preserve, sized, &engine)
                 .await
-                .map_err(|e| format!("{e:#}"))
+                .map_err(|e| failed(&e))
         }
     };
     // One open fd per distinct directory, not per file.
@@ -416,9 +446,13 @@ async fn finish_file(
             answers.send(entry.index, Ok(()));
             Ok(opts.verify.then(|| (tree::show(&entry.path), digest)))
         }
-        Err(reason) => {
-            answers.send(entry.index, Err(reason.clone()));
-            Err((tree::show(&entry.path), reason))
+        Err((kind, reason)) => {
+            answers.send(entry.index, Err((kind, reason.clone())));
+            Err(Failure {
+                path: tree::show(&entry.path),
+                kind,
+                reason,
+            })
         }
     }
 }
@@ -442,11 +476,11 @@ async fn tell_what_is_there(
 /// successes that pile up while it sends go out together in one
 /// `EntriesOk`.
 #[derive(Debug, Clone)]
-struct Answers(mpsc::UnboundedSender<(u32, Result<(), String>)>);
+struct Answers(mpsc::UnboundedSender<(u32, Answer)>);
 
 impl Answers {
     fn start(link: Link) -> (Answers, JoinHandle<anyhow::Result<()>>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Result<(), String>)>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Answer)>();
         let task = tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
                 // Let the finishing files that are running add theirs.
@@ -456,8 +490,12 @@ impl Answers {
                 while let Some((index, result)) = next {
                     match result {
                         Ok(()) => oks.push(index),
-                        Err(reason) => {
-                            let m = Msg::EntryFailed { index, reason };
+                        Err((kind, reason)) => {
+                            let m = Msg::EntryFailed {
+                                index,
+                                kind,
+                                reason,
+                            };
                             link.send_message(&m.encode()).await?;
                         }
                     }
@@ -476,7 +514,7 @@ impl Answers {
         (Answers(tx), task)
     }
 
-    fn send(&self, index: u32, result: Result<(), String>) {
+    fn send(&self, index: u32, result: Answer) {
         // The task outlives every sender; a failed link shows up there.
         let _ = self.0.send((index, result));
     }

@@ -6,6 +6,8 @@ use rfabric::storage::Kind;
 use serde::Serialize;
 
 use crate::digest;
+use crate::exit::Exit;
+use crate::proto::FailKind;
 
 /// Totals of one copy.
 #[derive(Debug, Default, Clone)]
@@ -31,8 +33,8 @@ pub struct Report {
     /// Digest of the one file copied, when exactly one was and it was
     /// verified.
     pub digest: Option<[u8; 32]>,
-    /// Entries that failed, with the reason.
-    pub failed: Vec<(String, String)>,
+    /// Entries that failed.
+    pub failed: Vec<Failure>,
 }
 
 /// A byte counter shown as a bar on stderr when it is a terminal.
@@ -72,24 +74,13 @@ impl Progress {
     }
 }
 
-/// How a run ended, for the exit status (an error that stops the run is
-/// the third way, and also exit status 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Every file arrived (and was verified, unless `--no-verify`).
-    Complete,
-    /// Something failed; each failure was named on stderr.
-    Failed,
-}
-
-impl Outcome {
-    pub fn from_failed(failed: bool) -> Outcome {
-        if failed {
-            Outcome::Failed
-        } else {
-            Outcome::Complete
-        }
-    }
+/// An entry that failed: nothing of it is under its final name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The entry's path, as shown.
+    pub path: String,
+    pub kind: FailKind,
+    pub reason: String,
 }
 
 /// The `--json` summary, one object on stdout. Scripts read these keys:
@@ -164,23 +155,27 @@ pub fn human_line(r: &Report) -> String {
 /// Ends a copy: names each failed entry on stderr, then the summary as
 /// JSON on stdout (`json`), or as the human line on stderr (unless
 /// `quiet`).
-pub fn summarize(r: &Report, json: bool, quiet: bool) -> Outcome {
-    for (name, why) in &r.failed {
-        eprintln!("rcp: {name}: {why}");
+pub fn summarize(r: &Report, json: bool, quiet: bool) -> Exit {
+    for f in &r.failed {
+        eprintln!("rcp: {}: {}", f.path, f.reason);
     }
     if json {
         println!("{}", Summary::new(r).to_json());
     } else if !quiet {
         eprintln!("{}", human_line(r));
     }
-    Outcome::from_failed(failed(r))
+    match Exit::of_failures(r.failed.iter().map(|f| &f.kind)) {
+        // (An entry the other side failed without naming it here.)
+        Exit::Complete if failed(r) => Exit::Partial,
+        exit => exit,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn report(digest: Option<[u8; 32]>, failed: Vec<(String, String)>) -> Report {
+    fn report(digest: Option<[u8; 32]>, failed: Vec<Failure>) -> Report {
         Report {
             stats: Stats {
                 bytes: 300_000,
@@ -213,7 +208,7 @@ mod tests {
 
     #[test]
     fn the_json_summary_has_no_digest_when_something_failed_or_none_was_made() {
-        let failed = report(Some([1; 32]), vec![("f".into(), "why".into())]);
+        let failed = report(Some([1; 32]), vec![failure()]);
         let v: serde_json::Value = serde_json::from_str(&Summary::new(&failed).to_json()).unwrap();
         assert_eq!(v["ok"], false);
         assert!(v.get("sha256").is_none());
@@ -249,11 +244,18 @@ mod tests {
                 "0".repeat(64)
             )
         );
-        let r = report(Some([0; 32]), vec![("f".into(), "why".into())]);
+        let r = report(Some([0; 32]), vec![failure()]);
         assert_eq!(
             human_line(&r),
             "FAILED: 1 file(s), 300000 bytes in 0.50 s (0.6 MB/s) over tcp; see the errors above"
         );
-        assert_eq!(Outcome::from_failed(true), Outcome::Failed);
+    }
+
+    fn failure() -> Failure {
+        Failure {
+            path: "f".into(),
+            kind: FailKind::Io,
+            reason: "why".into(),
+        }
     }
 }

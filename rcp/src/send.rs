@@ -19,8 +19,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::digest;
+use crate::exit::PeerLost;
+use crate::proto::FailKind;
 use crate::proto::{Entry, EntryKind, Msg};
-use crate::report::{Progress, Stats};
+use crate::report::{Failure, Progress, Stats};
 use crate::resume;
 use crate::tree::{self, Item};
 use rfabric::storage::{Engine, Kind};
@@ -74,7 +76,7 @@ enum Step {
 /// What the receiver said about each entry.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    pub failed: Vec<(String, String)>,
+    pub failed: Vec<Failure>,
     /// File digests (verified copies), by entry path.
     pub digests: Vec<(String, [u8; 32])>,
 }
@@ -255,7 +257,7 @@ pub async fn send(
                 };
                 data.send((meta, buf))
                     .await
-                    .map_err(|_| anyhow::anyhow!("every stream failed"))?;
+                    .map_err(|_| PeerLost("every stream failed".into()))?;
                 file_chunks += 1;
                 ledger.stats.bytes += len;
                 progress.add(len);
@@ -298,9 +300,9 @@ pub async fn send(
         stats.stream_bytes.push(s.await??);
     }
     for (index, verdict) in answers.await?? {
-        if let Err(reason) = verdict {
-            let name = names.get(&index).map(|p| tree::show(p)).unwrap_or_default();
-            outcome.failed.push((name, reason));
+        if let Err((kind, reason)) = verdict {
+            let path = names.get(&index).map(|p| tree::show(p)).unwrap_or_default();
+            outcome.failed.push(Failure { path, kind, reason });
         }
     }
     Ok((stats, outcome))
@@ -555,11 +557,11 @@ struct Resuming {
 
 type Haves = Arc<std::sync::Mutex<Resuming>>;
 
+/// The receiver's answer about one entry.
+type Verdict = Result<(), (FailKind, String)>;
+
 /// Reads the receiver's answers until it says goodbye; every entry gets one.
-async fn collect_answers(
-    link: &Link,
-    haves: &Haves,
-) -> anyhow::Result<Vec<(u32, Result<(), String>)>> {
+async fn collect_answers(link: &Link, haves: &Haves) -> anyhow::Result<Vec<(u32, Verdict)>> {
     let mut answers = Vec::new();
     while let Some(item) = link.recv().await? {
         let Incoming::Message(bytes) = item else {
@@ -579,7 +581,11 @@ async fn collect_answers(
             }
             Msg::EntryOk { index } => answers.push((index, Ok(()))),
             Msg::EntriesOk { indices } => answers.extend(indices.into_iter().map(|i| (i, Ok(())))),
-            Msg::EntryFailed { index, reason } => answers.push((index, Err(reason))),
+            Msg::EntryFailed {
+                index,
+                kind,
+                reason,
+            } => answers.push((index, Err((kind, reason)))),
             Msg::Fail { reason } => bail!("the receiver gave up: {reason}"),
             other => bail!("unexpected {} from the receiver", other.name()),
         }

@@ -13,6 +13,7 @@ use rfabric::wire::Role;
 
 use crate::auth;
 use crate::connect::link_config;
+use crate::exit::{PeerLost, Refused};
 use crate::proto::{Msg, flags};
 use crate::recv::{self, RecvOptions};
 use crate::report::{Progress, Report, Stats};
@@ -104,11 +105,16 @@ pub enum Request {
     },
 }
 
+/// The server's `Fail`, as the error it is.
+fn refused(reason: &str) -> anyhow::Error {
+    Refused(format!("refused by the server: {reason}")).into()
+}
+
 async fn next_msg(link: &Link) -> anyhow::Result<Msg> {
     match link.recv().await? {
         Some(Incoming::Message(b)) => Ok(Msg::decode(&b)?),
         Some(Incoming::Chunk(_)) => bail!("data where a message was expected"),
-        None => bail!("the peer closed the session"),
+        None => Err(PeerLost("the peer closed the session".into()).into()),
     }
 }
 
@@ -184,7 +190,7 @@ pub async fn client(
 async fn authenticate(link: &Link, secret: &[u8]) -> anyhow::Result<()> {
     let server_nonce = match next_msg(link).await? {
         Msg::Challenge { nonce } => nonce,
-        Msg::Fail { reason } => bail!("refused by the server: {reason}"),
+        Msg::Fail { reason } => return Err(refused(&reason)),
         _ => bail!("the server did not start with a challenge"),
     };
     let nonce = auth::nonce();
@@ -193,8 +199,10 @@ async fn authenticate(link: &Link, secret: &[u8]) -> anyhow::Result<()> {
         .await?;
     match next_msg(link).await? {
         Msg::AuthOk { mac } if auth::check_server(secret, &server_nonce, &nonce, &mac) => Ok(()),
-        Msg::AuthOk { .. } => bail!("the server could not prove it knows the secret"),
-        Msg::Fail { reason } => bail!("refused by the server: {reason}"),
+        Msg::AuthOk { .. } => {
+            Err(Refused("the server could not prove it knows the secret".into()).into())
+        }
+        Msg::Fail { reason } => Err(refused(&reason)),
         other => bail!("unexpected {} during authentication", other.name()),
     }
 }
@@ -294,7 +302,7 @@ async fn client_session(
 async fn expect_ready(link: &Link) -> anyhow::Result<[u8; 16]> {
     match next_msg(link).await? {
         Msg::Ready { session, .. } => Ok(session),
-        Msg::Fail { reason } => bail!("{reason}"),
+        Msg::Fail { reason } => Err(Refused(reason).into()),
         other => bail!(
             "unexpected {} instead of an answer to the request",
             other.name()
@@ -431,8 +439,8 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             *links = ready(&link, config, true, streams).await?;
             let got = recv::receive(links, base, params.recv_options(), &progress).await?;
             if config.log {
-                for (name, why) in &got.failed {
-                    tracing::warn!(path = %name, "{name}: {why}");
+                for f in &got.failed {
+                    tracing::warn!(path = f.path, kind = ?f.kind, "{}: {}", f.path, f.reason);
                 }
             }
             streams::finish_all(links).await?;

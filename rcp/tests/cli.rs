@@ -258,7 +258,8 @@ fn a_chunk_corrupted_in_flight_fails_the_copy_and_leaves_nothing() {
         .env("RCP_TEST_CORRUPT_CHUNK", "2")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    // Exit status 4: verification failed (1 before statuses had kinds).
+    assert_eq!(out.status.code(), Some(4));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("offset 131072") && err.contains("corrupted"),
@@ -453,7 +454,8 @@ fn streams_stripe_trees_both_ways_through_the_daemon_and_locally() {
         .env("RCP_TEST_CORRUPT_CHUNK", "30")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    // Exit status 4: verification failed (1 before statuses had kinds).
+    assert_eq!(out.status.code(), Some(4));
     assert!(String::from_utf8_lossy(&out.stderr).contains("corrupted"));
     assert!(!bad.exists());
 }
@@ -528,6 +530,7 @@ fn the_daemon_refuses_wrong_secrets_and_escapes() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} succeeded");
         assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(3), "refused: {args:?}: {err}");
     }
     assert!(!outside.join("planted").exists());
     assert!(!t.path("stolen").exists());
@@ -660,6 +663,12 @@ fn resume_after_the_receiver_is_killed_sends_less_and_ends_identical() {
     assert!(
         !out.status.success(),
         "a copy whose receiver died reported success"
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(6),
+        "the peer was lost: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
     assert!(
         !root.join("big").exists(),

@@ -26,6 +26,7 @@ use super::proto::{Msg, VERSION, write_tag};
 use super::redial::{LaneClock, Wait};
 use super::requests::{Expect, Outcome, Requests, Said};
 use super::{SLOTS, link_config};
+use crate::exit::Refused;
 use crate::nbd::consts::{cflags, cmd, errno};
 use crate::nbd::transmission::{Extent, Request};
 
@@ -635,7 +636,7 @@ async fn open_session(t: &Target) -> anyhow::Result<(Arc<Session>, Opened)> {
         },
         Msg::Refused { text } => {
             let _ = link.finish().await;
-            bail!("the server refused: {text}");
+            return Err(Refused(format!("the server refused: {text}")).into());
         }
         other => bail!("unexpected answer to the open request: {other:?}"),
     };

@@ -1,0 +1,131 @@
+//! Why a run ended, as its exit status, from typed errors (never from an
+//! error's text):
+//!
+//! | status | meaning |
+//! |---|---|
+//! | 0 | every file arrived and was verified (unless `--no-verify`) |
+//! | 1 | the copy ran, and some files failed (each is named on stderr) |
+//! | 2 | bad usage (the command line) |
+//! | 3 | refused: authentication failed, or the server turned the request down (outside its roots, busy) |
+//! | 4 | verification failed: data arrived corrupted (a chunk or file digest differed); nothing corrupted is under its final name |
+//! | 5 | a local I/O error stopped the copy (a file or directory that cannot be read or written here) |
+//! | 6 | the peer could not be reached, or was lost mid-copy |
+//!
+//! A stop caused by several is reported as the first that applies in the
+//! order 3, 4, 6, 5; anything else that stops a run is 1.
+
+use rfabric::link::LinkError;
+use rfabric::transport::TransportError;
+
+use crate::proto::FailKind;
+
+/// The exit statuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    Complete = 0,
+    Partial = 1,
+    Usage = 2,
+    Refused = 3,
+    Corrupted = 4,
+    Io = 5,
+    PeerLost = 6,
+}
+
+impl Exit {
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The status of a run that ended with these entries failed.
+    pub fn of_failures<'a>(kinds: impl IntoIterator<Item = &'a FailKind>) -> Exit {
+        let mut exit = Exit::Complete;
+        for k in kinds {
+            match k {
+                FailKind::Corrupted => return Exit::Corrupted,
+                FailKind::Io | FailKind::Other => exit = Exit::Partial,
+            }
+        }
+        exit
+    }
+
+    /// The status of a run stopped by `error`, from the typed errors in
+    /// its chain.
+    pub fn of_error(error: &anyhow::Error) -> Exit {
+        if has::<Refused>(error) {
+            Exit::Refused
+        } else if has::<Corrupted>(error) {
+            Exit::Corrupted
+        } else if has::<LinkError>(error) || has::<TransportError>(error) || has::<PeerLost>(error)
+        {
+            Exit::PeerLost
+        } else if has::<std::io::Error>(error) || has::<rustix::io::Errno>(error) {
+            Exit::Io
+        } else {
+            Exit::Partial
+        }
+    }
+}
+
+/// Whether `error` has a `T`: as a context it was given, or anywhere in
+/// its chain of sources.
+fn has<T: std::error::Error + Send + Sync + 'static>(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<T>().is_some() || error.chain().any(|e| e.is::<T>())
+}
+
+/// The peer refused: authentication failed, or the request was turned
+/// down (the text says why).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// Data arrived corrupted.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Corrupted(pub String);
+
+/// The peer went away (the text says when).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PeerLost(pub String);
+
+#[cfg(test)]
+mod tests {
+    use anyhow::Context;
+
+    use super::*;
+
+    #[test]
+    fn failed_entries_give_partial_or_corrupted() {
+        assert_eq!(Exit::of_failures(&[]), Exit::Complete);
+        assert_eq!(
+            Exit::of_failures(&[FailKind::Io, FailKind::Other]),
+            Exit::Partial
+        );
+        assert_eq!(
+            Exit::of_failures(&[FailKind::Io, FailKind::Corrupted]),
+            Exit::Corrupted
+        );
+    }
+
+    #[test]
+    fn a_stop_is_classified_by_the_types_in_its_chain() {
+        let io = || -> anyhow::Result<()> {
+            Err(std::io::Error::from_raw_os_error(libc::EACCES)).context("opening x")
+        };
+        assert_eq!(Exit::of_error(&io().unwrap_err()), Exit::Io);
+        let lost = anyhow::Error::new(LinkError::Transport(TransportError::Closed("reset".into())))
+            .context("sending");
+        assert_eq!(Exit::of_error(&lost), Exit::PeerLost);
+        let refused = anyhow::Error::new(Refused("busy".into())).context("the request");
+        assert_eq!(Exit::of_error(&refused), Exit::Refused);
+        assert_eq!(
+            Exit::of_error(&anyhow::Error::new(Corrupted("chunk".into()))),
+            Exit::Corrupted
+        );
+        assert_eq!(Exit::of_error(&anyhow::anyhow!("other")), Exit::Partial);
+        // A refusal wins over the link error it came with.
+        let both = anyhow::Error::new(LinkError::Finished).context(Refused("no".into()));
+        assert_eq!(Exit::of_error(&both), Exit::Refused);
+    }
+}
