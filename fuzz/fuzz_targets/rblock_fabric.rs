@@ -13,9 +13,9 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Some(tag) = data.get(..32) {
         let tag: &[u8; 32] = tag.try_into().expect("32 bytes");
-        let stream = data.get(32..40).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")));
-        if let Ok(r) = write_request(tag, stream) {
-            assert_eq!(r.cookie, stream);
+        let owner = data.get(32..40).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")));
+        if let Ok(r) = write_request(tag, owner) {
+            assert_eq!(r.cookie, owner);
         }
     }
 });

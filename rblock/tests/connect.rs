@@ -416,7 +416,7 @@ async fn the_server_checks_requests_and_cuts_off_a_peer_that_breaks_the_protocol
         length: 4096,
     };
     let meta = ChunkMeta {
-        stream: 6,
+        owner: 6,
         offset: 0,
         flags: 0,
         digest: write_tag(&write),

@@ -130,7 +130,7 @@ pub async fn receive(
                     let h = chunk.header();
                     stats.stream_bytes[stream as usize] += u64::from(h.payload_len);
                     let place = Place {
-                        entry: h.stream,
+                        entry: h.owner,
                         offset: h.offset,
                         len: h.payload_len,
                     };

@@ -250,7 +250,7 @@ pub async fn send(
                     continue;
                 }
                 let meta = ChunkMeta {
-                    stream: u64::from(index),
+                    owner: u64::from(index),
                     offset,
                     flags: if opts.verify { chunk_flags::DIGEST } else { 0 },
                     digest,

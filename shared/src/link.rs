@@ -115,7 +115,8 @@ pub enum Incoming {
 /// Caller-supplied fields of a chunk header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ChunkMeta {
-    pub stream: u64,
+    /// What the chunk is part of (the header's `owner`).
+    pub owner: u64,
     pub offset: u64,
     pub flags: u32,
     pub digest: [u8; 32],
@@ -521,7 +522,7 @@ impl Link {
                     let ticket = st.outbound.try_slot().expect("credit checked");
                     let header = ChunkHeader {
                         payload_len: buf.len() as u32,
-                        stream: meta.stream,
+                        owner: meta.owner,
                         offset: meta.offset,
                         flags: meta.flags,
                         note: ticket.note,

@@ -502,9 +502,10 @@ pub mod chunk_flags {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ChunkHeader {
     pub payload_len: u32,
-    /// Application-defined: which file, request or stream the chunk is part of.
-    pub stream: u64,
-    /// Application-defined: where in that stream the payload belongs.
+    /// Application-defined: what the chunk is part of (an rcp entry's
+    /// index, an rblock request's id).
+    pub owner: u64,
+    /// Application-defined: where in its owner the payload belongs.
     pub offset: u64,
     pub flags: u32,
     /// The note (slot sequence number) the chunk was written with; the
@@ -520,7 +521,7 @@ impl ChunkHeader {
         let mut w = Writer(&mut out);
         w.put(&CHUNK_MAGIC.to_le_bytes());
         w.put(&self.payload_len.to_le_bytes());
-        w.put(&self.stream.to_le_bytes());
+        w.put(&self.owner.to_le_bytes());
         w.put(&self.offset.to_le_bytes());
         w.put(&self.flags.to_le_bytes());
         w.put(&self.note.to_le_bytes());
@@ -563,7 +564,7 @@ impl ChunkHeader {
         }
         let header = ChunkHeader {
             payload_len,
-            stream: f.u64(),
+            owner: f.u64(),
             offset: f.u64(),
             flags: f.u32(),
             note: f.u32(),

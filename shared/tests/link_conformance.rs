@@ -41,7 +41,7 @@ async fn many_chunks_through_a_full_window_arrive_intact_and_in_order() {
                 let len = 1 + (i as usize * 7919) % chunk as usize;
                 buf.fill_from(&pattern(i % 5, i, len));
                 let meta = ChunkMeta {
-                    stream: i % 5,
+                    owner: i % 5,
                     offset: i,
                     ..ChunkMeta::default()
                 };
@@ -70,8 +70,8 @@ async fn many_chunks_through_a_full_window_arrive_intact_and_in_order() {
             Incoming::Chunk(c) => {
                 let h = *c.header();
                 assert_eq!(h.offset, next, "chunks arrive in order");
-                assert_eq!(h.stream, next % 5);
-                let expected = pattern(h.stream, h.offset, h.payload_len as usize);
+                assert_eq!(h.owner, next % 5);
+                let expected = pattern(h.owner, h.offset, h.payload_len as usize);
                 assert!(
                     c.payload() == expected.as_slice(),
                     "payload of chunk {next} differs"

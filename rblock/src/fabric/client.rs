@@ -463,7 +463,7 @@ impl Session {
             buf.fill_from(part);
             let last = (i + 1) * piece >= data.len();
             let meta = ChunkMeta {
-                stream: req.cookie,
+                owner: req.cookie,
                 offset: (i * piece) as u64,
                 flags: if last { chunk_flags::END_OF_STREAM } else { 0 },
                 digest: tag,
@@ -486,7 +486,7 @@ impl Session {
                         buf.extend_from_slice(data);
                     }
                 };
-                if let Some(p) = requests.data(h.stream, h.offset, data.len() as u64, append)? {
+                if let Some(p) = requests.data(h.owner, h.offset, data.len() as u64, append)? {
                     p.answer(Outcome::Data);
                 }
             }

@@ -215,8 +215,8 @@ pub fn write_tag(r: &Request) -> [u8; 32] {
 }
 
 /// The request header a write chunk carries; its cookie must be the
-/// chunk's stream (the id).
-pub fn write_request(tag: &[u8; 32], stream: u64) -> Result<Request, ProtoError> {
+/// chunk's owner (the id).
+pub fn write_request(tag: &[u8; 32], owner: u64) -> Result<Request, ProtoError> {
     if tag[REQUEST_LEN..].iter().any(|&b| b != 0) {
         return Err(ProtoError::Header(
             "nonzero padding after the header".into(),
@@ -224,9 +224,9 @@ pub fn write_request(tag: &[u8; 32], stream: u64) -> Result<Request, ProtoError>
     }
     let head: &[u8; REQUEST_LEN] = tag[..REQUEST_LEN].try_into().expect("28 bytes");
     let r = Request::decode(head).map_err(|e| ProtoError::Header(e.to_string()))?;
-    if r.cookie != stream {
+    if r.cookie != owner {
         return Err(ProtoError::Header(format!(
-            "write chunk of request {stream} carries the header of {}",
+            "write chunk of request {owner} carries the header of {}",
             r.cookie
         )));
     }

@@ -204,7 +204,7 @@ impl Serving {
                 if h.flags & chunk_flags::DIGEST != 0 {
                     bail!("a write piece with a digest (rblock sends none)");
                 }
-                let req = write_request(&h.digest, h.stream)?;
+                let req = write_request(&h.digest, h.owner)?;
                 let progress = self.progress(&req, h.offset, u64::from(h.payload_len))?;
                 let fua = match check(&req, &self.limits) {
                     Ok(Command::Write { fua }) => fua,
@@ -362,7 +362,7 @@ impl Serving {
             }
             let last = sent + len == total;
             let meta = ChunkMeta {
-                stream: req.cookie,
+                owner: req.cookie,
                 offset: sent as u64,
                 flags: if last { chunk_flags::END_OF_STREAM } else { 0 },
                 digest: [0; 32],

@@ -303,7 +303,7 @@ fn long_error_text_is_cut_at_a_char_boundary() {
 fn chunk() -> ChunkHeader {
     ChunkHeader {
         payload_len: 100,
-        stream: 3,
+        owner: 3,
         offset: 1 << 33,
         flags: chunk_flags::DIGEST | chunk_flags::END_OF_STREAM,
         note: 77,

@@ -75,9 +75,9 @@ pub async fn link_pair(server: LinkConfig, client: LinkConfig) -> (Link, Link) {
 
 /// Deterministic bytes for chunk `stream`/`offset`, so the receiver can
 /// check every byte without a copy of the sender's data.
-pub fn pattern(stream: u64, offset: u64, len: usize) -> Vec<u8> {
+pub fn pattern(owner: u64, offset: u64, len: usize) -> Vec<u8> {
     test_support::pattern(
         len,
-        stream.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ offset.wrapping_add(1),
+        owner.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ offset.wrapping_add(1),
     )
 }
