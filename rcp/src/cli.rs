@@ -136,18 +136,11 @@ pub struct ServerOnceArgs {
     pub tuning: Tuning,
 }
 
+/// A chunk size (`--chunk-size`): between 4K and 64M.
 pub fn parse_size(s: &str) -> Result<usize, String> {
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    let n = num
-        .parse::<usize>()
-        .map_err(|e| format!("bad size {s:?}: {e}"))?
-        * mult;
+    let n = rfabric::size::parse_size(s)?;
     if !(4096..=64 << 20).contains(&n) {
         return Err(format!("{s}: chunk size must be between 4K and 64M"));
     }
-    Ok(n)
+    Ok(n as usize)
 }

@@ -28,6 +28,7 @@
 //!   landed chunks), on io_uring where the kernel allows it and on a
 //!   bounded thread pool of plain system calls everywhere else (RHEL 8,
 //!   and 9.3+/10 where io_uring is refused by default).
+//! * [`size`]: sizes as typed on command lines (`64K`, `1M`).
 //! * [`daemon_log`] (feature `daemon-log`): how the tools' daemons log,
 //!   as terminal lines or journal entries with fields.
 #![deny(unsafe_code)]
@@ -38,6 +39,7 @@ pub mod daemon_log;
 pub mod endpoint;
 pub mod link;
 pub mod memory;
+pub mod size;
 pub mod storage;
 pub mod transport;
 pub mod wire;

@@ -10,6 +10,7 @@
 //! The figure that matters is the ratio: absolute numbers on a shared
 //! 2-core machine (or an emulated VM) say little.
 
+use rfabric::size::parse_size;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,18 +52,6 @@ struct Args {
     /// Skip the iperf3 baseline (always skipped for the rdma backends).
     #[arg(long)]
     no_iperf3: bool,
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .map(|n| n * mult)
-        .map_err(|e| format!("bad size {s:?}: {e}"))
 }
 
 /// One run of the fabric: returns bytes per second.
