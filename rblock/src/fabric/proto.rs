@@ -9,11 +9,11 @@
 //! * READ, FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS, CACHE travel as a
 //!   [`Msg::Request`] message.
 //! * A WRITE travels as chunks into the server's landing slots (one
-//!   notified write each: header and data together). Each chunk's `stream`
+//!   notified write each: header and data together). Each chunk's `owner`
 //!   is the id, its `offset` where its bytes start within the request, and
 //!   its 32 application bytes carry the request header ([`write_tag`]).
 //! * A READ's data comes back as chunks into the client's slots, the same
-//!   way (`stream` = id, `offset` within the request). All bytes there
+//!   way (`owner` = id, `offset` within the request). All bytes there
 //!   means it worked; a [`Msg::Reply`] with an error means it did not.
 //! * Everything else is answered with [`Msg::Reply`] (or [`Msg::Extents`]
 //!   for BLOCK_STATUS).
