@@ -88,6 +88,18 @@ pub struct ServeArgs {
     /// out.
     #[arg(long = "listen", value_name = "ADDR[:PORT]")]
     pub fabric: Option<FabricAddr>,
+    /// The shared secret every `rblock connect` must prove it knows before
+    /// any export is opened (challenge-response: the secret never crosses
+    /// the wire). The file holds at least 16 bytes and is readable by its
+    /// owner only; give clients the same file. Required for --listen on
+    /// an address other than loopback, unless --no-auth.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+    /// Serve --listen without a secret on an address other than loopback:
+    /// anyone who reaches it can read and write every export. Says so
+    /// when it starts.
+    #[arg(long, conflicts_with = "secret_file")]
+    pub no_auth: bool,
     /// What --listen offers: rdma and tcp where an RDMA device has the
     /// address (auto), or only one of them.
     #[arg(long, value_enum, default_value_t = Transport::Auto)]
@@ -141,6 +153,11 @@ pub struct ConnectArgs {
     /// I/O error.
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub give_up_after: u64,
+    /// The server's shared secret (the same file as its --secret-file).
+    /// With it, a server that cannot prove it knows the secret is refused;
+    /// without it, a server that asks for one refuses this client.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
     /// Local NBD connections served at once; more are refused.
     #[arg(long, default_value_t = 256)]
     pub max_connections: usize,

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | 0 | a clean stop (SIGTERM or SIGINT: requests in flight answered, an attached device detached first); `rblock detach`: detached, or nothing to do |
 //! | 1 | anything else failed (named on stderr) |
-//! | 2 | bad usage |
+//! | 2 | bad usage (including `--listen` beyond loopback without a secret) |
 //! | 3 | refused: the server does not serve that export, or turned the connection down |
 //! | 5 | a local I/O error: an export, socket or device that cannot be opened or used here |
 //! | 6 | the server could not be reached (`rblock connect`) |
@@ -35,7 +35,9 @@ impl Exit {
 
     /// The status of a command stopped by `error`.
     pub fn of_error(error: &anyhow::Error) -> Exit {
-        if has::<Refused>(error) {
+        if has::<Usage>(error) {
+            Exit::Usage
+        } else if has::<Refused>(error) {
             Exit::Refused
         } else if has::<LinkError>(error) || has::<TransportError>(error) {
             Exit::Unreachable
@@ -52,6 +54,11 @@ impl Exit {
 fn has<T: std::error::Error + Send + Sync + 'static>(error: &anyhow::Error) -> bool {
     error.downcast_ref::<T>().is_some() || error.chain().any(|e| e.is::<T>())
 }
+
+/// A combination of options that cannot run (the text says why).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
 
 /// The server refused (the text says why).
 #[derive(Debug, thiserror::Error)]

@@ -44,6 +44,8 @@ pub struct Plan {
     pub listen: Vec<Listen>,
     /// rblock's own protocol over RDMA or tcp (`rblock connect`).
     pub fabric: Option<rfabric::endpoint::Listener>,
+    /// The secret its clients must prove they know (None: no proof asked).
+    pub fabric_secret: Option<Arc<Vec<u8>>>,
     /// Connections (NBD and fabric) served at once; more are refused.
     pub max_connections: usize,
     /// How long connections may take to finish after the stop.
@@ -62,6 +64,7 @@ pub async fn run(
     let Plan {
         listen,
         fabric,
+        fabric_secret,
         max_connections,
         grace,
         zero_copy_reads,
@@ -76,6 +79,7 @@ pub async fn run(
     let (conn_tx, mut conn_rx) = mpsc::channel::<()>(1);
     let mut acceptors = Vec::new();
     let accepting = || Accepting {
+        fabric_secret: fabric_secret.clone(),
         exports: Arc::clone(&exports),
         shutdown: shutdown.clone(),
         load: Arc::clone(&load),

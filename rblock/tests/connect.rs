@@ -356,17 +356,33 @@ async fn open_raw(fabric: u16, export: &str) -> rfabric::link::Link {
     let conn = connect(addr, Transport::Tcp).await.unwrap();
     let config = rblock::fabric::link_config(Role::Client, &conn.limits());
     let link = Link::establish(conn, config).await.unwrap();
+    let next = || async {
+        match link.recv().await.unwrap() {
+            Some(Incoming::Message(m)) => Msg::decode(&m).unwrap(),
+            other => panic!("no answer: {other:?}"),
+        }
+    };
+    // The server (without a secret) challenges first; any answer does.
+    assert!(matches!(
+        next().await,
+        Msg::Challenge {
+            required: false,
+            ..
+        }
+    ));
+    let auth = Msg::Auth {
+        nonce: [0; 32],
+        proof: [0; 32],
+    };
+    link.send_message(&auth.encode()).await.unwrap();
     let open = Msg::Open {
         version: VERSION,
         name: export.into(),
     };
     link.send_message(&open.encode()).await.unwrap();
-    match link.recv().await.unwrap() {
-        Some(Incoming::Message(m)) => {
-            assert!(matches!(Msg::decode(&m), Ok(Msg::Opened { .. })), "{m:?}");
-        }
-        other => panic!("no answer to the open: {other:?}"),
-    }
+    assert!(matches!(next().await, Msg::AuthOk { .. }));
+    let opened = next().await;
+    assert!(matches!(opened, Msg::Opened { .. }), "{opened:?}");
     link
 }
 

@@ -19,7 +19,8 @@ use crate::operand::Operand;
 use crate::report::{self, Progress, Report};
 use crate::session::{self, Params, Request, ServeConfig, Target};
 use crate::tuning::{io_engine, params};
-use crate::{auth, daemon, shell};
+use crate::{daemon, shell};
+use rfabric::auth;
 
 /// How long the in-process server of a local copy waits for its client,
 /// which is this process and connects at once.

@@ -16,7 +16,8 @@ use crate::cli::{ServeArgs, ServerOnceArgs};
 use crate::exit::Exit;
 use crate::session::{self, ServeConfig, Served};
 use crate::tuning::{io_engine, params};
-use crate::{auth, digest, shell};
+use crate::{digest, shell};
+use rfabric::auth;
 
 /// How long the far side of remote-shell mode waits for its client: the
 /// client connects as soon as it has read the banner.

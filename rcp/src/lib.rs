@@ -12,7 +12,7 @@
 //! [`daemon`] (`rcp serve` and the far side of remote-shell mode),
 //! [`cli`] (the command line, as clap sees it), [`tuning`] (the storage
 //! engine and a session's parameters from the flags), [`operand`] (what
-//! the user typed), [`proto`] (control messages, sans I/O), [`auth`]
+//! the user typed), [`proto`] (control messages, sans I/O), `rfabric::auth`
 //! (challenge-response), [`tree`] (confined filesystem work), [`send`] and
 //! [`recv`] (the two pipelines), [`arrivals`] (the receiver's rules of what
 //! may arrive when, sans I/O) and [`resume`] (the `Have` exchange, sans
@@ -28,7 +28,6 @@
 
 pub mod app;
 pub mod arrivals;
-pub mod auth;
 pub mod cli;
 pub mod connect;
 pub mod daemon;

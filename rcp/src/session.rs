@@ -11,7 +11,6 @@ use rfabric::link::{Incoming, Link};
 use rfabric::transport::{Backend, Connection};
 use rfabric::wire::Role;
 
-use crate::auth;
 use crate::connect::link_config;
 use crate::exit::{PeerLost, Refused};
 use crate::proto::{Msg, flags};
@@ -20,6 +19,7 @@ use crate::report::{Progress, Report, Stats};
 use crate::send::{self, SendOptions, Source};
 use crate::streams::{self, Sessions};
 use crate::tree::{self, Base};
+use rfabric::auth;
 use rfabric::endpoint::{self, Listener, Transport};
 use rfabric::storage::Kind;
 
@@ -194,11 +194,13 @@ async fn authenticate(link: &Link, secret: &[u8]) -> anyhow::Result<()> {
         _ => bail!("the server did not start with a challenge"),
     };
     let nonce = auth::nonce();
-    let mac = auth::client_proof(secret, &server_nonce, &nonce);
+    let mac = auth::RCP.client_proof(secret, &server_nonce, &nonce);
     link.send_message(&Msg::Auth { nonce, mac }.encode())
         .await?;
     match next_msg(link).await? {
-        Msg::AuthOk { mac } if auth::check_server(secret, &server_nonce, &nonce, &mac) => Ok(()),
+        Msg::AuthOk { mac } if auth::RCP.check_server(secret, &server_nonce, &nonce, &mac) => {
+            Ok(())
+        }
         Msg::AuthOk { .. } => {
             Err(Refused("the server could not prove it knows the secret".into()).into())
         }
@@ -420,10 +422,10 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
     else {
         bail!("authentication failed: no answer to the challenge");
     };
-    if !auth::check_client(&config.secret, &nonce, &client_nonce, &mac) {
+    if !auth::RCP.check_client(&config.secret, &nonce, &client_nonce, &mac) {
         bail!("authentication failed");
     }
-    let proof = auth::server_proof(&config.secret, &nonce, &client_nonce);
+    let proof = auth::RCP.server_proof(&config.secret, &nonce, &client_nonce);
     link.send_message(&Msg::AuthOk { mac: proof }.encode())
         .await?;
     let progress = Progress::hidden();

@@ -45,7 +45,7 @@ impl Sessions {
         let (tx, rx) = mpsc::channel(streams.max(1) as usize);
         let mut map = self.waiting.lock().expect("sessions lock");
         let id = loop {
-            let id: [u8; 16] = crate::auth::nonce()[..16].try_into().expect("16 bytes");
+            let id: [u8; 16] = rfabric::auth::nonce()[..16].try_into().expect("16 bytes");
             if !map.contains_key(&id) {
                 break id;
             }

@@ -744,11 +744,11 @@ async fn unauthenticated_and_replayed_answers_are_refused() {
     std::fs::create_dir(&root).unwrap();
     let key = secret(&t, "key");
     let d = Daemon::start(&[&root], &key);
-    let secret = rcp::auth::read_secret(&key).unwrap();
+    let secret = rfabric::auth::read_secret(&key).unwrap();
     // An honest session, overheard.
     let (first, server_nonce) = raw_session(d.port).await;
     let client_nonce = [7u8; 32];
-    let mac = rcp::auth::client_proof(&secret, &server_nonce, &client_nonce);
+    let mac = rfabric::auth::RCP.client_proof(&secret, &server_nonce, &client_nonce);
     let heard = Msg::Auth {
         nonce: client_nonce,
         mac,

@@ -28,11 +28,14 @@
 //!   landed chunks), on io_uring where the kernel allows it and on a
 //!   bounded thread pool of plain system calls everywhere else (RHEL 8,
 //!   and 9.3+/10 where io_uring is refused by default).
+//! * [`auth`]: challenge-response over a shared secret, for both tools'
+//!   sessions (sans I/O).
 //! * [`size`]: sizes as typed on command lines (`64K`, `1M`).
 //! * [`daemon_log`] (feature `daemon-log`): how the tools' daemons log,
 //!   as terminal lines or journal entries with fields.
 #![deny(unsafe_code)]
 
+pub mod auth;
 pub mod credit;
 #[cfg(feature = "daemon-log")]
 pub mod daemon_log;

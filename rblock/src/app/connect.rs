@@ -25,10 +25,15 @@ use crate::serve::{self as server, Plan};
 pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
     let name = a.target.name.clone();
     let addr = endpoint::resolve(&a.target.host, a.target.port)?;
+    let secret = match &a.secret_file {
+        Some(f) => Some(Arc::new(rfabric::auth::read_secret(f)?)),
+        None => None,
+    };
     let target = Target {
         addr,
         name: name.clone(),
         transport: a.transport,
+        secret,
     };
     let give_up = Duration::from_secs(a.give_up_after);
     rfabric::daemon_log::init("rblock connect");
@@ -101,6 +106,7 @@ pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
     let plan = Plan {
         listen,
         fabric: None,
+        fabric_secret: None,
         max_connections: a.max_connections,
         grace: Duration::from_secs(30),
         // Its data comes across the fabric, never from a local file.

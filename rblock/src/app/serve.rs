@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use rfabric::auth;
 use rfabric::endpoint::Listener;
 use rfabric::storage::{self, Engine, Kind};
 
 use super::signal::stop_signal;
 use crate::backend::Source;
 use crate::cli::ServeArgs;
+use crate::exit::Usage;
 use crate::export::Export;
 use crate::nbd::handshake::ExportInfo;
 use crate::serve::{self as server, Plan};
@@ -58,10 +60,29 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
             source: Source::Local(Arc::new(storage)),
         });
     }
+    let secret = match &a.secret_file {
+        Some(f) => Some(Arc::new(auth::read_secret(f)?)),
+        None => None,
+    };
     let fabric = match a.fabric {
         None => None,
         Some(at) => {
             let addr = at.0;
+            if secret.is_none() && !addr.ip().is_loopback() {
+                if !a.no_auth {
+                    return Err(Usage(format!(
+                        "refusing to serve --listen {addr} without a secret: anyone who \
+                         reaches it could read and write every export. Give --secret-file \
+                         FILE (and the same file to rblock connect), or --no-auth to serve \
+                         it open"
+                    ))
+                    .into());
+                }
+                tracing::warn!(
+                    "--no-auth: serving rblock connect on {addr} without a secret: anyone \
+                     who reaches it can read and write every export"
+                );
+            }
             let l = Listener::bind(addr, a.transport)
                 .await
                 .with_context(|| format!("cannot listen on {addr}"))?;
@@ -77,6 +98,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let plan = Plan {
         listen: a.listen,
         fabric,
+        fabric_secret: secret,
         max_connections: a.max_connections,
         grace: Duration::from_secs(30),
         zero_copy_reads: a.zero_copy_reads,

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use rfabric::auth;
 use rfabric::endpoint::{self, Transport};
 use rfabric::link::{ChunkMeta, Incoming, Link};
 use rfabric::memory::BufferPool;
@@ -45,7 +46,12 @@ pub struct Target {
     pub addr: SocketAddr,
     pub name: String,
     pub transport: Transport,
+    /// The server's secret, to prove (None: a server that asks is refused).
+    pub secret: Option<Arc<Vec<u8>>>,
 }
+
+/// How long the server has to send its challenge.
+const CHALLENGE_TIME: Duration = Duration::from_secs(30);
 
 /// A remote export behind its lanes.
 #[derive(Debug)]
@@ -615,15 +621,84 @@ async fn open_session(t: &Target) -> anyhow::Result<(Arc<Session>, Opened)> {
     let link = Link::establish(conn, config)
         .await
         .context("cannot set up the link")?;
+    let next = || async {
+        match link.recv().await? {
+            Some(Incoming::Message(m)) => anyhow::Ok(Msg::decode(&m)?),
+            _ => bail!("the server closed the link during the opening"),
+        }
+    };
+    // The server's challenge first (a server older than this client
+    // waits for an Open instead: then nothing comes).
+    let challenge = tokio::time::timeout(CHALLENGE_TIME, next())
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "the server sent no challenge within {CHALLENGE_TIME:?} (an rblock serve \
+                 older than this client?)"
+            )
+        })??;
+    let Msg::Challenge { nonce, required } = challenge else {
+        bail!(
+            "the server started with {} instead of a challenge",
+            challenge.name()
+        );
+    };
+    let client_nonce = auth::nonce();
+    let proof = match (&t.secret, required) {
+        (Some(s), true) => auth::RBLOCK.client_proof(s, &nonce, &client_nonce),
+        (None, false) => [0; 32],
+        // (The server waits for an answer: the link is ended, not
+        // finished, which would wait for the server's goodbye.)
+        (None, true) => {
+            link.abort("this client has no secret");
+            return Err(Refused(
+                "the server asks for a secret: give rblock connect --secret-file \
+                 (the same file as the server's)"
+                    .into(),
+            )
+            .into());
+        }
+        (Some(_), false) => {
+            link.abort("this client refuses a server that does not authenticate");
+            return Err(Refused(
+                "the server does not authenticate (it runs without --secret-file), and \
+                 this client was given a secret: refusing to use it"
+                    .into(),
+            )
+            .into());
+        }
+    };
+    link.send_message(
+        &Msg::Auth {
+            nonce: client_nonce,
+            proof,
+        }
+        .encode(),
+    )
+    .await?;
     let open = Msg::Open {
         version: VERSION,
         name: t.name.clone(),
     };
     link.send_message(&open.encode()).await?;
-    let answer = match link.recv().await? {
-        Some(Incoming::Message(m)) => Msg::decode(&m)?,
-        _ => bail!("the server did not answer the open request"),
-    };
+    match next().await? {
+        Msg::AuthOk { proof } => {
+            if let Some(s) = &t.secret {
+                if !auth::RBLOCK.check_server(s, &nonce, &client_nonce, &proof) {
+                    link.abort("the server could not prove it knows the secret");
+                    return Err(
+                        Refused("the server could not prove it knows the secret".into()).into(),
+                    );
+                }
+            }
+        }
+        Msg::Refused { text } => {
+            let _ = link.finish().await;
+            return Err(Refused(format!("the server refused: {text}")).into());
+        }
+        other => bail!("unexpected answer to the challenge: {}", other.name()),
+    }
+    let answer = next().await?;
     let opened = match answer {
         Msg::Opened {
             size,

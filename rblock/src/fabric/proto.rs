@@ -21,8 +21,9 @@
 use crate::nbd::consts::REQUEST_LEN;
 use crate::nbd::transmission::{Extent, Request};
 
-/// Version of this protocol, sent in [`Msg::Open`].
-pub const VERSION: u16 = 1;
+/// Version of this protocol, sent in [`Msg::Open`]. 2: the server's
+/// [`Msg::Challenge`] comes first.
+pub const VERSION: u16 = 2;
 
 mod tag {
     pub const OPEN: u8 = 1;
@@ -31,6 +32,9 @@ mod tag {
     pub const REQUEST: u8 = 4;
     pub const REPLY: u8 = 5;
     pub const EXTENTS: u8 = 6;
+    pub const CHALLENGE: u8 = 7;
+    pub const AUTH: u8 = 8;
+    pub const AUTH_OK: u8 = 9;
 }
 
 /// Longest export name.
@@ -39,7 +43,16 @@ pub const MAX_NAME: usize = 4096;
 /// One message of the protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
-    /// Client, first: which export.
+    /// Server, first: prove you know the secret (`rfabric::auth`, domain
+    /// `RBLOCK`). `required` is false on a server without one (loopback,
+    /// or `--no-auth`), which then proves nothing either.
+    Challenge { nonce: [u8; 32], required: bool },
+    /// Client, the answer: its nonce and proof (zeros without a secret).
+    Auth { nonce: [u8; 32], proof: [u8; 32] },
+    /// Server: the proof is good; its own proof (zeros without a secret).
+    /// A bad proof gets [`Msg::Refused`] instead, and the link closes.
+    AuthOk { proof: [u8; 32] },
+    /// Client, after its `Auth`: which export.
     Open { version: u16, name: String },
     /// Server: the export is open on this link. `flags` are the NBD
     /// transmission flags the server would give an NBD client;
@@ -76,12 +89,43 @@ pub enum ProtoError {
     Text(&'static str),
     #[error("bad request header: {0}")]
     Header(String),
+    #[error("bad field {0}")]
+    Field(&'static str),
 }
 
 impl Msg {
+    /// The message's name, for errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Msg::Challenge { .. } => "Challenge",
+            Msg::Auth { .. } => "Auth",
+            Msg::AuthOk { .. } => "AuthOk",
+            Msg::Open { .. } => "Open",
+            Msg::Opened { .. } => "Opened",
+            Msg::Refused { .. } => "Refused",
+            Msg::Request(_) => "Request",
+            Msg::Reply { .. } => "Reply",
+            Msg::Extents { .. } => "Extents",
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         match self {
+            Msg::Challenge { nonce, required } => {
+                b.push(tag::CHALLENGE);
+                b.extend_from_slice(nonce);
+                b.push(u8::from(*required));
+            }
+            Msg::Auth { nonce, proof } => {
+                b.push(tag::AUTH);
+                b.extend_from_slice(nonce);
+                b.extend_from_slice(proof);
+            }
+            Msg::AuthOk { proof } => {
+                b.push(tag::AUTH_OK);
+                b.extend_from_slice(proof);
+            }
             Msg::Open { version, name } => {
                 b.push(tag::OPEN);
                 b.extend_from_slice(&version.to_le_bytes());
@@ -146,7 +190,30 @@ impl Msg {
         };
         let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8"));
         let u32_at = |i: usize| u32::from_le_bytes(body[i..i + 4].try_into().expect("4"));
+        let bytes32 = |i: usize| -> [u8; 32] { body[i..i + 32].try_into().expect("32") };
         Ok(match t {
+            tag::CHALLENGE => {
+                exact("challenge", 33)?;
+                Msg::Challenge {
+                    nonce: bytes32(0),
+                    required: match body[32] {
+                        0 => false,
+                        1 => true,
+                        _ => return Err(ProtoError::Field("challenge.required")),
+                    },
+                }
+            }
+            tag::AUTH => {
+                exact("auth", 64)?;
+                Msg::Auth {
+                    nonce: bytes32(0),
+                    proof: bytes32(32),
+                }
+            }
+            tag::AUTH_OK => {
+                exact("auth ok", 32)?;
+                Msg::AuthOk { proof: bytes32(0) }
+            }
             tag::OPEN => {
                 at_least("open", 2)?;
                 if body.len() - 2 > MAX_NAME {

@@ -13,6 +13,8 @@ use crate::export::Export;
 use crate::socket::Stream;
 
 pub(super) struct Accepting {
+    /// What fabric clients must prove they know.
+    pub(super) fabric_secret: Option<Arc<Vec<u8>>>,
     pub(super) exports: Arc<[Export]>,
     pub(super) shutdown: watch::Receiver<bool>,
     /// The places among the connections, and how many are taken.
@@ -29,8 +31,10 @@ impl Accepting {
             || format!("{} peer", conn.backend().name()),
             |a| a.to_string(),
         );
+        let secret = self.fabric_secret.clone();
+        let who = client.clone();
         let admitted = self.admit("fabric connection", client, move |exports, shutdown| {
-            serve_link(conn, exports, shutdown)
+            serve_link(conn, exports, shutdown, secret, who)
         });
         if !admitted {
             closer.close();

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use rfabric::auth;
 use rfabric::link::{Chunk, ChunkMeta, Incoming, Link};
 use rfabric::memory::BufferPool;
 use rfabric::transport::{Connection, Region};
@@ -37,6 +38,8 @@ pub(super) async fn serve_link(
     conn: Arc<dyn Connection>,
     exports: Arc<[Export]>,
     mut shutdown: watch::Receiver<bool>,
+    secret: Option<Arc<Vec<u8>>>,
+    client: String,
 ) -> anyhow::Result<()> {
     let config = link_config(Role::Server, &conn.limits());
     let link = Arc::new(
@@ -45,7 +48,13 @@ pub(super) async fn serve_link(
             .context("the client did not set up the link in time")?
             .context("cannot set up the link")?,
     );
-    let Some(export) = tokio::time::timeout(OPEN_TIME, open(&link, &exports))
+    let opening = async {
+        if !authenticate(&link, secret.as_deref().map(Vec::as_slice), &client).await? {
+            return anyhow::Ok(None);
+        }
+        open(&link, &exports).await
+    };
+    let Some(export) = tokio::time::timeout(OPEN_TIME, opening)
         .await
         .context("the client did not open an export in time")??
     else {
@@ -111,6 +120,50 @@ pub(super) async fn serve_link(
         let _ = link.finish().await;
     }
     result
+}
+
+/// Challenges the client and checks its answer (`rfabric::auth`, domain
+/// `RBLOCK`) before it may open anything; false when it was refused.
+/// Without a secret the challenge says none is required, and the answer
+/// is not checked.
+async fn authenticate(link: &Link, secret: Option<&[u8]>, client: &str) -> anyhow::Result<bool> {
+    let nonce = auth::nonce();
+    let challenge = Msg::Challenge {
+        nonce,
+        required: secret.is_some(),
+    };
+    link.send_message(&challenge.encode()).await?;
+    let answer = match link.recv().await.context("no answer to the challenge")? {
+        Some(Incoming::Message(m)) => Msg::decode(&m)?,
+        _ => bail!("the client sent something other than its answer to the challenge"),
+    };
+    let Msg::Auth {
+        nonce: client_nonce,
+        proof,
+    } = answer
+    else {
+        bail!(
+            "the client sent {} before answering the challenge (an rblock connect \
+             older than this server?)",
+            answer.name()
+        );
+    };
+    let proof = match secret {
+        None => [0; 32],
+        Some(s) if auth::RBLOCK.check_client(s, &nonce, &client_nonce, &proof) => {
+            auth::RBLOCK.server_proof(s, &nonce, &client_nonce)
+        }
+        Some(_) => {
+            tracing::warn!(client, "a client failed to authenticate");
+            let refused = Msg::Refused {
+                text: "authentication failed: the client does not know this server's secret".into(),
+            };
+            link.send_message(&refused.encode()).await?;
+            return Ok(false);
+        }
+    };
+    link.send_message(&Msg::AuthOk { proof }.encode()).await?;
+    Ok(true)
 }
 
 /// Waits for the client's Open and answers it; the export's index, or None

@@ -24,6 +24,11 @@ fn any_msg() -> impl Strategy<Value = Msg> {
             }
         }),
         ".{0,60}".prop_map(|text| Msg::Refused { text }),
+        (any::<[u8; 32]>(), any::<bool>())
+            .prop_map(|(nonce, required)| Msg::Challenge { nonce, required }),
+        (any::<[u8; 32]>(), any::<[u8; 32]>())
+            .prop_map(|(nonce, proof)| Msg::Auth { nonce, proof }),
+        any::<[u8; 32]>().prop_map(|proof| Msg::AuthOk { proof }),
         (
             any::<u16>(),
             any::<u16>(),
@@ -75,7 +80,10 @@ proptest! {
         let b = m.encode();
         // Only fixed-length messages must notice a missing byte; the others
         // end with free text, which may be cut anywhere but in UTF-8.
-        if matches!(m, Msg::Opened { .. } | Msg::Request(_)) {
+        if matches!(
+            m,
+            Msg::Opened { .. } | Msg::Request(_) | Msg::Challenge { .. } | Msg::Auth { .. } | Msg::AuthOk { .. }
+        ) {
             let short = &b[..b.len() - cut.min(b.len() - 1)];
             prop_assert!(Msg::decode(short).is_err());
         }
