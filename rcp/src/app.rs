@@ -114,6 +114,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
     let p = Params {
         resume: a.resume,
         streams: a.streams,
+        digest: a.digest.resolve(crate::digest::fips_mode())?,
         ..params(&a.tuning, engine, a.recursive, a.preserve, !a.no_verify)
     };
     let progress = Progress::new(!a.quiet && !a.json);

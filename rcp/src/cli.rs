@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use crate::digest::Choice as DigestChoice;
 use clap::{Args, Parser, Subcommand};
 use rfabric::endpoint::Transport;
 use rfabric::storage::EngineChoice;
@@ -82,9 +83,15 @@ pub struct CopyArgs {
     /// Preserve modes and modification times.
     #[arg(short = 'p', long)]
     pub preserve: bool,
-    /// Skip the SHA-256 checks (faster; a corrupted chunk goes unnoticed).
+    /// Skip the digest checks (faster; a corrupted chunk goes unnoticed).
     #[arg(long)]
     pub no_verify: bool,
+    /// What every chunk and file is checked with: blake3 (several times
+    /// faster per core), sha256 (FIPS-approved), or auto: blake3, except
+    /// on a host in FIPS mode (/proc/sys/crypto/fips_enabled), where it is
+    /// sha256 and blake3 is refused.
+    #[arg(long, value_enum, default_value_t = DigestChoice::Auto, value_name = "ALGORITHM")]
+    pub digest: DigestChoice,
     /// Finish an interrupted copy: keep what reached the destination and
     /// send only the chunks that are missing or differ (also updates an
     /// existing destination file that way).

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | 0 | every file arrived and was verified (unless `--no-verify`) |
 //! | 1 | the copy ran, and some files failed (each is named on stderr) |
-//! | 2 | bad usage (the command line) |
+//! | 2 | bad usage (the command line; `--digest blake3` on a FIPS-mode host) |
 //! | 3 | refused: authentication failed, or the server turned the request down (outside its roots, busy) |
 //! | 4 | verification failed: data arrived corrupted (a chunk or file digest differed); nothing corrupted is under its final name |
 //! | 5 | a local I/O error stopped the copy (a file or directory that cannot be read or written here) |
@@ -52,7 +52,9 @@ impl Exit {
     /// The status of a run stopped by `error`, from the typed errors in
     /// its chain.
     pub fn of_error(error: &anyhow::Error) -> Exit {
-        if has::<Refused>(error) {
+        if has::<crate::digest::FipsRefusesBlake3>(error) {
+            Exit::Usage
+        } else if has::<Refused>(error) {
             Exit::Refused
         } else if has::<Corrupted>(error) {
             Exit::Corrupted

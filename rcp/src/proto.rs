@@ -24,7 +24,10 @@ pub mod flags {
     pub const PRESERVE: u32 = 1 << 1;
     pub const RESUME: u32 = 1 << 2;
     pub const NO_VERIFY: u32 = 1 << 3;
-    pub const KNOWN: u32 = RECURSIVE | PRESERVE | RESUME | NO_VERIFY;
+    /// Chunks and files are hashed with BLAKE3 (else SHA-256, as rcp did
+    /// before it had a choice; a peer from then refuses the flag).
+    pub const BLAKE3: u32 = 1 << 4;
+    pub const KNOWN: u32 = RECURSIVE | PRESERVE | RESUME | NO_VERIFY | BLAKE3;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.

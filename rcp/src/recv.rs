@@ -13,12 +13,11 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use rfabric::link::{Chunk, Incoming as LinkIncoming, Link};
 use rfabric::wire::chunk_flags;
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::arrivals::{Action, Arrivals, Place, Shape};
-use crate::digest;
+use crate::digest::{self, Algorithm};
 use crate::exit::{Corrupted, Exit, PeerLost};
 use crate::proto::{Entry, EntryKind, FailKind, MAX_OKS, Msg};
 use crate::report::{Failure, Progress, Stats};
@@ -31,6 +30,8 @@ use rfabric::storage::{Engine, Kind};
 pub struct RecvOptions {
     pub preserve: bool,
     pub verify: bool,
+    /// What chunks and files are hashed with.
+    pub digest: Algorithm,
     /// Keep what an interrupted copy left, tell the sender what is there.
     pub resume: bool,
     /// The storage engine that writes the files.
@@ -282,7 +283,7 @@ impl Creator<'_> {
                     self.files += 1;
                     let out = Arc::new(out);
                     let known = if self.opts.resume {
-                        tell_what_is_there(self.link, &e, &out).await?
+                        tell_what_is_there(self.link, &e, &out, self.opts.digest).await?
                     } else {
                         Vec::new()
                     };
@@ -331,7 +332,8 @@ fn land(
     let len = u64::from(chunk.header().payload_len);
     stats.bytes += len;
     progress.add(len);
-    let task = write_chunk(engine.clone(), Arc::clone(&file.out), chunk, k, opts.verify);
+    let verify = opts.verify.then_some(opts.digest);
+    let task = write_chunk(engine.clone(), Arc::clone(&file.out), chunk, k, verify);
     file.writes.push(tokio::spawn(task));
 }
 
@@ -340,17 +342,17 @@ async fn write_chunk(
     out: Arc<PartFile>,
     chunk: Chunk,
     k: u64,
-    verify: bool,
+    verify: Option<Algorithm>,
 ) -> ChunkResult {
     let h = *chunk.header();
-    let (chunk, digest) = if verify {
+    let (chunk, digest) = if let Some(alg) = verify {
         let (chunk, digest) = if chunk.payload().len() <= INLINE_HASH {
-            let d: [u8; 32] = Sha256::digest(chunk.payload()).into();
+            let d = alg.chunk(chunk.payload());
             (chunk, d)
         } else {
             // Hash off the I/O path; the chunk (and its slot) moves along.
             tokio::task::spawn_blocking(move || {
-                let d: [u8; 32] = Sha256::digest(chunk.payload()).into();
+                let d = alg.chunk(chunk.payload());
                 (chunk, d)
             })
             .await?
@@ -411,7 +413,7 @@ async fn finish_file(
     }
     let out = Arc::try_unwrap(out).expect("all writes done");
     if error.is_none() && opts.verify {
-        let mine = digest::file_digest(entry.size, entry.chunk, &chunks);
+        let mine = opts.digest.file_digest(entry.size, entry.chunk, &chunks);
         if mine != digest {
             error = Some((
                 FailKind::Corrupted,
@@ -462,9 +464,11 @@ async fn tell_what_is_there(
     link: &Link,
     e: &Entry,
     out: &Arc<PartFile>,
+    alg: Algorithm,
 ) -> anyhow::Result<Vec<Option<[u8; 32]>>> {
     let (o, size, chunk) = (Arc::clone(out), e.size, e.chunk);
-    let digests = tokio::task::spawn_blocking(move || o.existing_digests(size, chunk)).await??;
+    let digests =
+        tokio::task::spawn_blocking(move || o.existing_digests(size, chunk, alg)).await??;
     for msg in have_batches(e.index, &digests) {
         link.send_message(&msg.encode()).await?;
     }

@@ -5,7 +5,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rfabric::storage::Kind;
 use serde::Serialize;
 
-use crate::digest;
+use crate::digest::{self, Algorithm};
 use crate::exit::Exit;
 use crate::proto::FailKind;
 
@@ -30,6 +30,8 @@ pub struct Report {
     pub io_engine: Kind,
     /// Links the data went over.
     pub streams: usize,
+    /// What the data was verified with (None: `--no-verify`).
+    pub algorithm: Option<Algorithm>,
     /// Digest of the one file copied, when exactly one was and it was
     /// verified.
     pub digest: Option<[u8; 32]>,
@@ -89,8 +91,13 @@ pub struct Failure {
 /// whose map sorts its keys).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Summary {
+    /// The digest of the one file copied, as `sha256` below.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blake3: Option<String>,
     pub bytes: u64,
     pub bytes_per_second: f64,
+    /// What the data was verified with: "blake3", "sha256" or "none".
+    pub digest: &'static str,
     pub files: u64,
     pub io_engine: &'static str,
     pub ok: bool,
@@ -108,14 +115,22 @@ pub struct Summary {
 impl Summary {
     pub fn new(r: &Report) -> Summary {
         let ok = !failed(r);
+        let shown = |alg| {
+            r.digest
+                .as_ref()
+                .filter(|_| ok && r.algorithm == Some(alg))
+                .map(|d| digest::hex(d))
+        };
         Summary {
+            blake3: shown(Algorithm::Blake3),
             bytes: r.stats.bytes,
             bytes_per_second: rate(r),
+            digest: r.algorithm.map_or("none", Algorithm::name),
             files: r.stats.files,
             io_engine: r.io_engine.name(),
             ok,
             seconds: r.seconds,
-            sha256: r.digest.as_ref().filter(|_| ok).map(|d| digest::hex(d)),
+            sha256: shown(Algorithm::Sha256),
             stream_bytes: r.stats.stream_bytes.clone(),
             streams: r.streams,
             transport: r.transport,
@@ -145,10 +160,13 @@ pub fn human_line(r: &Report) -> String {
         rate(r) / 1e6,
         r.transport
     );
-    match (&r.digest, failed(r)) {
-        (_, true) => format!("FAILED: {line}; see the errors above"),
-        (Some(d), false) => format!("{line}, verified, sha256 {}", digest::hex(d)),
-        (None, false) => line,
+    match (&r.digest, r.algorithm, failed(r)) {
+        (_, _, true) => format!("FAILED: {line}; see the errors above"),
+        (Some(d), Some(alg), false) => {
+            format!("{line}, verified, {} {}", alg.name(), digest::hex(d))
+        }
+        (None, Some(alg), false) => format!("{line}, verified with {}", alg.name()),
+        (_, None, false) => line,
     }
 }
 
@@ -175,7 +193,7 @@ pub fn summarize(r: &Report, json: bool, quiet: bool) -> Exit {
 mod tests {
     use super::*;
 
-    fn report(digest: Option<[u8; 32]>, failed: Vec<Failure>) -> Report {
+    fn report(alg: Option<Algorithm>, digest: Option<[u8; 32]>, failed: Vec<Failure>) -> Report {
         Report {
             stats: Stats {
                 bytes: 300_000,
@@ -187,42 +205,49 @@ mod tests {
             transport: "tcp",
             io_engine: Kind::Threads,
             streams: 2,
+            algorithm: alg,
             digest,
             failed,
         }
     }
 
     #[test]
-    fn the_json_summary_keeps_its_keys_and_values() {
-        let r = report(Some([0xab; 32]), vec![]);
+    fn the_json_summary_keeps_its_keys_and_names_the_digest() {
+        let r = report(Some(Algorithm::Sha256), Some([0xab; 32]), vec![]);
         let expected = format!(
             concat!(
-                r#"{{"bytes":300000,"bytes_per_second":600000.0,"files":1,"#,
+                r#"{{"bytes":300000,"bytes_per_second":600000.0,"digest":"sha256","files":1,"#,
                 r#""io_engine":"threads","ok":true,"seconds":0.5,"sha256":"{}","#,
                 r#""stream_bytes":[200000,100000],"streams":2,"transport":"tcp"}}"#
             ),
             "ab".repeat(32)
         );
         assert_eq!(Summary::new(&r).to_json(), expected);
+        let r = report(Some(Algorithm::Blake3), Some([0xcd; 32]), vec![]);
+        let v: serde_json::Value = serde_json::from_str(&Summary::new(&r).to_json()).unwrap();
+        assert_eq!(v["digest"], "blake3");
+        assert_eq!(v["blake3"], "cd".repeat(32));
+        assert!(v.get("sha256").is_none(), "a digest is under its own name");
     }
 
     #[test]
     fn the_json_summary_has_no_digest_when_something_failed_or_none_was_made() {
-        let failed = report(Some([1; 32]), vec![failure()]);
+        let failed = report(Some(Algorithm::Blake3), Some([1; 32]), vec![failure()]);
         let v: serde_json::Value = serde_json::from_str(&Summary::new(&failed).to_json()).unwrap();
         assert_eq!(v["ok"], false);
-        assert!(v.get("sha256").is_none());
-        let unverified = report(None, vec![]);
+        assert!(v.get("blake3").is_none());
+        let unverified = report(None, None, vec![]);
         let v: serde_json::Value =
             serde_json::from_str(&Summary::new(&unverified).to_json()).unwrap();
         assert_eq!(v["ok"], true);
-        assert!(v.get("sha256").is_none());
+        assert_eq!(v["digest"], "none");
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(
             keys,
             [
                 "bytes",
                 "bytes_per_second",
+                "digest",
                 "files",
                 "io_engine",
                 "ok",
@@ -235,16 +260,20 @@ mod tests {
     }
 
     #[test]
-    fn the_human_line_says_verified_or_failed() {
-        let r = report(Some([0; 32]), vec![]);
+    fn the_human_line_says_verified_with_what_or_failed() {
+        let r = report(Some(Algorithm::Blake3), Some([0; 32]), vec![]);
         assert_eq!(
             human_line(&r),
             format!(
-                "1 file(s), 300000 bytes in 0.50 s (0.6 MB/s) over tcp, verified, sha256 {}",
+                "1 file(s), 300000 bytes in 0.50 s (0.6 MB/s) over tcp, verified, blake3 {}",
                 "0".repeat(64)
             )
         );
-        let r = report(Some([0; 32]), vec![failure()]);
+        let r = report(Some(Algorithm::Sha256), None, vec![]);
+        assert!(human_line(&r).ends_with("over tcp, verified with sha256"));
+        let r = report(None, None, vec![]);
+        assert!(human_line(&r).ends_with("over tcp"));
+        let r = report(Some(Algorithm::Blake3), Some([0; 32]), vec![failure()]);
         assert_eq!(
             human_line(&r),
             "FAILED: 1 file(s), 300000 bytes in 0.50 s (0.6 MB/s) over tcp; see the errors above"

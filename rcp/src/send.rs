@@ -14,11 +14,10 @@ use rfabric::link::{ChunkMeta, Incoming, Link};
 use rfabric::memory::{BufferPool, PoolBuf};
 use rfabric::wire::chunk_flags;
 use rustix::fs::SeekFrom;
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::digest;
+use crate::digest::Algorithm;
 use crate::exit::PeerLost;
 use crate::proto::FailKind;
 use crate::proto::{Entry, EntryKind, Msg};
@@ -40,6 +39,8 @@ pub struct Source {
 pub struct SendOptions {
     pub recursive: bool,
     pub verify: bool,
+    /// What chunks and files are hashed with.
+    pub digest: Algorithm,
     /// Ask the receiver what it has of each file; send only what differs.
     pub resume: bool,
     pub chunk: usize,
@@ -221,7 +222,7 @@ pub async fn send(
                         // may be any (the others are holes).
                         let mut chunks = vec![None; k as usize];
                         chunks.push(Some(digest));
-                        digest::file_digest(entry.size, entry.chunk, &chunks)
+                        opts.digest.file_digest(entry.size, entry.chunk, &chunks)
                     } else {
                         [0; 32]
                     };
@@ -269,7 +270,7 @@ pub async fn send(
                 path,
             } => {
                 let digest = if opts.verify {
-                    digest::file_digest(size, chunk, &digests)
+                    opts.digest.file_digest(size, chunk, &digests)
                 } else {
                     [0; 32]
                 };
@@ -426,7 +427,7 @@ async fn plan(
     match chunks.len() {
         0 if !opts.resume => {
             let digest = if opts.verify {
-                digest::file_digest(size, chunk as u32, &[])
+                opts.digest.file_digest(size, chunk as u32, &[])
             } else {
                 [0; 32]
             };
@@ -456,12 +457,13 @@ async fn plan(
             let buf = read_full(&engine, &file, offset, len, buf)
                 .await
                 .with_context(|| format!("reading {shown} at offset {offset}"))?;
+            let alg = opts.digest;
             let digest = if hash && buf.len() <= crate::recv::INLINE_HASH {
-                let d: [u8; 32] = Sha256::digest(buf.data()).into();
+                let d = alg.chunk(buf.data());
                 (buf, d)
             } else if hash {
                 tokio::task::spawn_blocking(move || {
-                    let d: [u8; 32] = Sha256::digest(buf.data()).into();
+                    let d = alg.chunk(buf.data());
                     (buf, d)
                 })
                 .await?

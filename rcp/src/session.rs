@@ -12,6 +12,7 @@ use rfabric::transport::{Backend, Connection};
 use rfabric::wire::Role;
 
 use crate::connect::link_config;
+use crate::digest::Algorithm;
 use crate::exit::{PeerLost, Refused};
 use crate::proto::{Msg, flags};
 use crate::recv::{self, RecvOptions};
@@ -37,6 +38,8 @@ pub struct Params {
     pub streams: u32,
     /// This side's storage engine (each side chooses its own).
     pub io_engine: Kind,
+    /// What the data is hashed with (the client's choice).
+    pub digest: Algorithm,
 }
 
 impl Params {
@@ -54,25 +57,38 @@ impl Params {
         if self.resume {
             f |= flags::RESUME;
         }
+        if self.digest == Algorithm::Blake3 {
+            f |= flags::BLAKE3;
+        }
         f
     }
 
     /// The client's choices as the server applies them.
-    fn with_request(self, f: u32, streams: u32) -> Params {
-        Params {
+    /// (A FIPS-mode host refuses a request for BLAKE3.)
+    fn with_request(self, f: u32, streams: u32) -> anyhow::Result<Params> {
+        if f & flags::BLAKE3 != 0 && crate::digest::fips_mode() {
+            return Err(crate::digest::FipsRefusesBlake3.into());
+        }
+        Ok(Params {
             recursive: f & flags::RECURSIVE != 0,
             preserve: f & flags::PRESERVE != 0,
             verify: f & flags::NO_VERIFY == 0,
             resume: f & flags::RESUME != 0,
+            digest: if f & flags::BLAKE3 != 0 {
+                Algorithm::Blake3
+            } else {
+                Algorithm::Sha256
+            },
             streams,
             ..self
-        }
+        })
     }
 
     fn send_options(&self) -> SendOptions {
         SendOptions {
             recursive: self.recursive,
             verify: self.verify,
+            digest: self.digest,
             resume: self.resume,
             chunk: self.chunk,
             buffers: (self.window as usize * self.streams as usize).clamp(4, 64),
@@ -84,6 +100,7 @@ impl Params {
         RecvOptions {
             preserve: self.preserve,
             verify: self.verify,
+            digest: self.digest,
             resume: self.resume,
             engine: self.io_engine,
         }
@@ -181,6 +198,7 @@ pub async fn client(
         transport,
         io_engine: params.io_engine,
         streams,
+        algorithm: params.verify.then_some(params.digest),
         digest,
         failed: outcome.failed,
     })
@@ -436,7 +454,7 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             sources,
             dest,
         } => {
-            let params = config.params.with_request(flags, streams);
+            let params = config.params.with_request(flags, streams)?;
             let base = confined_base(&config.roots, &dest, sources as usize)?;
             *links = ready(&link, config, true, streams).await?;
             let got = recv::receive(links, base, params.recv_options(), &progress).await?;
@@ -453,7 +471,7 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             streams,
             sources,
         } => {
-            let params = config.params.with_request(flags, streams);
+            let params = config.params.with_request(flags, streams)?;
             let local = sources
                 .iter()
                 .map(|s| confined_source(&config.roots, s))

@@ -488,8 +488,12 @@ impl PartFile {
 
     /// Digests of the whole chunks already in the temporary file, for a
     /// resumed copy of a file of `size` bytes cut into `chunk`-byte chunks.
-    pub fn existing_digests(&self, size: u64, chunk: u32) -> anyhow::Result<Vec<[u8; 32]>> {
-        use sha2::{Digest, Sha256};
+    pub fn existing_digests(
+        &self,
+        size: u64,
+        chunk: u32,
+        alg: crate::digest::Algorithm,
+    ) -> anyhow::Result<Vec<[u8; 32]>> {
         let have = (rustix::fs::fstat(&self.fd)?.st_size as u64).min(size);
         let chunk = u64::from(chunk);
         let mut out = Vec::new();
@@ -510,7 +514,7 @@ impl PartFile {
                 }
                 got += n;
             }
-            out.push(Sha256::digest(&*b).into());
+            out.push(alg.chunk(b));
             k += 1;
         }
         Ok(out)

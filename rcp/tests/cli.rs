@@ -24,8 +24,19 @@ fn ok(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The digest rcp defines: SHA-256 over the SHA-256 of each chunk.
+/// The digest rcp defines by default: BLAKE3 over the BLAKE3 of each
+/// chunk (computed here with the blake3 crate directly).
 fn file_digest(data: &[u8], chunk: usize) -> String {
+    let mut h = blake3::Hasher::new();
+    for c in data.chunks(chunk) {
+        h.update(blake3::hash(c).as_bytes());
+    }
+    h.finalize().to_hex().to_string()
+}
+
+/// The digest with `--digest sha256`: SHA-256 over the SHA-256 of each
+/// chunk.
+fn sha256_file_digest(data: &[u8], chunk: usize) -> String {
     let mut h = Sha256::new();
     for c in data.chunks(chunk) {
         h.update(Sha256::digest(c));
@@ -82,10 +93,51 @@ fn sizes_around_the_chunk_arrive_identical_with_the_documented_digest() {
         assert_eq!(v["bytes"], size as u64);
         assert_eq!(v["files"], 1);
         assert_eq!(v["transport"], "tcp");
-        assert_eq!(v["sha256"], file_digest(&data, chunk), "size {size}");
+        assert_eq!(v["blake3"], file_digest(&data, chunk), "size {size}");
         assert!(v["seconds"].as_f64().unwrap() >= 0.0);
     }
     assert!(no_leftovers(t.dir()));
+}
+
+#[test]
+fn sha256_on_request_and_in_fips_mode_where_blake3_is_refused() {
+    let t = Scratch::new("digests");
+    let chunk = 64 * 1024;
+    let data = pattern(3 * chunk + 5, 77);
+    let src = t.path("src");
+    std::fs::write(&src, &data).unwrap();
+    let copy = |dst: &str, extra: &[&str], fips: &str| {
+        let flag = t.path("fips_enabled");
+        std::fs::write(&flag, fips).unwrap();
+        Command::new(RCP)
+            .args(["--json", "--chunk-size", "64K"])
+            .args(extra)
+            .args([s(&src), s(&t.path(dst))])
+            .env("RCP_TEST_FIPS_FILE", &flag)
+            .output()
+            .unwrap()
+    };
+    // Asked for: SHA-256, under its own key.
+    let v = json(&ok(&copy("a", &["--digest", "sha256"], "0")));
+    assert_eq!(v["digest"], "sha256");
+    assert_eq!(v["sha256"], sha256_file_digest(&data, chunk));
+    assert!(v.get("blake3").is_none());
+    // The default: BLAKE3, unless the host is in FIPS mode.
+    let v = json(&ok(&copy("b", &[], "0")));
+    assert_eq!(v["digest"], "blake3");
+    assert_eq!(v["blake3"], file_digest(&data, chunk));
+    let v = json(&ok(&copy("c", &[], "1\n")));
+    assert_eq!(v["digest"], "sha256", "FIPS mode picks SHA-256");
+    assert_eq!(v["sha256"], sha256_file_digest(&data, chunk));
+    // BLAKE3 asked for in FIPS mode: refused, nothing copied.
+    let out = copy("d", &["--digest", "blake3"], "1");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("FIPS mode"), "{err}");
+    assert!(!t.path("d").exists());
+    for f in ["a", "b", "c"] {
+        assert_eq!(std::fs::read(t.path(f)).unwrap(), data);
+    }
 }
 
 #[test]
@@ -364,7 +416,7 @@ fn daemon_push_and_pull_with_a_shared_secret() {
         &d.url(&root),
     ])));
     assert_eq!(std::fs::read(root.join("up")).unwrap(), data);
-    assert_eq!(v["sha256"], file_digest(&data, 1 << 20));
+    assert_eq!(v["blake3"], file_digest(&data, 1 << 20));
     let v = json(&ok(&rcp(&[
         "--json",
         "--secret-file",
@@ -373,7 +425,7 @@ fn daemon_push_and_pull_with_a_shared_secret() {
         s(&t.path("down")),
     ])));
     assert_eq!(std::fs::read(t.path("down")).unwrap(), data);
-    assert_eq!(v["sha256"], file_digest(&data, 1 << 20));
+    assert_eq!(v["blake3"], file_digest(&data, 1 << 20));
     // Each session is logged with its client when it is done.
     let mut log = String::new();
     for _ in 0..200 {
@@ -566,7 +618,7 @@ fn remote_shell_mode_push_and_pull() {
     let dest = format!("localhost:{}", t.path("pushed").display());
     let v = json(&ok(&run(&[s(&t.path("src")), &dest])));
     assert_eq!(std::fs::read(t.path("pushed")).unwrap(), data);
-    assert_eq!(v["sha256"], file_digest(&data, 1 << 20));
+    assert_eq!(v["blake3"], file_digest(&data, 1 << 20));
     let src = format!("me@localhost:{}", t.path("src").display());
     // Further streams join the one-session server too.
     let v = json(&ok(&run(&[
@@ -689,7 +741,7 @@ fn resume_after_the_receiver_is_killed_sends_less_and_ends_identical() {
         &d2.url(&root),
     ])));
     assert_eq!(std::fs::read(root.join("big")).unwrap(), data);
-    assert_eq!(v["sha256"], file_digest(&data, 256 << 10));
+    assert_eq!(v["blake3"], file_digest(&data, 256 << 10));
     let sent = v["bytes"].as_u64().unwrap();
     assert!(sent < data.len() as u64, "sent {sent} of {}", data.len());
     assert!(!part.exists());
