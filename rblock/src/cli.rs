@@ -72,9 +72,11 @@ pub struct DetachArgs {
 pub struct ServeArgs {
     /// An export: NAME=PATH, or NAME=PATH,ro for read-only. PATH is a
     /// regular file or a block device; its size is the export's size.
-    /// Repeat for more; the first one is also the default export (the
-    /// empty name).
-    #[arg(long = "export", required = true, value_name = "NAME=PATH[,ro]")]
+    /// ,secret-file=FILE gives it a fabric secret of its own (rblock
+    /// connect must prove it to open this export; NBD clients on
+    /// --nbd-listen are not asked). Repeat for more; the first one is also
+    /// the default export (the empty name).
+    #[arg(long = "export", required = true, value_name = "NAME=PATH[,ro][,secret-file=FILE]")]
     pub exports: Vec<ExportSpec>,
     /// Where NBD clients connect: ADDR:PORT or unix:PATH. Repeat for more.
     #[arg(
@@ -92,7 +94,8 @@ pub struct ServeArgs {
     /// any export is opened (challenge-response: the secret never crosses
     /// the wire). The file holds at least 16 bytes and is readable by its
     /// owner only; give clients the same file. Required for --listen on
-    /// an address other than loopback, unless --no-auth.
+    /// an address other than loopback, unless --no-auth or every export
+    /// has a secret-file= of its own (which then wins for that export).
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
     /// Serve --listen without a secret on an address other than loopback:

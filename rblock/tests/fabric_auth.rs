@@ -65,14 +65,24 @@ impl Drop for Serve {
     }
 }
 
-/// `rblock connect` with `extra` options, run until it has either failed
-/// (its output) or attached its socket and answered nbdinfo (None).
+/// `rblock connect` to export `disk` with `extra` options, run until it
+/// has either failed (its status and output) or served nbdinfo (the size).
 fn connect_and_size(t: &Scratch, fabric: u16, extra: &[&str]) -> Result<String, (i32, String)> {
+    connect_export(t, fabric, "disk", extra)
+}
+
+/// The same for `export`.
+fn connect_export(
+    t: &Scratch,
+    fabric: u16,
+    export: &str,
+    extra: &[&str],
+) -> Result<String, (i32, String)> {
     let sock = t.path(&format!("gw-{}.sock", free_port()));
     let log = t.path("gw.log");
     let mut child = Command::new(RBLOCK)
         .arg("connect")
-        .arg(format!("127.0.0.1:{fabric}/disk"))
+        .arg(format!("127.0.0.1:{fabric}/{export}"))
         .args(["--transport", "tcp"])
         .args(["--nbd-listen", &format!("unix:{}", sock.display())])
         .args(extra)
@@ -96,7 +106,7 @@ fn connect_and_size(t: &Scratch, fabric: u16, extra: &[&str]) -> Result<String, 
         );
         std::thread::sleep(Duration::from_millis(25));
     }
-    let uri = format!("nbd+unix:///disk?socket={}", sock.display());
+    let uri = format!("nbd+unix:///{export}?socket={}", sock.display());
     let out = run("nbdinfo", &["--size", &uri]);
     let _ = child.kill();
     let _ = child.wait();
@@ -117,7 +127,7 @@ fn only_a_client_with_the_servers_secret_opens_an_export() {
 
     let (code, err) = connect_and_size(&t, fabric, &[]).unwrap_err();
     assert_eq!(code, 3, "{err}");
-    assert!(err.contains("the server asks for a secret"), "{err}");
+    assert!(err.contains("authentication failed"), "{err}");
 
     let (code, err) =
         connect_and_size(&t, fabric, &["--secret-file", wrong.to_str().unwrap()]).unwrap_err();
@@ -141,6 +151,45 @@ fn a_client_with_a_secret_refuses_a_server_without_one() {
         connect_and_size(&t, fabric, &[]),
         Ok((4u64 << 20).to_string())
     );
+}
+
+#[test]
+fn an_export_with_a_secret_of_its_own_needs_it_and_the_others_do_not() {
+    let t = Scratch::new("fabric-per-export");
+    let img = image(&t, 4 << 20);
+    let vm = image(&t, 4 << 20);
+    let key = secret(&t, "vm.key", "0123456789abcdef0123456789abcdef");
+    let fabric = free_port();
+    let nbd = free_port();
+    let mut server = Command::new(RBLOCK)
+        .arg("serve")
+        .arg("--export")
+        .arg(format!("disk={}", img.display()))
+        .arg("--export")
+        .arg(format!("vm={},secret-file={}", vm.display(), key.display()))
+        .args(["--nbd-listen", &format!("127.0.0.1:{nbd}")])
+        .args(["--listen", &format!("127.0.0.1:{fabric}")])
+        .args(["--transport", "tcp"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", nbd)).is_err() {
+        assert!(Instant::now() < deadline, "rblock serve did not start");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let size = (4u64 << 20).to_string();
+    assert_eq!(connect_export(&t, fabric, "disk", &[]), Ok(size.clone()));
+    let (code, err) = connect_export(&t, fabric, "vm", &[]).unwrap_err();
+    assert_eq!(
+        (code, err.contains("authentication failed")),
+        (3, true),
+        "{err}"
+    );
+    let with_key = ["--secret-file", key.to_str().unwrap()];
+    assert_eq!(connect_export(&t, fabric, "vm", &with_key), Ok(size));
+    let _ = server.kill();
+    let _ = server.wait();
 }
 
 /// A raw client: the link, and the server's challenge.
@@ -248,6 +297,24 @@ fn listen_beyond_loopback_needs_a_secret_or_no_auth() {
         err.contains("refusing to serve --listen 192.0.2.1:10810 without a secret"),
         "{err}"
     );
+    // Every export with a secret of its own is enough: the start goes on
+    // to the bind (which fails: no such address here).
+    let key = secret(&t, "key", "0123456789abcdef0123456789abcdef");
+    let out = run(
+        RBLOCK,
+        &[
+            "serve",
+            "--export",
+            &format!("disk={},secret-file={}", img.display(), key.display()),
+            "--nbd-listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--listen",
+            "192.0.2.1",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot listen on 192.0.2.1"), "{err}");
+    assert!(!err.contains("refusing"), "{err}");
     let out = run(
         RBLOCK,
         &[

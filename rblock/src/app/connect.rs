@@ -58,6 +58,7 @@ pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
     let exports = vec![Export {
         info,
         source: Source::Remote(Arc::clone(&remote)),
+        secret: None,
     }];
     let mut listen = a.listen.clone();
     // nbd-client reaches us on a socket of our own.

@@ -58,6 +58,10 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
                 can_trim: storage.can_trim(),
             },
             source: Source::Local(Arc::new(storage)),
+            secret: match &spec.secret_file {
+                Some(f) => Some(Arc::new(auth::read_secret(f)?)),
+                None => None,
+            },
         });
     }
     let secret = match &a.secret_file {
@@ -68,7 +72,8 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         None => None,
         Some(at) => {
             let addr = at.0;
-            if secret.is_none() && !addr.ip().is_loopback() {
+            let every_export_has_one = exports.iter().all(|e| e.secret.is_some());
+            if secret.is_none() && !every_export_has_one && !addr.ip().is_loopback() {
                 if !a.no_auth {
                     return Err(Usage(format!(
                         "refusing to serve --listen {addr} without a secret: anyone who \

@@ -48,12 +48,12 @@ pub(super) async fn serve_link(
             .context("the client did not set up the link in time")?
             .context("cannot set up the link")?,
     );
-    let opening = async {
-        if !authenticate(&link, secret.as_deref().map(Vec::as_slice), &client).await? {
-            return anyhow::Ok(None);
-        }
-        open(&link, &exports).await
-    };
+    let opening = open(
+        &link,
+        &exports,
+        secret.as_deref().map(Vec::as_slice),
+        &client,
+    );
     let Some(export) = tokio::time::timeout(OPEN_TIME, opening)
         .await
         .context("the client did not open an export in time")??
@@ -122,21 +122,29 @@ pub(super) async fn serve_link(
     result
 }
 
-/// Challenges the client and checks its answer (`rfabric::auth`, domain
-/// `RBLOCK`) before it may open anything; false when it was refused.
-/// Without a secret the challenge says none is required, and the answer
-/// is not checked.
-async fn authenticate(link: &Link, secret: Option<&[u8]>, client: &str) -> anyhow::Result<bool> {
+/// The opening (PROTOCOL.md §9.2): the challenge, the client's answer and
+/// its Open. The answer is checked against the secret of the export asked
+/// for (`secret-file=` of its `--export`), else the server's
+/// `--secret-file`; a client that fails is refused before anything is
+/// opened, and an unknown export is named only to a client that passed.
+/// The export's index, or None when refused.
+async fn open(
+    link: &Link,
+    exports: &[Export],
+    global: Option<&[u8]>,
+    client: &str,
+) -> anyhow::Result<Option<usize>> {
     let nonce = auth::nonce();
     let challenge = Msg::Challenge {
         nonce,
-        required: secret.is_some(),
+        required: global.is_some() || exports.iter().any(|e| e.secret.is_some()),
     };
     link.send_message(&challenge.encode()).await?;
-    let answer = match link.recv().await.context("no answer to the challenge")? {
-        Some(Incoming::Message(m)) => Msg::decode(&m)?,
-        _ => bail!("the client sent something other than its answer to the challenge"),
+    let next = async || match link.recv().await.context("the opening broke off")? {
+        Some(Incoming::Message(m)) => anyhow::Ok(Msg::decode(&m)?),
+        _ => bail!("the client sent something other than a message during the opening"),
     };
+    let answer = next().await?;
     let Msg::Auth {
         nonce: client_nonce,
         proof,
@@ -148,45 +156,44 @@ async fn authenticate(link: &Link, secret: Option<&[u8]>, client: &str) -> anyho
             answer.name()
         );
     };
+    let opening = next().await?;
+    let Msg::Open { version, name } = opening else {
+        bail!(
+            "the client sent {} instead of an open request",
+            opening.name()
+        );
+    };
+    let refuse = |text: String| async move {
+        link.send_message(&Msg::Refused { text }.encode()).await?;
+        anyhow::Ok(None)
+    };
+    let found = find_export(exports, name.as_bytes());
+    let secret = found
+        .and_then(|i| exports[i].secret.as_deref().map(Vec::as_slice))
+        .or(global);
     let proof = match secret {
         None => [0; 32],
         Some(s) if auth::RBLOCK.check_client(s, &nonce, &client_nonce, &proof) => {
             auth::RBLOCK.server_proof(s, &nonce, &client_nonce)
         }
         Some(_) => {
-            tracing::warn!(client, "a client failed to authenticate");
-            let refused = Msg::Refused {
-                text: "authentication failed: the client does not know this server's secret".into(),
-            };
-            link.send_message(&refused.encode()).await?;
-            return Ok(false);
+            tracing::warn!(client, export = name, "a client failed to authenticate");
+            return refuse(
+                "authentication failed: the client does not know the secret of this \
+                 server or export (rblock connect --secret-file)"
+                    .into(),
+            )
+            .await;
         }
     };
     link.send_message(&Msg::AuthOk { proof }.encode()).await?;
-    Ok(true)
-}
-
-/// Waits for the client's Open and answers it; the export's index, or None
-/// when refused.
-async fn open(link: &Link, exports: &[Export]) -> anyhow::Result<Option<usize>> {
-    let first = link.recv().await.context("no open request")?;
-    let Some(Incoming::Message(m)) = first else {
-        bail!("the client sent something other than an open request first");
-    };
-    let Msg::Open { version, name } = Msg::decode(&m)? else {
-        bail!("the client sent something other than an open request first");
-    };
-    let refuse = |text: String| async move {
-        link.send_message(&Msg::Refused { text }.encode()).await?;
-        anyhow::Ok(None)
-    };
     if version != VERSION {
         return refuse(format!(
             "protocol version {version} is not served here (this server speaks {VERSION})"
         ))
         .await;
     }
-    let Some(i) = find_export(exports, name.as_bytes()) else {
+    let Some(i) = found else {
         return refuse(format!("no export named {name:?} here")).await;
     };
     let info = &exports[i].info;
