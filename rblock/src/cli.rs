@@ -76,7 +76,11 @@ pub struct ServeArgs {
     /// connect must prove it to open this export; NBD clients on
     /// --nbd-listen are not asked). Repeat for more; the first one is also
     /// the default export (the empty name).
-    #[arg(long = "export", required = true, value_name = "NAME=PATH[,ro][,secret-file=FILE]")]
+    #[arg(
+        long = "export",
+        required = true,
+        value_name = "NAME=PATH[,ro][,secret-file=FILE]"
+    )]
     pub exports: Vec<ExportSpec>,
     /// Where NBD clients connect: ADDR:PORT or unix:PATH. Repeat for more.
     #[arg(

@@ -102,9 +102,14 @@ pub struct Selection {
 impl Selection {
     /// The one line a tool prints when `auto` did not get io_uring.
     pub fn notice(&self, tool: &str) -> Option<String> {
+        self.fallback_note().map(|note| format!("{tool}: {note}"))
+    }
+
+    /// The same without the tool's name (for a log line that has it).
+    pub fn fallback_note(&self) -> Option<String> {
         self.fallback.as_ref().map(|why| {
             format!(
-                "{tool}: using the threads storage engine: {why}. \
+                "using the threads storage engine: {why}. \
                  To allow io_uring see \"io_uring on RHEL\" in the README \
                  (or pass --io-engine threads to silence this)"
             )

@@ -22,8 +22,8 @@ use crate::storage::Storage;
 pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     rfabric::daemon_log::init("rblock serve");
     let chosen = storage::select(a.io_engine)?;
-    if let Some(notice) = chosen.notice("rblock serve") {
-        tracing::warn!("{}", notice.trim_start_matches("rblock serve: "));
+    if let Some(note) = chosen.fallback_note() {
+        tracing::warn!("{note}");
     }
     let engine = Engine::per_thread(chosen.kind)
         .with_context(|| format!("cannot start the {} storage engine", chosen.kind))?;
