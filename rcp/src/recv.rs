@@ -32,6 +32,9 @@ pub struct RecvOptions {
     pub verify: bool,
     /// What chunks and files are hashed with.
     pub digest: Algorithm,
+    /// The session key of the data's direction: chunk headers carry tags
+    /// made with it (None: plain digests).
+    pub seal: Option<[u8; 32]>,
     /// Keep what an interrupted copy left, tell the sender what is there.
     pub resume: bool,
     /// The storage engine that writes the files.
@@ -333,7 +336,14 @@ fn land(
     stats.bytes += len;
     progress.add(len);
     let verify = opts.verify.then_some(opts.digest);
-    let task = write_chunk(engine.clone(), Arc::clone(&file.out), chunk, k, verify);
+    let task = write_chunk(
+        engine.clone(),
+        Arc::clone(&file.out),
+        chunk,
+        k,
+        verify,
+        opts.seal,
+    );
     file.writes.push(tokio::spawn(task));
 }
 
@@ -343,6 +353,7 @@ async fn write_chunk(
     chunk: Chunk,
     k: u64,
     verify: Option<Algorithm>,
+    seal: Option<[u8; 32]>,
 ) -> ChunkResult {
     let h = *chunk.header();
     let (chunk, digest) = if let Some(alg) = verify {
@@ -357,7 +368,19 @@ async fn write_chunk(
             })
             .await?
         };
-        if h.flags & chunk_flags::DIGEST == 0 || digest != h.digest {
+        let good = match seal {
+            Some(key) => digest::check_chunk_tag(
+                &key,
+                h.owner,
+                h.offset,
+                h.payload_len,
+                h.flags,
+                &digest,
+                &h.digest,
+            ),
+            None => digest == h.digest,
+        };
+        if h.flags & chunk_flags::DIGEST == 0 || !good {
             return Err(Corrupted(format!(
                 "chunk at offset {} arrived corrupted (digest mismatch)",
                 h.offset

@@ -17,7 +17,7 @@ use rustix::fs::SeekFrom;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::digest::Algorithm;
+use crate::digest::{self, Algorithm};
 use crate::exit::PeerLost;
 use crate::proto::FailKind;
 use crate::proto::{Entry, EntryKind, Msg};
@@ -41,6 +41,9 @@ pub struct SendOptions {
     pub verify: bool,
     /// What chunks and files are hashed with.
     pub digest: Algorithm,
+    /// The session key of the data's direction: chunk headers carry tags
+    /// made with it (None: plain digests).
+    pub seal: Option<[u8; 32]>,
     /// Ask the receiver what it has of each file; send only what differs.
     pub resume: bool,
     pub chunk: usize,
@@ -179,7 +182,7 @@ pub async fn send(
         verify: opts.verify,
         ..Ledger::default()
     };
-    let corrupt = corrupt_chunk_hook();
+    let tamper = tamper_hook();
     let mut chunks_sent = 0u64;
     let mut digests: Vec<Option<[u8; 32]>> = Vec::new();
     // Chunks of the current file handed to the stripers.
@@ -235,10 +238,31 @@ pub async fn send(
                     link.send_message(&m.encode()).await?;
                 }
                 let len = buf.len() as u64;
-                if corrupt == Some(chunks_sent) && len > 0 {
-                    // Test hook: damage the bytes after they were hashed, as
-                    // a fault between the two ends would.
-                    buf.spare()[0] ^= 0xff;
+                let flags = if opts.verify { chunk_flags::DIGEST } else { 0 };
+                // The header's digest field: the chunk's tag where the
+                // session has keys, which binds it to its place and session.
+                let mut sent_digest = match opts.seal {
+                    Some(key) if opts.verify => digest::chunk_tag(
+                        &key,
+                        u64::from(index),
+                        offset,
+                        len as u32,
+                        flags,
+                        &digest,
+                    ),
+                    _ => digest,
+                };
+                match tamper {
+                    Some((n, how)) if n == chunks_sent && len > 0 => {
+                        // Test hook: damage the bytes after they were hashed,
+                        // as a fault between the two ends would; a forger
+                        // also puts the plain digest of what it sends.
+                        buf.spare()[0] ^= 0xff;
+                        if how == Tamper::Forge {
+                            sent_digest = opts.digest.chunk(buf.data());
+                        }
+                    }
+                    _ => {}
                 }
                 chunks_sent += 1;
                 if digests.len() <= k as usize {
@@ -253,8 +277,8 @@ pub async fn send(
                 let meta = ChunkMeta {
                     owner: u64::from(index),
                     offset,
-                    flags: if opts.verify { chunk_flags::DIGEST } else { 0 },
-                    digest,
+                    flags,
+                    digest: sent_digest,
                 };
                 data.send((meta, buf))
                     .await
@@ -343,20 +367,32 @@ impl Ledger {
     }
 }
 
+/// How the test hook damages a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tamper {
+    /// A byte flipped after hashing (a fault on the way).
+    Corrupt,
+    /// A byte flipped and the header's digest replaced with the plain
+    /// digest of the altered bytes (an attacker on the path who knows the
+    /// protocol, not the session's key).
+    Forge,
+}
+
 /// Fault injection for the integration tests: `RCP_TEST_CORRUPT_CHUNK=N`
-/// flips a byte of the Nth chunk sent, after its digest was taken, so that
-/// the receiver must catch it. Only in builds with the `test-hooks`
-/// feature (rcp's own tests turn it on): a shipping binary reads no such
-/// variable.
+/// or `RCP_TEST_FORGE_CHUNK=N` damages the Nth chunk sent (see
+/// [`Tamper`]), so that the receiver must catch it. Only in builds with
+/// the `test-hooks` feature (rcp's own tests turn it on): a shipping binary
+/// reads no such variable.
 #[cfg(feature = "test-hooks")]
-fn corrupt_chunk_hook() -> Option<u64> {
-    std::env::var("RCP_TEST_CORRUPT_CHUNK")
-        .ok()
-        .and_then(|v| v.parse().ok())
+fn tamper_hook() -> Option<(u64, Tamper)> {
+    let n = |var| std::env::var(var).ok().and_then(|v| v.parse().ok());
+    n("RCP_TEST_CORRUPT_CHUNK")
+        .map(|k| (k, Tamper::Corrupt))
+        .or_else(|| n("RCP_TEST_FORGE_CHUNK").map(|k| (k, Tamper::Forge)))
 }
 
 #[cfg(not(feature = "test-hooks"))]
-fn corrupt_chunk_hook() -> Option<u64> {
+fn tamper_hook() -> Option<(u64, Tamper)> {
     None
 }
 

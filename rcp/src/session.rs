@@ -84,8 +84,11 @@ impl Params {
         })
     }
 
-    fn send_options(&self) -> SendOptions {
+    /// The sender's options; `seal` is the session key of the data's
+    /// direction.
+    fn send_options(&self, seal: [u8; 32]) -> SendOptions {
         SendOptions {
+            seal: Some(seal),
             recursive: self.recursive,
             verify: self.verify,
             digest: self.digest,
@@ -96,8 +99,10 @@ impl Params {
         }
     }
 
-    fn recv_options(&self) -> RecvOptions {
+    /// The receiver's options; `seal` as for `send_options`.
+    fn recv_options(&self, seal: [u8; 32]) -> RecvOptions {
         RecvOptions {
+            seal: Some(seal),
             preserve: self.preserve,
             verify: self.verify,
             digest: self.digest,
@@ -155,7 +160,12 @@ pub struct Target {
 }
 
 impl Target {
-    async fn open(&self, secret: &[u8], params: &Params) -> anyhow::Result<Link> {
+    /// A link to the server, authenticated; with the session keys it made.
+    async fn open(
+        &self,
+        secret: &[u8],
+        params: &Params,
+    ) -> anyhow::Result<(Link, auth::SessionKeys)> {
         let conn = endpoint::connect(self.addr, self.transport)
             .await
             .with_context(|| format!("cannot connect to {}", self.addr))?;
@@ -163,11 +173,13 @@ impl Target {
         let link = Link::establish(conn, config)
             .await
             .context("cannot set up the session")?;
-        if let Err(e) = authenticate(&link, secret).await {
-            link.abort("client gave up");
-            return Err(e);
+        match authenticate(&link, secret).await {
+            Ok(keys) => Ok((link, keys)),
+            Err(e) => {
+                link.abort("client gave up");
+                Err(e)
+            }
         }
-        Ok(link)
     }
 }
 
@@ -179,10 +191,10 @@ pub async fn client(
     params: Params,
     progress: &Progress,
 ) -> anyhow::Result<Report> {
-    let first = target.open(secret, &params).await?;
+    let (first, keys) = target.open(secret, &params).await?;
     let transport = first.backend().name();
     let mut links = vec![first];
-    let result = client_session(target, &mut links, secret, request, params, progress).await;
+    let result = client_session(target, &mut links, secret, keys, request, params, progress).await;
     if result.is_err() {
         streams::abort_all(&links, "client gave up");
     }
@@ -204,8 +216,9 @@ pub async fn client(
     })
 }
 
-/// Proves the secret to the server and checks the server's proof.
-async fn authenticate(link: &Link, secret: &[u8]) -> anyhow::Result<()> {
+/// Proves the secret to the server and checks the server's proof; the
+/// session's keys.
+async fn authenticate(link: &Link, secret: &[u8]) -> anyhow::Result<auth::SessionKeys> {
     let server_nonce = match next_msg(link).await? {
         Msg::Challenge { nonce } => nonce,
         Msg::Fail { reason } => return Err(refused(&reason)),
@@ -217,7 +230,7 @@ async fn authenticate(link: &Link, secret: &[u8]) -> anyhow::Result<()> {
         .await?;
     match next_msg(link).await? {
         Msg::AuthOk { mac } if auth::RCP.check_server(secret, &server_nonce, &nonce, &mac) => {
-            Ok(())
+            Ok(auth::RCP.session_keys(secret, &server_nonce, &nonce))
         }
         Msg::AuthOk { .. } => {
             Err(Refused("the server could not prove it knows the secret".into()).into())
@@ -247,7 +260,7 @@ async fn join_streams(
         .map(|stream| {
             let secret = secret.to_vec();
             tokio::spawn(async move {
-                let link = target.open(&secret, &params).await?;
+                let (link, _) = target.open(&secret, &params).await?;
                 let join = Msg::Join { session, stream };
                 link.send_message(&join.encode()).await?;
                 expect_ready(&link)
@@ -273,6 +286,7 @@ async fn client_session(
     target: Target,
     links: &mut Vec<Link>,
     secret: &[u8],
+    keys: auth::SessionKeys,
     request: Request,
     params: Params,
     progress: &Progress,
@@ -291,8 +305,13 @@ async fn client_session(
             control.send_message(&push.encode()).await?;
             let session = expect_ready(&control).await?;
             join_streams(target, links, secret, session, params).await?;
-            let (stats, outcome) =
-                send::send(links, local, params.send_options(), progress).await?;
+            let (stats, outcome) = send::send(
+                links,
+                local,
+                params.send_options(keys.client_to_server),
+                progress,
+            )
+            .await?;
             streams::finish_all(links).await?;
             (stats, outcome)
         }
@@ -306,7 +325,13 @@ async fn client_session(
             control.send_message(&pull.encode()).await?;
             let session = expect_ready(&control).await?;
             join_streams(target, links, secret, session, params).await?;
-            let got = recv::receive(links, base, params.recv_options(), progress).await?;
+            let got = recv::receive(
+                links,
+                base,
+                params.recv_options(keys.server_to_client),
+                progress,
+            )
+            .await?;
             streams::finish_all(links).await?;
             let outcome = send::Outcome {
                 digests: got.digests,
@@ -446,6 +471,9 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
     let proof = auth::RCP.server_proof(&config.secret, &nonce, &client_nonce);
     link.send_message(&Msg::AuthOk { mac: proof }.encode())
         .await?;
+    // The session's chunks are bound to it with these (further streams
+    // join it: its keys are this link's).
+    let keys = auth::RCP.session_keys(&config.secret, &nonce, &client_nonce);
     let progress = Progress::hidden();
     let stats = match setup_msg(&link).await? {
         Msg::Push {
@@ -457,7 +485,13 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             let params = config.params.with_request(flags, streams)?;
             let base = confined_base(&config.roots, &dest, sources as usize)?;
             *links = ready(&link, config, true, streams).await?;
-            let got = recv::receive(links, base, params.recv_options(), &progress).await?;
+            let got = recv::receive(
+                links,
+                base,
+                params.recv_options(keys.client_to_server),
+                &progress,
+            )
+            .await?;
             if config.log {
                 for f in &got.failed {
                     tracing::warn!(path = f.path, kind = ?f.kind, "{}: {}", f.path, f.reason);
@@ -477,7 +511,8 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 .map(|s| confined_source(&config.roots, s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
             *links = ready(&link, config, false, streams).await?;
-            let (stats, _) = send::send(links, local, params.send_options(), &progress).await?;
+            let options = params.send_options(keys.server_to_client);
+            let (stats, _) = send::send(links, local, options, &progress).await?;
             streams::finish_all(links).await?;
             stats
         }

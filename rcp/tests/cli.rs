@@ -332,6 +332,33 @@ fn a_chunk_corrupted_in_flight_fails_the_copy_and_leaves_nothing() {
     assert_ne!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
 }
 
+/// An attacker on the path who rewrites a chunk and puts the plain digest
+/// of the new bytes in its header, as the protocol would have it without
+/// session keys: the chunk's tag (made with the session's key, which the
+/// attacker does not have) no longer matches, with either digest.
+#[test]
+fn a_chunk_forged_on_the_path_with_its_plain_digest_is_refused() {
+    let t = Scratch::new("forge");
+    let src = t.path("src");
+    std::fs::write(&src, pattern(300_000, 11)).unwrap();
+    for digest in ["blake3", "sha256"] {
+        let dst = t.path(&format!("dst-{digest}"));
+        let out = Command::new(RCP)
+            .args(["--chunk-size", "64K", "--digest", digest, s(&src), s(&dst)])
+            .env("RCP_TEST_FORGE_CHUNK", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{digest}: {err}");
+        assert!(
+            err.contains("offset 65536") && err.contains("corrupted"),
+            "{err}"
+        );
+        assert!(!dst.exists(), "a forged copy appeared under its final name");
+    }
+    assert!(no_leftovers(t.dir()));
+}
+
 /// `rcp serve` on loopback, stopped on drop.
 struct Daemon {
     child: Child,

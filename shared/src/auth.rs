@@ -110,6 +110,63 @@ impl Domain {
     }
 }
 
+/// The keys of one authenticated session, one per direction, derived
+/// from the secret and both nonces: known to the two ends and to nobody
+/// who only saw the exchange.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct SessionKeys {
+    pub client_to_server: [u8; 32],
+    pub server_to_client: [u8; 32],
+}
+
+impl std::fmt::Debug for SessionKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionKeys(..)")
+    }
+}
+
+impl Domain {
+    /// `HMAC-SHA256(secret, LABEL client|server " key" | server nonce |
+    /// client nonce)` for each direction.
+    pub fn session_keys(
+        &self,
+        secret: &[u8],
+        server_nonce: &[u8; 32],
+        client_nonce: &[u8; 32],
+    ) -> SessionKeys {
+        let key = |label: &[u8]| -> [u8; 32] {
+            let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes any key length");
+            m.update(label);
+            m.update(b" key");
+            m.update(server_nonce);
+            m.update(client_nonce);
+            m.finalize().into_bytes().into()
+        };
+        SessionKeys {
+            client_to_server: key(self.client),
+            server_to_client: key(self.server),
+        }
+    }
+}
+
+/// `HMAC-SHA256(key, parts...)`: the tag that binds data to a session.
+pub fn tag(key: &[u8; 32], parts: &[&[u8]]) -> [u8; 32] {
+    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+    for p in parts {
+        m.update(p);
+    }
+    m.finalize().into_bytes().into()
+}
+
+/// Constant-time check of a [`tag`].
+pub fn check_tag(key: &[u8; 32], parts: &[&[u8]], tag: &[u8; 32]) -> bool {
+    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+    for p in parts {
+        m.update(p);
+    }
+    m.verify_slice(tag).is_ok()
+}
+
 /// A secret file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
@@ -184,6 +241,25 @@ mod tests {
         let proof = RBLOCK.server_proof(S, &s, &c);
         assert!(!RCP.check_server(S, &s, &c, &proof));
         assert!(RBLOCK.check_server(S, &s, &c, &proof));
+    }
+
+    #[test]
+    fn session_keys_differ_by_direction_session_and_tool() {
+        let (s, c) = (nonce(), nonce());
+        let k = RCP.session_keys(S, &s, &c);
+        assert_ne!(k.client_to_server, k.server_to_client);
+        assert_eq!(k, RCP.session_keys(S, &s, &c), "both ends derive the same");
+        assert_ne!(
+            k,
+            RCP.session_keys(S, &nonce(), &c),
+            "a fresh session, fresh keys"
+        );
+        assert_ne!(k, RBLOCK.session_keys(S, &s, &c));
+        assert_ne!(k, RCP.session_keys(b"another-secret-here", &s, &c));
+        let t = tag(&k.client_to_server, &[b"a", b"b"]);
+        assert!(check_tag(&k.client_to_server, &[b"a", b"b"], &t));
+        assert!(!check_tag(&k.client_to_server, &[b"a", b"c"], &t));
+        assert!(!check_tag(&k.server_to_client, &[b"a", b"b"], &t));
     }
 
     #[test]
