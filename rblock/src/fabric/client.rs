@@ -647,11 +647,11 @@ async fn open_session(t: &Target) -> anyhow::Result<(Arc<Session>, Opened)> {
     let proof = match (&t.secret, required) {
         (Some(s), true) => auth::RBLOCK.client_proof(s, &nonce, &client_nonce),
         (None, false) => [0; 32],
-        // (The server waits for an answer: the link is ended, not
-        // finished, which would wait for the server's goodbye.)
         // The export asked for may need none: the server decides, and
         // refuses what needs one.
         (None, true) => [0; 32],
+        // (The server waits for an answer: the link is ended, not
+        // finished, which would wait for the server's goodbye.)
         (Some(_), false) => {
             link.abort("this client refuses a server that does not authenticate");
             return Err(Refused(
