@@ -50,11 +50,12 @@ pub fn nonce() -> [u8; 32] {
     n
 }
 
-fn mac(secret: &[u8], label: &[u8], first: &[u8; 32], second: &[u8; 32]) -> HmacSha256 {
-    let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes any key length");
-    m.update(label);
-    m.update(first);
-    m.update(second);
+/// `HMAC-SHA256(key, parts...)`, not yet finished.
+fn hmac(key: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+    for p in parts {
+        m.update(p);
+    }
     m
 }
 
@@ -65,10 +66,7 @@ impl Domain {
         server_nonce: &[u8; 32],
         client_nonce: &[u8; 32],
     ) -> [u8; 32] {
-        mac(secret, self.client, server_nonce, client_nonce)
-            .finalize()
-            .into_bytes()
-            .into()
+        tag(secret, &[self.client, server_nonce, client_nonce])
     }
 
     pub fn server_proof(
@@ -77,10 +75,7 @@ impl Domain {
         server_nonce: &[u8; 32],
         client_nonce: &[u8; 32],
     ) -> [u8; 32] {
-        mac(secret, self.server, client_nonce, server_nonce)
-            .finalize()
-            .into_bytes()
-            .into()
+        tag(secret, &[self.server, client_nonce, server_nonce])
     }
 
     /// Constant-time check of a client's proof.
@@ -91,9 +86,7 @@ impl Domain {
         client_nonce: &[u8; 32],
         proof: &[u8; 32],
     ) -> bool {
-        mac(secret, self.client, server_nonce, client_nonce)
-            .verify_slice(proof)
-            .is_ok()
+        check_tag(secret, &[self.client, server_nonce, client_nonce], proof)
     }
 
     /// Constant-time check of the server's proof.
@@ -104,9 +97,22 @@ impl Domain {
         client_nonce: &[u8; 32],
         proof: &[u8; 32],
     ) -> bool {
-        mac(secret, self.server, client_nonce, server_nonce)
-            .verify_slice(proof)
-            .is_ok()
+        check_tag(secret, &[self.server, client_nonce, server_nonce], proof)
+    }
+
+    /// `HMAC-SHA256(secret, LABEL client|server " key" | server nonce |
+    /// client nonce)` for each direction.
+    pub fn session_keys(
+        &self,
+        secret: &[u8],
+        server_nonce: &[u8; 32],
+        client_nonce: &[u8; 32],
+    ) -> SessionKeys {
+        let key = |label: &[u8]| tag(secret, &[label, b" key", server_nonce, client_nonce]);
+        SessionKeys {
+            client_to_server: key(self.client),
+            server_to_client: key(self.server),
+        }
     }
 }
 
@@ -125,46 +131,15 @@ impl std::fmt::Debug for SessionKeys {
     }
 }
 
-impl Domain {
-    /// `HMAC-SHA256(secret, LABEL client|server " key" | server nonce |
-    /// client nonce)` for each direction.
-    pub fn session_keys(
-        &self,
-        secret: &[u8],
-        server_nonce: &[u8; 32],
-        client_nonce: &[u8; 32],
-    ) -> SessionKeys {
-        let key = |label: &[u8]| -> [u8; 32] {
-            let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes any key length");
-            m.update(label);
-            m.update(b" key");
-            m.update(server_nonce);
-            m.update(client_nonce);
-            m.finalize().into_bytes().into()
-        };
-        SessionKeys {
-            client_to_server: key(self.client),
-            server_to_client: key(self.server),
-        }
-    }
-}
-
-/// `HMAC-SHA256(key, parts...)`: the tag that binds data to a session.
-pub fn tag(key: &[u8; 32], parts: &[&[u8]]) -> [u8; 32] {
-    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
-    for p in parts {
-        m.update(p);
-    }
-    m.finalize().into_bytes().into()
+/// `HMAC-SHA256(key, parts...)`: a proof, a session key, or the tag that
+/// binds data to a session.
+pub fn tag(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    hmac(key, parts).finalize().into_bytes().into()
 }
 
 /// Constant-time check of a [`tag`].
-pub fn check_tag(key: &[u8; 32], parts: &[&[u8]], tag: &[u8; 32]) -> bool {
-    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
-    for p in parts {
-        m.update(p);
-    }
-    m.verify_slice(tag).is_ok()
+pub fn check_tag(key: &[u8], parts: &[&[u8]], tag: &[u8; 32]) -> bool {
+    hmac(key, parts).verify_slice(tag).is_ok()
 }
 
 /// A secret file that cannot be used.
