@@ -36,11 +36,19 @@ struct Serve(Child);
 
 impl Serve {
     fn start(image: &Path, fabric: u16, extra: &[&str]) -> Serve {
+        let export = format!("disk={}", image.display());
+        Serve::exporting(&[&export], fabric, extra)
+    }
+
+    /// The same with these `--export` arguments.
+    fn exporting(exports: &[&str], fabric: u16, extra: &[&str]) -> Serve {
         let nbd = free_port();
-        let child = Command::new(RBLOCK)
-            .arg("serve")
-            .arg("--export")
-            .arg(format!("disk={}", image.display()))
+        let mut cmd = Command::new(RBLOCK);
+        cmd.arg("serve");
+        for e in exports {
+            cmd.args(["--export", e]);
+        }
+        let child = cmd
             .args(["--nbd-listen", &format!("127.0.0.1:{nbd}")])
             .args(["--listen", &format!("127.0.0.1:{fabric}")])
             .args(["--transport", "tcp"])
@@ -160,24 +168,9 @@ fn an_export_with_a_secret_of_its_own_needs_it_and_the_others_do_not() {
     let vm = image(&t, 4 << 20);
     let key = secret(&t, "vm.key", "0123456789abcdef0123456789abcdef");
     let fabric = free_port();
-    let nbd = free_port();
-    let mut server = Command::new(RBLOCK)
-        .arg("serve")
-        .arg("--export")
-        .arg(format!("disk={}", img.display()))
-        .arg("--export")
-        .arg(format!("vm={},secret-file={}", vm.display(), key.display()))
-        .args(["--nbd-listen", &format!("127.0.0.1:{nbd}")])
-        .args(["--listen", &format!("127.0.0.1:{fabric}")])
-        .args(["--transport", "tcp"])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", nbd)).is_err() {
-        assert!(Instant::now() < deadline, "rblock serve did not start");
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    let disk = format!("disk={}", img.display());
+    let vm = format!("vm={},secret-file={}", vm.display(), key.display());
+    let _s = Serve::exporting(&[&disk, &vm], fabric, &[]);
     let size = (4u64 << 20).to_string();
     assert_eq!(connect_export(&t, fabric, "disk", &[]), Ok(size.clone()));
     let (code, err) = connect_export(&t, fabric, "vm", &[]).unwrap_err();
@@ -188,8 +181,6 @@ fn an_export_with_a_secret_of_its_own_needs_it_and_the_others_do_not() {
     );
     let with_key = ["--secret-file", key.to_str().unwrap()];
     assert_eq!(connect_export(&t, fabric, "vm", &with_key), Ok(size));
-    let _ = server.kill();
-    let _ = server.wait();
 }
 
 /// A raw client: the link, and the server's challenge.

@@ -81,14 +81,14 @@ async fn accept_loop(
         };
         let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
             let reason = format!("busy: {max_clients} connections already (--max-clients)");
-            tracing::warn!(client = client_of(&*conn), "refusing a client: {reason}");
+            tracing::warn!(client = conn.peer_name(), "refusing a client: {reason}");
             let config = Arc::clone(config);
             tokio::spawn(async move { session::refuse(conn, &config, reason).await });
             continue;
         };
         let config = Arc::clone(config);
         tokio::spawn(async move {
-            let client = client_of(&*conn);
+            let client = conn.peer_name();
             match session::server(conn, &config).await {
                 Ok(Served::Session(stats)) => tracing::info!(
                     client,
@@ -106,14 +106,6 @@ async fn accept_loop(
             drop(permit);
         });
     }
-}
-
-/// How the logs name a connection's peer.
-fn client_of(conn: &dyn rfabric::transport::Connection) -> String {
-    conn.peer().map_or_else(
-        || format!("{} peer", conn.backend().name()),
-        |a| a.to_string(),
-    )
 }
 
 /// `rcp server-once`: listens on a fresh port, prints the banner (port and

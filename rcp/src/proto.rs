@@ -42,6 +42,10 @@ pub enum FailKind {
     Corrupted = 2,
 }
 
+/// The receiver's verdict on one entry: in place, or why not
+/// (`EntryOk`/`EntriesOk` or `EntryFailed`).
+pub type Verdict = Result<(), (FailKind, String)>;
+
 impl FailKind {
     fn from_wire(b: u8) -> Result<FailKind, ProtoError> {
         Ok(match b {

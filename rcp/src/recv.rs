@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use crate::arrivals::{Action, Arrivals, Place, Shape};
 use crate::digest::{self, Algorithm};
 use crate::exit::{Corrupted, Exit, PeerLost};
-use crate::proto::{Entry, EntryKind, FailKind, MAX_OKS, Msg};
+use crate::proto::{Entry, EntryKind, FailKind, MAX_OKS, Msg, Verdict as EntryVerdict};
 use crate::report::{Failure, Progress, Stats};
 use crate::resume::have_batches;
 use crate::streams::Merged;
@@ -69,9 +69,6 @@ pub struct Received {
 
 /// A finished file's digest (verified copies), or what went wrong.
 type Verdict = Result<Option<(String, [u8; 32])>, Failure>;
-
-/// The receiver's answer about one entry: in place, or why not.
-type Answer = Result<(), (FailKind, String)>;
 
 /// What kind of failure `e` is, from the types in it.
 fn kind_of(e: &anyhow::Error) -> FailKind {
@@ -502,11 +499,11 @@ async fn tell_what_is_there(
 /// successes that pile up while it sends go out together in one
 /// `EntriesOk`.
 #[derive(Debug, Clone)]
-struct Answers(mpsc::UnboundedSender<(u32, Answer)>);
+struct Answers(mpsc::UnboundedSender<(u32, EntryVerdict)>);
 
 impl Answers {
     fn start(link: Link) -> (Answers, JoinHandle<anyhow::Result<()>>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Answer)>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<(u32, EntryVerdict)>();
         let task = tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
                 // Let the finishing files that are running add theirs.
@@ -540,7 +537,7 @@ impl Answers {
         (Answers(tx), task)
     }
 
-    fn send(&self, index: u32, result: Answer) {
+    fn send(&self, index: u32, result: EntryVerdict) {
         // The task outlives every sender; a failed link shows up there.
         let _ = self.0.send((index, result));
     }

@@ -19,8 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::digest::{self, Algorithm};
 use crate::exit::PeerLost;
-use crate::proto::FailKind;
-use crate::proto::{Entry, EntryKind, Msg};
+use crate::proto::{Entry, EntryKind, Msg, Verdict};
 use crate::report::{Failure, Progress, Stats};
 use crate::resume;
 use crate::tree::{self, Item};
@@ -594,9 +593,6 @@ struct Resuming {
 }
 
 type Haves = Arc<std::sync::Mutex<Resuming>>;
-
-/// The receiver's answer about one entry.
-type Verdict = Result<(), (FailKind, String)>;
 
 /// Reads the receiver's answers until it says goodbye; every entry gets one.
 async fn collect_answers(link: &Link, haves: &Haves) -> anyhow::Result<Vec<(u32, Verdict)>> {

@@ -27,10 +27,7 @@ impl Accepting {
     /// A client of rblock's fabric protocol (`rblock connect`).
     pub(super) fn start_link(&self, conn: Arc<dyn rfabric::transport::Connection>) {
         let closer = Arc::clone(&conn);
-        let client = conn.peer().map_or_else(
-            || format!("{} peer", conn.backend().name()),
-            |a| a.to_string(),
-        );
+        let client = conn.peer_name();
         let secret = self.fabric_secret.clone();
         let who = client.clone();
         let admitted = self.admit("fabric connection", client, move |exports, shutdown| {

@@ -331,6 +331,15 @@ pub trait Connection: Send + Sync + 'static {
         None
     }
 
+    /// How logs name the peer: its address, or "rdma peer" (and the like)
+    /// where the backend does not know it.
+    fn peer_name(&self) -> String {
+        self.peer().map_or_else(
+            || format!("{} peer", self.backend().name()),
+            |a| a.to_string(),
+        )
+    }
+
     fn limits(&self) -> Limits;
 
     /// Registers `memory`; with `gate`, every peer write into it is checked
