@@ -142,6 +142,12 @@ pub fn check_tag(key: &[u8], parts: &[&[u8]], tag: &[u8; 32]) -> bool {
     hmac(key, parts).verify_slice(tag).is_ok()
 }
 
+/// Constant-time check of the first `tag.len()` bytes of a [`tag`] (a
+/// sealed link's 16-byte tags).
+pub fn check_tag_prefix(key: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
+    hmac(key, parts).verify_truncated_left(tag).is_ok()
+}
+
 /// A secret file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {

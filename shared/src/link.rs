@@ -19,6 +19,10 @@
 //! can still be sent, the connection closes, and every waiter sees why.
 //! The rules from hello to goodbye are a machine of their own, without
 //! I/O: [`lifecycle`].
+//!
+//! Once the application has authenticated the peer, [`Link::seal_incoming`]
+//! and [`Link::seal_outgoing`] bind everything after to that session
+//! ([`seal`]: a tag on every frame and chunk, encryption if chosen).
 #![allow(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
@@ -35,12 +39,14 @@ use crate::transport::{
     WcError, WriteGate, closed_reason, completions,
 };
 use crate::wire::{
-    self, Body, CHUNK_HEADER_LEN, ChunkHeader, CreditUpdate, ErrorCode, FRAME_HEADER_LEN, Frame,
-    Hello, RingDescriptor, Role, WireError,
+    self, Body, CHUNK_HEADER_LEN, CHUNK_HEADER_SEALED_LEN, ChunkHeader, CreditUpdate, ErrorCode,
+    FRAME_HEADER_LEN, Frame, Hello, RingDescriptor, Role, WireError, chunk_flags,
 };
 use lifecycle::{Heard, Lifecycle, check_hello};
+use seal::{Opened, Opener, Protection, SealError, Sealer, TAG_LEN};
 
 pub mod lifecycle;
+pub mod seal;
 
 /// How one side of a link is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +87,8 @@ pub enum LinkError {
     Credit(#[from] CreditError),
     #[error("peer broke the protocol: {0}")]
     Protocol(String),
+    #[error(transparent)]
+    Seal(#[from] SealError),
     #[error("peer reported an error ({code:?}): {text}")]
     Peer { code: ErrorCode, text: String },
     #[error("invalid link configuration: {0}")]
@@ -212,6 +220,8 @@ struct State {
     incoming: VecDeque<Incoming>,
     /// Hello to goodbye: what may be sent and heard, how the link ended.
     life: Lifecycle,
+    /// Seals what this side sends, once [`Link::seal_outgoing`] was called.
+    sealer: Option<Sealer>,
 }
 
 struct Inner {
@@ -224,6 +234,9 @@ struct Inner {
     headers: Region,
     inbound: Arc<Mutex<Inbound>>,
     state: Mutex<State>,
+    /// Checks what the peer sends, once [`Link::seal_incoming`] was called
+    /// (only the driver opens; the lock is for installing it).
+    opener: Mutex<Option<Opener>>,
     /// Wakes senders and receivers when state changed.
     changed: Notify,
     /// Wakes the driver when a credit update may be due.
@@ -418,6 +431,7 @@ impl Link {
             next_wr: 1,
             incoming: VecDeque::new(),
             life: Lifecycle::new(),
+            sealer: None,
         };
         let inner = Arc::new(Inner {
             conn,
@@ -429,6 +443,7 @@ impl Link {
             headers,
             inbound,
             state: Mutex::new(state),
+            opener: Mutex::new(None),
             changed: Notify::new(),
             credit_due: Notify::new(),
         });
@@ -451,13 +466,36 @@ impl Link {
         self.inner.peer.ring.max_payload()
     }
 
-    /// Largest application message either side's buffers take.
+    /// Largest application message either side's buffers take (room for
+    /// a seal's tag is always kept).
     pub fn max_message(&self) -> usize {
         self.inner
             .config
             .control_size
             .min(self.inner.peer.control_size) as usize
             - FRAME_HEADER_LEN
+            - TAG_LEN
+    }
+
+    /// From now on, every frame and chunk from the peer must be sealed with
+    /// `key` (the peer's direction's session key) under `protection`; the
+    /// one exception is a credit update sent before the peer's first
+    /// sealed frame. Call it before the peer can have sealed anything: the
+    /// side that proves itself last (the client, sending its proof) calls
+    /// it before that proof goes out, the other side before it answers.
+    pub fn seal_incoming(&self, protection: Protection, key: &[u8; 32]) {
+        *self.inner.opener.lock().expect("opener lock") = Some(Opener::new(protection, key));
+    }
+
+    /// From now on, every frame and chunk this side sends is sealed with
+    /// `key` (this direction's session key) under `protection`.
+    pub fn seal_outgoing(&self, protection: Protection, key: &[u8; 32]) {
+        self.state().sealer = Some(Sealer::new(protection, key));
+    }
+
+    /// How this side's sending half is sealed, if it is.
+    pub fn protection(&self) -> Option<Protection> {
+        self.state().sealer.as_ref().map(Sealer::protection)
     }
 
     /// Registers memory (a buffer pool's) for chunks sent on this link.
@@ -490,7 +528,7 @@ impl Link {
         &self,
         meta: ChunkMeta,
         region: &Region,
-        buf: PoolBuf,
+        mut buf: PoolBuf,
     ) -> Result<(), LinkError> {
         if !Arc::ptr_eq(region.memory(), buf.pool().memory()) {
             return Err(LinkError::Config(
@@ -520,14 +558,25 @@ impl Link {
                 let queue_room = st.in_flight.len() + 2 <= inner.conn.limits().max_send_wr as usize;
                 if queue_room && st.outbound.slots_available() > 0 && !st.header_busy[next_header] {
                     let ticket = st.outbound.try_slot().expect("credit checked");
-                    let header = ChunkHeader {
+                    let mut header = ChunkHeader {
                         payload_len: buf.len() as u32,
                         owner: meta.owner,
                         offset: meta.offset,
                         flags: meta.flags,
                         note: ticket.note,
                         digest: meta.digest,
+                        tag: [0; TAG_LEN],
                     };
+                    if let Some(sealer) = &st.sealer {
+                        let covered = header.encode();
+                        let digest_inside = meta.flags & chunk_flags::DIGEST != 0;
+                        header.tag = sealer.seal_chunk(
+                            ticket.seq,
+                            &covered[..CHUNK_HEADER_SEALED_LEN],
+                            buf.data_mut(),
+                            digest_inside,
+                        );
+                    }
                     let hoff = ticket.index as usize * CHUNK_HEADER_LEN;
                     // SAFETY: header slot `index` is not busy (checked above),
                     // so no posted write reads it; the state lock serialises
@@ -749,7 +798,11 @@ fn try_post_control(inner: &Inner, st: &mut State, body: &Body<'_>) -> Result<bo
     };
     let size = inner.config.control_size;
     // SAFETY: `buf` came off the free list: no posted send reads it.
-    let len = frame.encode(unsafe { send_slice(&inner.send_bufs, size, buf) });
+    let out = unsafe { send_slice(&inner.send_bufs, size, buf) };
+    let mut len = frame.encode(out);
+    if let Some(sealer) = &mut st.sealer {
+        len = sealer.seal_frame(out, len);
+    }
     let wr = st.next_wr;
     st.next_wr += 1;
     // SAFETY: `buf` came off the free list and returns to it on completion.
@@ -771,13 +824,14 @@ fn fail(inner: &Inner, error: LinkError) {
     };
     if tell_peer {
         let text = error.to_string();
-        let frame_size = inner.config.control_size.min(inner.peer.control_size);
+        let frame_size =
+            inner.config.control_size.min(inner.peer.control_size) as usize - TAG_LEN;
         let _ = try_post_control(
             inner,
             &mut st,
             &Body::Error {
                 code: error.code(),
-                text: wire::fit_error_text(&text, frame_size as usize),
+                text: wire::fit_error_text(&text, frame_size),
             },
         );
     }
@@ -940,6 +994,24 @@ fn landed_chunk(inner: &Arc<Inner>, note: u32, landed: usize) -> Result<Chunk, L
             .slice(index as usize * slot_size, slot_size)
     };
     let header = ChunkHeader::decode(slot, landed, slot_size - CHUNK_HEADER_LEN, note)?;
+    if let Some(opener) = &*inner.opener.lock().expect("opener lock") {
+        let covered = header.encode();
+        // SAFETY: as above; and no `Chunk` for this slot exists yet, so
+        // nothing else reads it while it is decrypted in place.
+        let payload = unsafe {
+            inner.ring.memory().slice_mut(
+                index as usize * slot_size + CHUNK_HEADER_LEN,
+                header.payload_len as usize,
+            )
+        };
+        opener.open_chunk(
+            seq,
+            &covered[..CHUNK_HEADER_SEALED_LEN],
+            payload,
+            header.flags & chunk_flags::DIGEST != 0,
+            &header.tag,
+        )?;
+    }
     Ok(Chunk {
         inner: Arc::clone(inner),
         seq,
@@ -949,7 +1021,17 @@ fn landed_chunk(inner: &Arc<Inner>, note: u32, landed: usize) -> Result<Chunk, L
 }
 
 fn handle_frame(inner: &Inner, bytes: &[u8]) -> Result<(), LinkError> {
-    let frame = Frame::decode(bytes)?;
+    let opened = match &mut *inner.opener.lock().expect("opener lock") {
+        Some(opener) => opener.open_frame(bytes)?,
+        None if bytes.get(3).is_some_and(|f| f & seal::SEALED != 0) => {
+            return Err(SealError::Early.into());
+        }
+        None => Opened::Plain,
+    };
+    let frame = match &opened {
+        Opened::Sealed(plain) => Frame::decode(plain)?,
+        Opened::Plain => Frame::decode(bytes)?,
+    };
     // A peer's error is reported as it is, whatever its credits say: it may
     // come from a peer that gave up before its credit state meant anything.
     if let Body::Error { code, text } = frame.body {

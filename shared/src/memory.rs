@@ -265,6 +265,12 @@ impl PoolBuf {
         unsafe { self.pool.memory.slice(self.offset(), self.len) }
     }
 
+    /// The data part, to change in place (a sealed link encrypts it).
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut self.spare()[..len]
+    }
+
     /// Copies `bytes` in and sets the length.
     pub fn fill_from(&mut self, bytes: &[u8]) {
         self.spare()[..bytes.len()].copy_from_slice(bytes);

@@ -10,9 +10,10 @@
 use thiserror::Error;
 
 /// The protocol version this build speaks. A hello with any other version is
-/// refused: there is exactly one version so far, so there is nothing to
-/// negotiate down to.
-pub const VERSION: u16 = 1;
+/// refused: both tools are shipped together, so there is nothing to
+/// negotiate down to. Version 2 added sealing (the frame flag and the
+/// chunk header's tag, see [`crate::link::seal`]).
+pub const VERSION: u16 = 2;
 
 /// `"RF"` as the first two bytes of every control frame.
 pub const FRAME_MAGIC: u16 = u16::from_le_bytes(*b"RF");
@@ -35,7 +36,9 @@ pub const MAX_ERROR_TEXT: usize = 1024;
 /// `"CHNK"`: first bytes of every chunk header.
 pub const CHUNK_MAGIC: u32 = u32::from_le_bytes(*b"CHNK");
 /// Bytes of the chunk header at the start of each landing slot.
-pub const CHUNK_HEADER_LEN: usize = 64;
+pub const CHUNK_HEADER_LEN: usize = 80;
+/// The part of a chunk header a seal covers: all but its tag.
+pub const CHUNK_HEADER_SEALED_LEN: usize = CHUNK_HEADER_LEN - 16;
 
 const HELLO_BODY_LEN: usize = 40;
 const GOODBYE_BODY_LEN: usize = 8;
@@ -170,6 +173,13 @@ pub struct Frame<'a> {
     pub credit: CreditUpdate,
     pub body: Body<'a>,
 }
+
+/// The kind byte of an error frame (a sealed link takes these unsealed).
+pub const KIND_ERROR: u8 = Kind::Error as u8;
+/// The kind byte of a standalone credit update.
+pub const KIND_CREDIT: u8 = Kind::Credit as u8;
+/// The kind byte of an application message.
+pub const KIND_APP: u8 = Kind::App as u8;
 
 #[repr(u8)]
 enum Kind {
@@ -513,6 +523,9 @@ pub struct ChunkHeader {
     /// never taken for a fresh one.
     pub note: u32,
     pub digest: [u8; 32],
+    /// A sealed link's tag over the rest of the header (and the payload,
+    /// see [`crate::link::seal`]); zero on a link that is not sealed.
+    pub tag: [u8; 16],
 }
 
 impl ChunkHeader {
@@ -526,6 +539,7 @@ impl ChunkHeader {
         w.put(&self.flags.to_le_bytes());
         w.put(&self.note.to_le_bytes());
         w.put(&self.digest);
+        w.put(&self.tag);
         out
     }
 
@@ -569,6 +583,7 @@ impl ChunkHeader {
             flags: f.u32(),
             note: f.u32(),
             digest: f.take(32).try_into().expect("32 bytes"),
+            tag: f.take(16).try_into().expect("16 bytes"),
         };
         if header.flags & !chunk_flags::KNOWN != 0 {
             return Err(WireError::BadField {

@@ -192,7 +192,7 @@ async fn a_chunk_with_a_garbage_header_fails_the_link() {
     let (link, peer) = setup().await;
     // Admitted by the credit gate (slot 0, note 0), but 0xEE bytes are no
     // chunk header.
-    peer.write(peer.slot(0), peer.rkey(), 64, Some(0));
+    peer.write(peer.slot(0), peer.rkey(), wire::CHUNK_HEADER_LEN, Some(0));
     let err = link.recv().await.unwrap_err();
     assert!(
         matches!(err, LinkError::Wire(wire::WireError::BadMagic(_))),
@@ -323,7 +323,7 @@ async fn a_wrong_version_hello_is_refused_with_a_version_error() {
         err,
         LinkError::Wire(wire::WireError::Version {
             got: 9,
-            supported: 1
+            supported: wire::VERSION
         })
     );
     // The client gets the server's hello, then an error frame saying why.

@@ -148,12 +148,12 @@ fn header_fields_are_checked() {
 
 #[test]
 fn wrong_version_is_named_even_with_another_length() {
-    let mut b = hello_bytes(|h| h.version = 2);
+    let mut b = hello_bytes(|h| h.version = 3);
     assert_eq!(
         decode_err(&b),
         WireError::Version {
-            got: 2,
-            supported: 1
+            got: 3,
+            supported: 2
         }
     );
     // A future hello may be longer: still a version error, not a length one.
@@ -162,8 +162,8 @@ fn wrong_version_is_named_even_with_another_length() {
     assert_eq!(
         decode_err(&b),
         WireError::Version {
-            got: 2,
-            supported: 1
+            got: 3,
+            supported: 2
         }
     );
 }
@@ -308,6 +308,7 @@ fn chunk() -> ChunkHeader {
         flags: chunk_flags::DIGEST | chunk_flags::END_OF_STREAM,
         note: 77,
         digest: [0xab; 32],
+        tag: [0xcd; 16],
     }
 }
 
@@ -316,17 +317,17 @@ fn chunk_header_round_trips_and_is_checked() {
     let h = chunk();
     let mut slot = vec![0u8; 256];
     slot[..CHUNK_HEADER_LEN].copy_from_slice(&h.encode());
-    assert_eq!(ChunkHeader::decode(&slot, 164, 192, 77), Ok(h));
+    assert_eq!(ChunkHeader::decode(&slot, 180, 192, 77), Ok(h));
     assert!(matches!(
-        ChunkHeader::decode(&slot, 164, 99, 77),
+        ChunkHeader::decode(&slot, 180, 99, 77),
         Err(WireError::Oversized { len: 100, max: 99 })
     ));
     assert!(matches!(
-        ChunkHeader::decode(&slot, 165, 192, 77),
+        ChunkHeader::decode(&slot, 181, 192, 77),
         Err(WireError::LengthMismatch { .. })
     ));
     assert!(matches!(
-        ChunkHeader::decode(&slot, 164, 192, 78),
+        ChunkHeader::decode(&slot, 180, 192, 78),
         Err(WireError::BadField {
             field: "chunk.note",
             ..
@@ -339,13 +340,13 @@ fn chunk_header_round_trips_and_is_checked() {
     let mut bad = slot.clone();
     bad[0] = 0;
     assert!(matches!(
-        ChunkHeader::decode(&bad, 164, 192, 77),
+        ChunkHeader::decode(&bad, 180, 192, 77),
         Err(WireError::BadMagic(_))
     ));
     let mut bad = slot;
     bad[24] = 0x80;
     assert!(matches!(
-        ChunkHeader::decode(&bad, 164, 192, 77),
+        ChunkHeader::decode(&bad, 180, 192, 77),
         Err(WireError::BadField {
             field: "chunk.flags",
             ..
