@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use rfabric::endpoint::{self, Listener, Transport};
+use rfabric::link::seal::EncryptChoice;
 
 use crate::cli::{Cli, Cmd, CopyArgs};
 use crate::exit::Exit;
@@ -213,6 +214,14 @@ async fn local_copy(
     let listener = Listener::bind("127.0.0.1:0".parse()?, Transport::Tcp).await?;
     let addr: SocketAddr = format!("127.0.0.1:{}", listener.port()?).parse()?;
     let secret = auth::nonce().to_vec();
+    // Both ends are this process: nothing crosses a network.
+    let p = Params {
+        encrypt: match p.encrypt {
+            EncryptChoice::Always => EncryptChoice::Always,
+            EncryptChoice::Tcp | EncryptChoice::Never => EncryptChoice::Never,
+        },
+        ..p
+    };
     let config = ServeConfig {
         roots: vec![PathBuf::from("/")],
         secret: secret.clone(),

@@ -8,10 +8,11 @@ use std::path::PathBuf;
 use crate::digest::Choice as DigestChoice;
 use clap::{Args, Parser, Subcommand};
 use rfabric::endpoint::Transport;
+use rfabric::link::seal::EncryptChoice;
 use rfabric::storage::EngineChoice;
 
-/// Copy files between nodes over RDMA (or TCP), pipelined and verified end
-/// to end with SHA-256.
+/// Copy files between nodes over RDMA (or TCP), pipelined, verified end
+/// to end (BLAKE3, or SHA-256) and authenticated, encrypted over TCP.
 ///
 /// Operands are local paths, [user@]host:path (rcp is started on the far
 /// side through --rsh, as scp does), or rcp://host[:port]/path (a running
@@ -30,8 +31,9 @@ use rfabric::storage::EngineChoice;
                        2  bad usage\n  \
                        3  refused: authentication failed, or the server turned the request \
                        down (outside its roots, busy)\n  \
-                       4  verification failed: data arrived corrupted (nothing corrupted is \
-                       kept under its final name)\n  \
+                       4  verification failed: data arrived corrupted, or data or messages \
+                       were changed on the path (nothing corrupted is kept under its final \
+                       name)\n  \
                        5  a local I/O error stopped the copy\n  \
                        6  the peer could not be reached, or was lost mid-copy"
 )]
@@ -70,6 +72,15 @@ pub struct Tuning {
     /// remote-shell mode the far side is asked for the same.
     #[arg(long, value_enum, default_value_t = EngineChoice::Auto, value_name = "ENGINE")]
     pub io_engine: EngineChoice,
+    /// When the session is encrypted (AES-256-GCM with keys only the two
+    /// ends hold): tcp encrypts over TCP, which crosses ordinary networks,
+    /// and leaves RDMA in clear; always encrypts RDMA too. Every message
+    /// and chunk is authenticated in any case. A copy between two local
+    /// paths crosses no network and is encrypted only with always. For
+    /// `rcp serve` this is what clients must accept: a client that asks
+    /// for less is refused.
+    #[arg(long, value_enum, default_value_t = EncryptChoice::Tcp, value_name = "WHEN")]
+    pub encrypt: EncryptChoice,
 }
 
 #[derive(Args, Debug)]

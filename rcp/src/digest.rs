@@ -148,51 +148,6 @@ impl Algorithm {
     }
 }
 
-/// What a chunk's header carries in its digest field when the session
-/// has keys: `HMAC-SHA256(key, owner u64 | offset u64 | length u32 | flags
-/// u32 | chunk digest)`, integers little-endian. Only the two ends know
-/// `key`, so a chunk cannot be altered (payload and digest together),
-/// moved to another file or offset, or carried into another session; the
-/// file digest users see stays the plain hash of the plain chunk digests.
-pub fn chunk_tag(
-    key: &[u8; 32],
-    owner: u64,
-    offset: u64,
-    len: u32,
-    flags: u32,
-    digest: &[u8; 32],
-) -> [u8; 32] {
-    rfabric::auth::tag(key, &[&chunk_fields(owner, offset, len, flags, digest)])
-}
-
-/// Constant-time check of a [`chunk_tag`].
-pub fn check_chunk_tag(
-    key: &[u8; 32],
-    owner: u64,
-    offset: u64,
-    len: u32,
-    flags: u32,
-    digest: &[u8; 32],
-    tag: &[u8; 32],
-) -> bool {
-    rfabric::auth::check_tag(
-        key,
-        &[&chunk_fields(owner, offset, len, flags, digest)],
-        tag,
-    )
-}
-
-/// The fields a chunk tag covers, in their fixed-width order.
-fn chunk_fields(owner: u64, offset: u64, len: u32, flags: u32, digest: &[u8; 32]) -> [u8; 56] {
-    let mut f = [0u8; 56];
-    f[..8].copy_from_slice(&owner.to_le_bytes());
-    f[8..16].copy_from_slice(&offset.to_le_bytes());
-    f[16..20].copy_from_slice(&len.to_le_bytes());
-    f[20..24].copy_from_slice(&flags.to_le_bytes());
-    f[24..].copy_from_slice(digest);
-    f
-}
-
 /// Lower-case hex, two digits a byte: digests as `sha256sum` prints them,
 /// and the crate's one encoder for the other bytes shown as text (the
 /// remote-shell token, temporary-name tags).
@@ -238,24 +193,6 @@ mod tests {
             Algorithm::Blake3.file_digest(2, 4, &all),
             "the algorithms differ"
         );
-    }
-
-    #[test]
-    fn a_chunk_tag_covers_every_field_and_needs_the_key() {
-        let (k, d) = ([7u8; 32], [9u8; 32]);
-        let t = chunk_tag(&k, 3, 4096, 100, 1, &d);
-        assert!(check_chunk_tag(&k, 3, 4096, 100, 1, &d, &t));
-        for (o, off, len, fl, dg) in [
-            (4, 4096, 100, 1, d),
-            (3, 0, 100, 1, d),
-            (3, 4096, 99, 1, d),
-            (3, 4096, 100, 3, d),
-            (3, 4096, 100, 1, [8; 32]),
-        ] {
-            assert!(!check_chunk_tag(&k, o, off, len, fl, &dg, &t));
-        }
-        assert!(!check_chunk_tag(&[6; 32], 3, 4096, 100, 1, &d, &t));
-        assert_ne!(t, d, "the tag is not the plain digest");
     }
 
     #[test]

@@ -56,7 +56,7 @@ impl Exit {
             Exit::Usage
         } else if has::<Refused>(error) {
             Exit::Refused
-        } else if has::<Corrupted>(error) {
+        } else if has::<Corrupted>(error) || tampered(error) {
             Exit::Corrupted
         } else if has::<LinkError>(error) || has::<TransportError>(error) || has::<PeerLost>(error)
         {
@@ -67,6 +67,15 @@ impl Exit {
             Exit::Partial
         }
     }
+}
+
+/// Whether a link in `error`'s chain ended on a failed session check:
+/// data or messages changed on the path count as corrupted.
+fn tampered(error: &anyhow::Error) -> bool {
+    error
+        .chain()
+        .filter_map(|e| e.downcast_ref::<LinkError>())
+        .any(LinkError::is_tampering)
 }
 
 /// Whether `error` has a `T`: as a context it was given, or anywhere in
@@ -126,6 +135,12 @@ mod tests {
             Exit::Corrupted
         );
         assert_eq!(Exit::of_error(&anyhow::anyhow!("other")), Exit::Partial);
+        let tampered = anyhow::Error::new(LinkError::Peer {
+            code: rfabric::wire::ErrorCode::Tampered,
+            text: "chunk 3 failed its session check".into(),
+        })
+        .context("receiving");
+        assert_eq!(Exit::of_error(&tampered), Exit::Corrupted);
         // A refusal wins over the link error it came with.
         let both = anyhow::Error::new(LinkError::Finished).context(Refused("no".into()));
         assert_eq!(Exit::of_error(&both), Exit::Refused);

@@ -86,16 +86,22 @@ pub struct Entry {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
-    /// Server → client: prove you know the secret.
+    /// Server → client: prove you know the secret; `encrypt`: this server
+    /// requires the session encrypted.
     Challenge {
         nonce: [u8; 32],
+        encrypt: bool,
     },
-    /// Client → server.
+    /// Client → server; `encrypt`: the protection the session is sealed
+    /// with from here on (mixed into its keys, so a path that flips it
+    /// fails the first sealed frame).
     Auth {
         nonce: [u8; 32],
         mac: [u8; 32],
+        encrypt: bool,
     },
-    /// Server → client: and here is proof that I know it too.
+    /// Server → client, the first sealed message: and here is proof that
+    /// I know it too.
     AuthOk {
         mac: [u8; 32],
     },
@@ -236,10 +242,18 @@ impl Msg {
         let mut w = Vec::with_capacity(64);
         w.push(self.tag());
         match self {
-            Msg::Challenge { nonce } => w.extend_from_slice(nonce),
-            Msg::Auth { nonce, mac } => {
+            Msg::Challenge { nonce, encrypt } => {
+                w.extend_from_slice(nonce);
+                w.push(u8::from(*encrypt));
+            }
+            Msg::Auth {
+                nonce,
+                mac,
+                encrypt,
+            } => {
                 w.extend_from_slice(nonce);
                 w.extend_from_slice(mac);
+                w.push(u8::from(*encrypt));
             }
             Msg::AuthOk { mac } => w.extend_from_slice(mac),
             Msg::Push {
@@ -333,10 +347,14 @@ impl Msg {
         let mut r = Reader(bytes);
         let tag = r.u8()?;
         let msg = match tag {
-            1 => Msg::Challenge { nonce: r.array()? },
+            1 => Msg::Challenge {
+                nonce: r.array()?,
+                encrypt: r.flag("challenge.encrypt")?,
+            },
             2 => Msg::Auth {
                 nonce: r.array()?,
                 mac: r.array()?,
+                encrypt: r.flag("auth.encrypt")?,
             },
             3 => Msg::AuthOk { mac: r.array()? },
             4 => {
@@ -371,11 +389,7 @@ impl Msg {
                 }
             }
             6 => Msg::Ready {
-                dest_is_dir: match r.u8()? {
-                    0 => false,
-                    1 => true,
-                    _ => return Err(ProtoError::BadField("ready.dest_is_dir")),
-                },
+                dest_is_dir: r.flag("ready.dest_is_dir")?,
                 session: r.array()?,
             },
             7 => Msg::Entry(r.entry()?),
@@ -489,6 +503,15 @@ impl<'a> Reader<'a> {
         self.0 = rest;
         Ok(head)
     }
+    /// A byte that must be 0 or 1.
+    fn flag(&mut self, field: &'static str) -> Result<bool, ProtoError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(ProtoError::BadField(field)),
+        }
+    }
+
     fn u8(&mut self) -> Result<u8, ProtoError> {
         Ok(self.take(1)?[0])
     }
@@ -581,10 +604,14 @@ mod tests {
 
     fn samples() -> Vec<Msg> {
         vec![
-            Msg::Challenge { nonce: [1; 32] },
+            Msg::Challenge {
+                nonce: [1; 32],
+                encrypt: true,
+            },
             Msg::Auth {
                 nonce: [2; 32],
                 mac: [3; 32],
+                encrypt: false,
             },
             Msg::AuthOk { mac: [4; 32] },
             Msg::Push {

@@ -2,6 +2,7 @@
 //! (human or `--json`), and how the run ended, for the exit status.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rfabric::link::seal::Protection;
 use rfabric::storage::Kind;
 use serde::Serialize;
 
@@ -26,6 +27,8 @@ pub struct Report {
     pub stats: Stats,
     pub seconds: f64,
     pub transport: &'static str,
+    /// How the session was sealed.
+    pub protection: Protection,
     /// This side's storage engine.
     pub io_engine: Kind,
     /// Links the data went over.
@@ -98,6 +101,9 @@ pub struct Summary {
     pub bytes_per_second: f64,
     /// What the data was verified with: "blake3", "sha256" or "none".
     pub digest: &'static str,
+    /// Whether the session was encrypted (it was authenticated in any
+    /// case).
+    pub encrypted: bool,
     pub files: u64,
     pub io_engine: &'static str,
     pub ok: bool,
@@ -126,6 +132,7 @@ impl Summary {
             bytes: r.stats.bytes,
             bytes_per_second: rate(r),
             digest: r.algorithm.map_or("none", Algorithm::name),
+            encrypted: r.protection == Protection::Encrypt,
             files: r.stats.files,
             io_engine: r.io_engine.name(),
             ok,
@@ -153,12 +160,13 @@ fn rate(r: &Report) -> f64 {
 /// The line a person reads on stderr at the end of a copy.
 pub fn human_line(r: &Report) -> String {
     let line = format!(
-        "{} file(s), {} bytes in {:.2} s ({:.1} MB/s) over {}",
+        "{} file(s), {} bytes in {:.2} s ({:.1} MB/s) over {}, {}",
         r.stats.files,
         r.stats.bytes,
         r.seconds,
         rate(r) / 1e6,
-        r.transport
+        r.transport,
+        r.protection.name()
     );
     match (&r.digest, r.algorithm, failed(r)) {
         (_, _, true) => format!("FAILED: {line}; see the errors above"),
@@ -203,6 +211,7 @@ mod tests {
             },
             seconds: 0.5,
             transport: "tcp",
+            protection: Protection::Encrypt,
             io_engine: Kind::Threads,
             streams: 2,
             algorithm: alg,
@@ -216,7 +225,8 @@ mod tests {
         let r = report(Some(Algorithm::Sha256), Some([0xab; 32]), vec![]);
         let expected = format!(
             concat!(
-                r#"{{"bytes":300000,"bytes_per_second":600000.0,"digest":"sha256","files":1,"#,
+                r#"{{"bytes":300000,"bytes_per_second":600000.0,"digest":"sha256","encrypted":true,"#,
+                r#""files":1,"#,
                 r#""io_engine":"threads","ok":true,"seconds":0.5,"sha256":"{}","#,
                 r#""stream_bytes":[200000,100000],"streams":2,"transport":"tcp"}}"#
             ),
@@ -248,6 +258,7 @@ mod tests {
                 "bytes",
                 "bytes_per_second",
                 "digest",
+                "encrypted",
                 "files",
                 "io_engine",
                 "ok",
@@ -265,18 +276,18 @@ mod tests {
         assert_eq!(
             human_line(&r),
             format!(
-                "1 file(s), 300000 bytes in 0.50 s (0.6 MB/s) over tcp, verified, blake3 {}",
+                "1 file(s), 300000 bytes in 0.50 s (0.6 MB/s) over tcp, encrypted, verified, blake3 {}",
                 "0".repeat(64)
             )
         );
         let r = report(Some(Algorithm::Sha256), None, vec![]);
-        assert!(human_line(&r).ends_with("over tcp, verified with sha256"));
+        assert!(human_line(&r).ends_with("over tcp, encrypted, verified with sha256"));
         let r = report(None, None, vec![]);
-        assert!(human_line(&r).ends_with("over tcp"));
+        assert!(human_line(&r).ends_with("over tcp, encrypted"));
         let r = report(Some(Algorithm::Blake3), Some([0; 32]), vec![failure()]);
         assert_eq!(
             human_line(&r),
-            "FAILED: 1 file(s), 300000 bytes in 0.50 s (0.6 MB/s) over tcp; see the errors above"
+            "FAILED: 1 file(s), 300000 bytes in 0.50 s (0.6 MB/s) over tcp, encrypted; see the errors above"
         );
     }
 

@@ -10,14 +10,14 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use rfabric::link::{ChunkMeta, Incoming, Link};
+use rfabric::link::{ChunkMeta, Incoming, Link, LinkError};
 use rfabric::memory::{BufferPool, PoolBuf};
 use rfabric::wire::chunk_flags;
 use rustix::fs::SeekFrom;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::digest::{self, Algorithm};
+use crate::digest::Algorithm;
 use crate::exit::PeerLost;
 use crate::proto::{Entry, EntryKind, Msg, Verdict};
 use crate::report::{Failure, Progress, Stats};
@@ -40,9 +40,6 @@ pub struct SendOptions {
     pub verify: bool,
     /// What chunks and files are hashed with.
     pub digest: Algorithm,
-    /// The session key of the data's direction: chunk headers carry tags
-    /// made with it (None: plain digests).
-    pub seal: Option<[u8; 32]>,
     /// Ask the receiver what it has of each file; send only what differs.
     pub resume: bool,
     pub chunk: usize,
@@ -238,30 +235,10 @@ pub async fn send(
                 }
                 let len = buf.len() as u64;
                 let flags = if opts.verify { chunk_flags::DIGEST } else { 0 };
-                // The header's digest field: the chunk's tag where the
-                // session has keys, which binds it to its place and session.
-                let mut sent_digest = match opts.seal {
-                    Some(key) if opts.verify => digest::chunk_tag(
-                        &key,
-                        u64::from(index),
-                        offset,
-                        len as u32,
-                        flags,
-                        &digest,
-                    ),
-                    _ => digest,
-                };
-                match tamper {
-                    Some((n, how)) if n == chunks_sent && len > 0 => {
-                        // Test hook: damage the bytes after they were hashed,
-                        // as a fault between the two ends would; a forger
-                        // also puts the plain digest of what it sends.
-                        buf.spare()[0] ^= 0xff;
-                        if how == Tamper::Forge {
-                            sent_digest = opts.digest.chunk(buf.data());
-                        }
-                    }
-                    _ => {}
+                if tamper == Some(chunks_sent) && len > 0 {
+                    // Test hook: damage the bytes after they were hashed,
+                    // as a fault between storage and the wire would.
+                    buf.spare()[0] ^= 0xff;
                 }
                 chunks_sent += 1;
                 if digests.len() <= k as usize {
@@ -277,11 +254,11 @@ pub async fn send(
                     owner: u64::from(index),
                     offset,
                     flags,
-                    digest: sent_digest,
+                    digest,
                 };
-                data.send((meta, buf))
-                    .await
-                    .map_err(|_| PeerLost("every stream failed".into()))?;
+                if data.send((meta, buf)).await.is_err() {
+                    return Err(why_streams_failed(stripers).await);
+                }
                 file_chunks += 1;
                 ledger.stats.bytes += len;
                 progress.add(len);
@@ -366,32 +343,21 @@ impl Ledger {
     }
 }
 
-/// How the test hook damages a chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tamper {
-    /// A byte flipped after hashing (a fault on the way).
-    Corrupt,
-    /// A byte flipped and the header's digest replaced with the plain
-    /// digest of the altered bytes (an attacker on the path who knows the
-    /// protocol, not the session's key).
-    Forge,
-}
-
 /// Fault injection for the integration tests: `RCP_TEST_CORRUPT_CHUNK=N`
-/// or `RCP_TEST_FORGE_CHUNK=N` damages the Nth chunk sent (see
-/// [`Tamper`]), so that the receiver must catch it. Only in builds with
-/// the `test-hooks` feature (rcp's own tests turn it on): a shipping binary
+/// flips a byte of the Nth chunk sent after it was hashed, so that the
+/// receiver must catch it. (An attacker on the path is played by a real
+/// proxy in the tests, not by a hook.) Only in builds with the
+/// `test-hooks` feature (rcp's own tests turn it on): a shipping binary
 /// reads no such variable.
 #[cfg(feature = "test-hooks")]
-fn tamper_hook() -> Option<(u64, Tamper)> {
-    let n = |var| std::env::var(var).ok().and_then(|v| v.parse().ok());
-    n("RCP_TEST_CORRUPT_CHUNK")
-        .map(|k| (k, Tamper::Corrupt))
-        .or_else(|| n("RCP_TEST_FORGE_CHUNK").map(|k| (k, Tamper::Forge)))
+fn tamper_hook() -> Option<u64> {
+    std::env::var("RCP_TEST_CORRUPT_CHUNK")
+        .ok()
+        .and_then(|v| v.parse().ok())
 }
 
 #[cfg(not(feature = "test-hooks"))]
-fn tamper_hook() -> Option<(u64, Tamper)> {
+fn tamper_hook() -> Option<u64> {
     None
 }
 
@@ -404,6 +370,28 @@ type Stripers = (
     async_channel::Sender<Outgoing>,
     Vec<JoinHandle<anyhow::Result<u64>>>,
 );
+
+/// Why no stream takes data any more: the first striper's error, one
+/// that found tampering before any other (a stream aborted because
+/// another failed says less).
+async fn why_streams_failed(stripers: Vec<JoinHandle<anyhow::Result<u64>>>) -> anyhow::Error {
+    let mut errors = Vec::new();
+    for s in stripers {
+        match s.await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(e.into()),
+        }
+    }
+    let tampering = errors.iter().position(|e| {
+        e.downcast_ref::<LinkError>()
+            .is_some_and(LinkError::is_tampering)
+    });
+    match tampering.or((!errors.is_empty()).then_some(0)) {
+        Some(i) => errors.swap_remove(i),
+        None => PeerLost("every stream failed".into()).into(),
+    }
+}
 
 /// One task per link that takes the next chunk as soon as its link has
 /// posted the previous one, so chunks flow to whichever stream has credit.

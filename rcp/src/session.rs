@@ -22,6 +22,7 @@ use crate::streams::{self, Sessions};
 use crate::tree::{self, Base};
 use rfabric::auth;
 use rfabric::endpoint::{self, Listener, Transport};
+use rfabric::link::seal::{Before, EncryptChoice, Protection};
 use rfabric::storage::Kind;
 
 /// How to copy.
@@ -40,6 +41,9 @@ pub struct Params {
     pub io_engine: Kind,
     /// What the data is hashed with (the client's choice).
     pub digest: Algorithm,
+    /// A client's: when it asks for encryption; a server's: when it
+    /// requires it.
+    pub encrypt: EncryptChoice,
 }
 
 impl Params {
@@ -84,11 +88,9 @@ impl Params {
         })
     }
 
-    /// The sender's options; `seal` is the session key of the data's
-    /// direction.
-    fn send_options(&self, seal: [u8; 32]) -> SendOptions {
+    /// The sender's options.
+    fn send_options(&self) -> SendOptions {
         SendOptions {
-            seal: Some(seal),
             recursive: self.recursive,
             verify: self.verify,
             digest: self.digest,
@@ -99,10 +101,9 @@ impl Params {
         }
     }
 
-    /// The receiver's options; `seal` as for `send_options`.
-    fn recv_options(&self, seal: [u8; 32]) -> RecvOptions {
+    /// The receiver's options.
+    fn recv_options(&self) -> RecvOptions {
         RecvOptions {
-            seal: Some(seal),
             preserve: self.preserve,
             verify: self.verify,
             digest: self.digest,
@@ -160,12 +161,8 @@ pub struct Target {
 }
 
 impl Target {
-    /// A link to the server, authenticated; with the session keys it made.
-    async fn open(
-        &self,
-        secret: &[u8],
-        params: &Params,
-    ) -> anyhow::Result<(Link, auth::SessionKeys)> {
+    /// A link to the server, authenticated and sealed.
+    async fn open(&self, secret: &[u8], params: &Params) -> anyhow::Result<Link> {
         let conn = endpoint::connect(self.addr, self.transport)
             .await
             .with_context(|| format!("cannot connect to {}", self.addr))?;
@@ -173,8 +170,8 @@ impl Target {
         let link = Link::establish(conn, config)
             .await
             .context("cannot set up the session")?;
-        match authenticate(&link, secret).await {
-            Ok(keys) => Ok((link, keys)),
+        match authenticate(&link, secret, params.encrypt).await {
+            Ok(()) => Ok(link),
             Err(e) => {
                 link.abort("client gave up");
                 Err(e)
@@ -191,10 +188,11 @@ pub async fn client(
     params: Params,
     progress: &Progress,
 ) -> anyhow::Result<Report> {
-    let (first, keys) = target.open(secret, &params).await?;
+    let first = target.open(secret, &params).await?;
     let transport = first.backend().name();
+    let protection = first.protection().expect("an authenticated link is sealed");
     let mut links = vec![first];
-    let result = client_session(target, &mut links, secret, keys, request, params, progress).await;
+    let result = client_session(target, &mut links, secret, request, params, progress).await;
     if result.is_err() {
         streams::abort_all(&links, "client gave up");
     }
@@ -208,6 +206,7 @@ pub async fn client(
         stats,
         seconds,
         transport,
+        protection,
         io_engine: params.io_engine,
         streams,
         algorithm: params.verify.then_some(params.digest),
@@ -216,21 +215,34 @@ pub async fn client(
     })
 }
 
-/// Proves the secret to the server and checks the server's proof; the
-/// session's keys.
-async fn authenticate(link: &Link, secret: &[u8]) -> anyhow::Result<auth::SessionKeys> {
-    let server_nonce = match next_msg(link).await? {
-        Msg::Challenge { nonce } => nonce,
+/// Proves the secret to the server, checks the server's proof and seals
+/// the link: encrypted if `encrypt` or the server asks for it.
+async fn authenticate(link: &Link, secret: &[u8], encrypt: EncryptChoice) -> anyhow::Result<()> {
+    let (server_nonce, required) = match next_msg(link).await? {
+        Msg::Challenge { nonce, encrypt } => (nonce, encrypt),
         Msg::Fail { reason } => return Err(refused(&reason)),
         _ => bail!("the server did not start with a challenge"),
     };
     let nonce = auth::nonce();
     let mac = auth::RCP.client_proof(secret, &server_nonce, &nonce);
-    link.send_message(&Msg::Auth { nonce, mac }.encode())
-        .await?;
+    let encrypt = encrypt.wants(link.backend()) || required;
+    let protection = Protection::of(encrypt);
+    let keys = auth::RCP.session_keys(secret, &server_nonce, &nonce);
+    // Everything the server sends after reading this proof is sealed.
+    link.seal_incoming(protection, &keys.server_to_client, Before::Anything);
+    link.send_message(
+        &Msg::Auth {
+            nonce,
+            mac,
+            encrypt,
+        }
+        .encode(),
+    )
+    .await?;
     match next_msg(link).await? {
         Msg::AuthOk { mac } if auth::RCP.check_server(secret, &server_nonce, &nonce, &mac) => {
-            Ok(auth::RCP.session_keys(secret, &server_nonce, &nonce))
+            link.seal_outgoing(protection, &keys.client_to_server);
+            Ok(())
         }
         Msg::AuthOk { .. } => {
             Err(Refused("the server could not prove it knows the secret".into()).into())
@@ -260,7 +272,7 @@ async fn join_streams(
         .map(|stream| {
             let secret = secret.to_vec();
             tokio::spawn(async move {
-                let (link, _) = target.open(&secret, &params).await?;
+                let link = target.open(&secret, &params).await?;
                 let join = Msg::Join { session, stream };
                 link.send_message(&join.encode()).await?;
                 expect_ready(&link)
@@ -286,7 +298,6 @@ async fn client_session(
     target: Target,
     links: &mut Vec<Link>,
     secret: &[u8],
-    keys: auth::SessionKeys,
     request: Request,
     params: Params,
     progress: &Progress,
@@ -305,13 +316,8 @@ async fn client_session(
             control.send_message(&push.encode()).await?;
             let session = expect_ready(&control).await?;
             join_streams(target, links, secret, session, params).await?;
-            let (stats, outcome) = send::send(
-                links,
-                local,
-                params.send_options(keys.client_to_server),
-                progress,
-            )
-            .await?;
+            let (stats, outcome) =
+                send::send(links, local, params.send_options(), progress).await?;
             streams::finish_all(links).await?;
             (stats, outcome)
         }
@@ -325,13 +331,7 @@ async fn client_session(
             control.send_message(&pull.encode()).await?;
             let session = expect_ready(&control).await?;
             join_streams(target, links, secret, session, params).await?;
-            let got = recv::receive(
-                links,
-                base,
-                params.recv_options(keys.server_to_client),
-                progress,
-            )
-            .await?;
+            let got = recv::receive(links, base, params.recv_options(), progress).await?;
             streams::finish_all(links).await?;
             let outcome = send::Outcome {
                 digests: got.digests,
@@ -434,7 +434,13 @@ pub async fn server(conn: Arc<dyn Connection>, config: &ServeConfig) -> anyhow::
             reason: format!("{e:#}"),
         };
         let _ = link.send_message(&why.encode()).await;
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), link.finish()).await;
+        let said_goodbye =
+            tokio::time::timeout(std::time::Duration::from_secs(5), link.finish()).await;
+        if !matches!(said_goodbye, Ok(Ok(()))) {
+            // A client that does not say goodbye does not keep the
+            // connection (and its link's task) open.
+            link.abort("no goodbye after the refusal");
+        }
         streams::abort_all(links.get(1..).unwrap_or_default(), "the session failed");
     }
     result
@@ -445,22 +451,33 @@ pub async fn server(conn: Arc<dyn Connection>, config: &ServeConfig) -> anyhow::
 pub async fn refuse(conn: Arc<dyn Connection>, config: &ServeConfig, reason: String) {
     let p = config.params;
     let shape = link_config(Role::Server, p.window, p.chunk, &conn.limits());
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
-        let link = Link::establish(conn, shape).await?;
+    let within = std::time::Duration::from_secs(5);
+    let Ok(Ok(link)) = tokio::time::timeout(within, Link::establish(conn, shape)).await else {
+        return;
+    };
+    let refused = tokio::time::timeout(within, async {
         link.send_message(&Msg::Fail { reason }.encode()).await?;
         link.finish().await
     })
     .await;
+    if !matches!(refused, Ok(Ok(()))) {
+        link.abort("no goodbye after the refusal");
+    }
 }
 
 async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::Result<Served> {
     let link = links[0].clone();
     let nonce = auth::nonce();
-    link.send_message(&Msg::Challenge { nonce }.encode())
-        .await?;
+    let required = config.params.encrypt.wants(link.backend());
+    let challenge = Msg::Challenge {
+        nonce,
+        encrypt: required,
+    };
+    link.send_message(&challenge.encode()).await?;
     let Msg::Auth {
         nonce: client_nonce,
         mac,
+        encrypt,
     } = setup_msg(&link).await?
     else {
         bail!("authentication failed: no answer to the challenge");
@@ -468,12 +485,17 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
     if !auth::RCP.check_client(&config.secret, &nonce, &client_nonce, &mac) {
         bail!("authentication failed");
     }
+    if required && !encrypt {
+        bail!("this server requires encrypted sessions (its --encrypt)");
+    }
+    // From here on everything on this link is sealed, the proof included.
+    let protection = Protection::of(encrypt);
+    let keys = auth::RCP.session_keys(&config.secret, &nonce, &client_nonce);
+    link.seal_incoming(protection, &keys.client_to_server, Before::CreditsOnly);
+    link.seal_outgoing(protection, &keys.server_to_client);
     let proof = auth::RCP.server_proof(&config.secret, &nonce, &client_nonce);
     link.send_message(&Msg::AuthOk { mac: proof }.encode())
         .await?;
-    // The session's chunks are bound to it with these (further streams
-    // join it: its keys are this link's).
-    let keys = auth::RCP.session_keys(&config.secret, &nonce, &client_nonce);
     let progress = Progress::hidden();
     let stats = match setup_msg(&link).await? {
         Msg::Push {
@@ -485,13 +507,7 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             let params = config.params.with_request(flags, streams)?;
             let base = confined_base(&config.roots, &dest, sources as usize)?;
             *links = ready(&link, config, true, streams).await?;
-            let got = recv::receive(
-                links,
-                base,
-                params.recv_options(keys.client_to_server),
-                &progress,
-            )
-            .await?;
+            let got = recv::receive(links, base, params.recv_options(), &progress).await?;
             if config.log {
                 for f in &got.failed {
                     tracing::warn!(path = f.path, kind = ?f.kind, "{}: {}", f.path, f.reason);
@@ -511,7 +527,7 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 .map(|s| confined_source(&config.roots, s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
             *links = ready(&link, config, false, streams).await?;
-            let options = params.send_options(keys.server_to_client);
+            let options = params.send_options();
             let (stats, _) = send::send(links, local, options, &progress).await?;
             streams::finish_all(links).await?;
             stats

@@ -39,6 +39,8 @@ pub async fn start(rsh: &str, login: &str, tuning: &Tuning) -> anyhow::Result<Re
             &tuning.window.to_string(),
             "--io-engine",
             tuning.io_engine.name(),
+            "--encrypt",
+            tuning.encrypt.name(),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

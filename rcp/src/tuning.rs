@@ -37,6 +37,7 @@ pub fn params(
         window: t.window,
         streams: 1,
         io_engine,
+        encrypt: t.encrypt,
         // A server takes the client's; a client sets its own.
         digest: crate::digest::Algorithm::Sha256,
     }

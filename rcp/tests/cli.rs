@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, SystemTime};
 
+use rfabric::link::seal::{Before, Protection};
 use sha2::{Digest, Sha256};
 use test_support::{Scratch, free_port, pattern};
 
@@ -332,31 +333,119 @@ fn a_chunk_corrupted_in_flight_fails_the_copy_and_leaves_nothing() {
     assert_ne!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
 }
 
-/// An attacker on the path who rewrites a chunk and puts the plain digest
-/// of the new bytes in its header, as the protocol would have it without
-/// session keys: the chunk's tag (made with the session's key, which the
-/// attacker does not have) no longer matches, with either digest.
+/// What an attacker on a TCP path can do to a push into a daemon, played
+/// by a real proxy (test_support::on_path): rewrite a chunk and put the
+/// plain digest of the new bytes in its header, inject a message, drop
+/// one, replay the whole recorded session. Each is refused with a clear
+/// error, and nothing appears under the final name.
 #[test]
-fn a_chunk_forged_on_the_path_with_its_plain_digest_is_refused() {
-    let t = Scratch::new("forge");
+fn attacks_on_the_path_are_refused_and_leave_nothing() {
+    use test_support::on_path::{Attack, OnPath, replay};
+    let t = Scratch::new("onpath");
+    let root = t.path("root");
+    std::fs::create_dir(&root).unwrap();
+    let key = secret(&t, "key");
+    // (--encrypt never lets the rewriter see the plain chunk; the default
+    // daemon is tried below.)
+    let d = Daemon::start_with(&[&root], &key, &["--encrypt", "never"]);
     let src = t.path("src");
     std::fs::write(&src, pattern(300_000, 11)).unwrap();
-    for digest in ["blake3", "sha256"] {
-        let dst = t.path(&format!("dst-{digest}"));
-        let out = Command::new(RCP)
-            .args(["--chunk-size", "64K", "--digest", digest, s(&src), s(&dst)])
-            .env("RCP_TEST_FORGE_CHUNK", "1")
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(4), "{digest}: {err}");
-        assert!(
-            err.contains("offset 65536") && err.contains("corrupted"),
-            "{err}"
-        );
-        assert!(!dst.exists(), "a forged copy appeared under its final name");
+    let tree = t.path("tree");
+    std::fs::create_dir(&tree).unwrap();
+    for i in 0..8 {
+        std::fs::write(tree.join(format!("empty{i}")), b"").unwrap();
     }
-    assert!(no_leftovers(t.dir()));
+    let sha = |b: &[u8]| -> [u8; 32] { Sha256::digest(b).into() };
+    let push = |proxy: &OnPath, what: &Path, name: &str, extra: &[&str]| -> Output {
+        let dest = format!(
+            "rcp://127.0.0.1:{}{}",
+            proxy.port,
+            root.join(name).display()
+        );
+        let mut args = vec!["-r", "--chunk-size", "64K", "--secret-file", s(&key)];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[s(what), &dest]);
+        Command::new(RCP).args(&args).output().unwrap()
+    };
+    let refused = |out: &Output, what: &str, says: &str| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{what}: {err}");
+        assert!(err.contains(says), "{what}: {err}");
+    };
+    let never = ["--digest", "sha256", "--encrypt", "never"];
+    // An honest path first: the same copy works through the proxy.
+    let honest = OnPath::start(d.port, Attack::None);
+    assert!(push(&honest, &src, "honest", &never).status.success());
+    assert_eq!(
+        std::fs::read(root.join("honest")).unwrap(),
+        std::fs::read(&src).unwrap()
+    );
+
+    let rewrite = Attack::RewriteChunk {
+        nth: 1,
+        rehash: sha,
+    };
+    let out = push(
+        &OnPath::start(d.port, rewrite.clone()),
+        &src,
+        "rewritten",
+        &never,
+    );
+    refused(
+        &out,
+        "a rewritten chunk",
+        "chunk 1 failed its session check",
+    );
+    // Encrypted (the client's default on tcp), the rewriter flips bits of
+    // ciphertext: refused the same way.
+    let out = push(&OnPath::start(d.port, rewrite), &src, "rewritten", &[]);
+    refused(
+        &out,
+        "a rewritten encrypted chunk",
+        "chunk 1 failed its session check",
+    );
+
+    // Sends of a push: 0 hello, 1 proof, 2 request, then the entries.
+    let done = rcp::proto::Msg::Done { entries: 0 }.encode();
+    let inject = Attack::InjectMessage {
+        nth: 3,
+        message: done,
+    };
+    let out = push(&OnPath::start(d.port, inject), &tree, "injected", &never);
+    refused(&out, "an injected Done", "unsealed");
+    let out = push(
+        &OnPath::start(d.port, Attack::DropSend { nth: 4 }),
+        &tree,
+        "dropped",
+        &never,
+    );
+    refused(&out, "a dropped message", "failed its session check");
+
+    // The honest session, replayed to the daemon: the fresh challenge
+    // makes its proof worthless. (Replayed whole, its writes aimed at the
+    // old session's ring are refused even before that.)
+    std::fs::remove_file(root.join("honest")).unwrap();
+    let heard = replay(d.port, &honest.recorded_through_send(0, 1)).expect("closed");
+    assert!(
+        heard.windows(21).any(|w| w == b"authentication failed"),
+        "the replayed proof was not refused: {}",
+        String::from_utf8_lossy(&heard)
+    );
+    assert!(
+        replay(d.port, &honest.recorded(0)).is_some(),
+        "the replayed session was not turned away"
+    );
+    // (The tree's directory may be there: the honest client sent it
+    // before the dropped message. No file arrived.)
+    let arrived = Command::new("find")
+        .args([s(&root), "-type", "f"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&arrived.stdout),
+        "",
+        "files arrived"
+    );
 }
 
 /// `rcp serve` on loopback, stopped on drop.
@@ -369,6 +458,11 @@ struct Daemon {
 
 impl Daemon {
     fn start(roots: &[&Path], secret: &Path) -> Daemon {
+        Daemon::start_with(roots, secret, &[])
+    }
+
+    /// With `extra` arguments for `rcp serve`.
+    fn start_with(roots: &[&Path], secret: &Path, extra: &[&str]) -> Daemon {
         let port = free_port();
         let mut cmd = Command::new(RCP);
         cmd.args([
@@ -378,7 +472,7 @@ impl Daemon {
             "--transport",
             "tcp",
         ]);
-        cmd.args(["--secret-file", s(secret)]);
+        cmd.args(["--secret-file", s(secret)]).args(extra);
         for r in roots {
             cmd.args(["--root", s(r)]);
         }
@@ -801,9 +895,10 @@ async fn raw_session(port: u16) -> (rfabric::link::Link, [u8; 32]) {
     let Some(Incoming::Message(m)) = link.recv().await.unwrap() else {
         panic!("no challenge");
     };
-    let Msg::Challenge { nonce } = Msg::decode(&m).unwrap() else {
+    let Msg::Challenge { nonce, encrypt } = Msg::decode(&m).unwrap() else {
         panic!("not a challenge: {m:?}");
     };
+    assert!(encrypt, "a daemon requires encryption on tcp by default");
     (link, nonce)
 }
 
@@ -831,7 +926,14 @@ async fn unauthenticated_and_replayed_answers_are_refused() {
     let heard = Msg::Auth {
         nonce: client_nonce,
         mac,
+        encrypt: true,
     };
+    let keys = rfabric::auth::RCP.session_keys(&secret, &server_nonce, &client_nonce);
+    first.seal_incoming(
+        Protection::Encrypt,
+        &keys.server_to_client,
+        Before::Anything,
+    );
     first.send_message(&heard.encode()).await.unwrap();
     assert!(matches!(answer(&first).await, Msg::AuthOk { .. }));
     first.abort("done");
@@ -857,6 +959,56 @@ async fn unauthenticated_and_replayed_answers_are_refused() {
         Msg::Fail { reason } => assert!(reason.contains("authentication failed"), "{reason}"),
         other => panic!("a replayed answer was taken: {other:?}"),
     }
+}
+
+/// What a path without the session's keys can do after an honest proof:
+/// append messages it cannot seal. The daemon acts on none of them.
+#[tokio::test]
+async fn a_request_injected_after_an_honest_proof_is_refused() {
+    use rcp::proto::Msg;
+    let t = Scratch::new("inject");
+    let root = t.path("root");
+    std::fs::create_dir(&root).unwrap();
+    let key = secret(&t, "key");
+    let d = Daemon::start(&[&root], &key);
+    let secret = rfabric::auth::read_secret(&key).unwrap();
+    for encrypt in [true, false] {
+        let (link, server_nonce) = raw_session(d.port).await;
+        let client_nonce = rfabric::auth::nonce();
+        let mac = rfabric::auth::RCP.client_proof(&secret, &server_nonce, &client_nonce);
+        let keys = rfabric::auth::RCP.session_keys(&secret, &server_nonce, &client_nonce);
+        link.seal_incoming(
+            Protection::of(encrypt),
+            &keys.server_to_client,
+            Before::Anything,
+        );
+        let auth = Msg::Auth {
+            nonce: client_nonce,
+            mac,
+            encrypt,
+        };
+        link.send_message(&auth.encode()).await.unwrap();
+        if !encrypt {
+            // Asking for less than the daemon requires is refused first.
+            match answer(&link).await {
+                Msg::Fail { reason } => assert!(reason.contains("requires encrypted"), "{reason}"),
+                other => panic!("a downgrade was taken: {other:?}"),
+            }
+            continue;
+        }
+        assert!(matches!(answer(&link).await, Msg::AuthOk { .. }));
+        // The honest client would seal from here; the injector cannot.
+        let push = Msg::Push {
+            flags: 0,
+            streams: 1,
+            sources: 1,
+            dest: root.join("planted").into_os_string().into_encoded_bytes(),
+        };
+        link.send_message(&push.encode()).await.unwrap();
+        let err = link.recv().await.expect_err("the daemon ended the session");
+        assert!(err.to_string().contains("unsealed"), "{err}");
+    }
+    assert!(!root.join("planted").exists());
 }
 
 #[test]

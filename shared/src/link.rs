@@ -43,7 +43,7 @@ use crate::wire::{
     FRAME_HEADER_LEN, Frame, Hello, RingDescriptor, Role, WireError, chunk_flags,
 };
 use lifecycle::{Heard, Lifecycle, check_hello};
-use seal::{Opened, Opener, Protection, SealError, Sealer, TAG_LEN};
+use seal::{Before, Opened, Opener, Protection, SealError, Sealer, TAG_LEN};
 
 pub mod lifecycle;
 pub mod seal;
@@ -108,8 +108,23 @@ impl LinkError {
         match self {
             LinkError::Wire(WireError::Version { .. }) => ErrorCode::Version,
             LinkError::Config(_) | LinkError::Finished => ErrorCode::Internal,
+            LinkError::Seal(_) => ErrorCode::Tampered,
             _ => ErrorCode::Protocol,
         }
+    }
+
+    /// Whether the link ended because something failed its session check,
+    /// here or at the peer: tampering on the path (or a peer with other
+    /// keys), not a mere loss of the connection.
+    pub fn is_tampering(&self) -> bool {
+        matches!(
+            self,
+            LinkError::Seal(_)
+                | LinkError::Peer {
+                    code: ErrorCode::Tampered,
+                    ..
+                }
+        )
     }
 }
 
@@ -477,14 +492,16 @@ impl Link {
             - TAG_LEN
     }
 
-    /// From now on, every frame and chunk from the peer must be sealed with
-    /// `key` (the peer's direction's session key) under `protection`; the
-    /// one exception is a credit update sent before the peer's first
-    /// sealed frame. Call it before the peer can have sealed anything: the
-    /// side that proves itself last (the client, sending its proof) calls
-    /// it before that proof goes out, the other side before it answers.
-    pub fn seal_incoming(&self, protection: Protection, key: &[u8; 32]) {
-        *self.inner.opener.lock().expect("opener lock") = Some(Opener::new(protection, key));
+    /// From now on, every chunk from the peer must be sealed with `key`
+    /// (the peer's direction's session key) under `protection`, and every
+    /// frame from its first sealed one on; `before` says which unsealed
+    /// frames pass until then. Call it before the peer can have sealed
+    /// anything: the side that proves itself first (the client) before its
+    /// proof goes out, with [`Before::Anything`]; the other side on checking
+    /// that proof, before it answers, with [`Before::CreditsOnly`].
+    pub fn seal_incoming(&self, protection: Protection, key: &[u8; 32], before: Before) {
+        *self.inner.opener.lock().expect("opener lock") =
+            Some(Opener::new(protection, key, before));
     }
 
     /// From now on, every frame and chunk this side sends is sealed with
@@ -824,8 +841,7 @@ fn fail(inner: &Inner, error: LinkError) {
     };
     if tell_peer {
         let text = error.to_string();
-        let frame_size =
-            inner.config.control_size.min(inner.peer.control_size) as usize - TAG_LEN;
+        let frame_size = inner.config.control_size.min(inner.peer.control_size) as usize - TAG_LEN;
         let _ = try_post_control(
             inner,
             &mut st,

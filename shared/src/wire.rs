@@ -128,6 +128,8 @@ pub enum ErrorCode {
     Version = 2,
     Refused = 3,
     Internal = 4,
+    /// A sealed frame or chunk failed its session check.
+    Tampered = 5,
 }
 
 impl ErrorCode {
@@ -137,6 +139,7 @@ impl ErrorCode {
             2 => ErrorCode::Version,
             3 => ErrorCode::Refused,
             4 => ErrorCode::Internal,
+            5 => ErrorCode::Tampered,
             _ => {
                 return Err(WireError::BadField {
                     field: "error.code",

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{link_pair, pattern};
-use rfabric::link::seal::{Protection, SealError};
+use rfabric::link::seal::{Before, Protection, SealError};
 use rfabric::link::{ChunkMeta, Incoming, Link, LinkConfig, LinkError};
 use rfabric::memory::BufferPool;
 use rfabric::wire::Role;
@@ -244,8 +244,8 @@ async fn a_receiver_that_finishes_early_still_returns_credits() {
 /// half before anything sealed can reach it, then the outgoing halves.
 fn seal_pair(server: &Link, client: &Link, protection: Protection, server_rx: [u8; 32]) {
     let (c2s, s2c) = ([0x5a; 32], [0xa5; 32]);
-    client.seal_incoming(protection, &s2c);
-    server.seal_incoming(protection, &server_rx);
+    client.seal_incoming(protection, &s2c, Before::Anything);
+    server.seal_incoming(protection, &server_rx, Before::CreditsOnly);
     server.seal_outgoing(protection, &s2c);
     client.seal_outgoing(protection, &c2s);
 }

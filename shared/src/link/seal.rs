@@ -63,13 +63,66 @@ impl Protection {
     }
 }
 
+/// When a session is encrypted (`--encrypt` of both tools).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum EncryptChoice {
+    /// Never: authenticated only, contents readable on the path.
+    Never,
+    /// On TCP paths, which cross ordinary networks; RDMA fabrics are
+    /// usually closed ones, and encryption costs CPU there.
+    #[default]
+    Tcp,
+    /// Always, RDMA too.
+    Always,
+}
+
+impl EncryptChoice {
+    /// Whether a session over `backend` is encrypted by this choice.
+    pub fn wants(self, backend: crate::transport::Backend) -> bool {
+        match self {
+            EncryptChoice::Never => false,
+            EncryptChoice::Tcp => backend == crate::transport::Backend::Tcp,
+            EncryptChoice::Always => true,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EncryptChoice::Never => "never",
+            EncryptChoice::Tcp => "tcp",
+            EncryptChoice::Always => "always",
+        }
+    }
+}
+
+impl Protection {
+    /// The protection of a session that is encrypted or not.
+    pub fn of(encrypt: bool) -> Protection {
+        if encrypt {
+            Protection::Encrypt
+        } else {
+            Protection::Authenticate
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Protection::Authenticate => "authenticated",
+            Protection::Encrypt => "encrypted",
+        }
+    }
+}
+
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum SealError {
     #[error(
         "{what} failed its session check: altered, injected, replayed or out of order on the path"
     )]
     BadTag { what: String },
-    #[error("an unsealed frame of kind {kind} after the session was sealed (injected on the path?)")]
+    #[error(
+        "an unsealed frame of kind {kind} after the session was sealed (injected on the path?)"
+    )]
     Unsealed { kind: u8 },
     #[error("a sealed frame before this side of the link was sealed")]
     Early,
@@ -197,7 +250,9 @@ impl Sealer {
         buf[FLAGS_AT] |= SEALED;
         let (header, rest) = buf.split_at_mut(crate::wire::FRAME_HEADER_LEN);
         let (body, tail) = rest.split_at_mut(len - header.len());
-        let tag = self.cipher.seal(Kind::Frame, self.frames, header, body, true);
+        let tag = self
+            .cipher
+            .seal(Kind::Frame, self.frames, header, body, true);
         self.frames += 1;
         tail[..TAG_LEN].copy_from_slice(&tag);
         len + TAG_LEN
@@ -218,10 +273,25 @@ impl Sealer {
     }
 }
 
+/// Which unsealed frames a receiving half still takes before the peer's
+/// first sealed one (after it: only error reports, on which the link ends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Before {
+    /// Credit updates only: for the side that sealed on checking the
+    /// peer's proof, so that nothing injected after the proof is acted on.
+    CreditsOnly,
+    /// Anything: for the side that sealed on sending its proof, which must
+    /// still hear an unsealed refusal; it acts on nothing until the
+    /// answer's proof checks out, and the answer is the peer's first
+    /// sealed frame (strip its seal and the next one fails).
+    Anything,
+}
+
 /// The receiving half's seal: checks (and perhaps decrypts) what arrives.
 pub struct Opener {
     cipher: Cipher,
     protection: Protection,
+    before: Before,
     frames: u64,
 }
 
@@ -240,17 +310,18 @@ pub enum Opened {
     /// A sealed frame that passed: its plain bytes, flag cleared, tag gone.
     Sealed(Vec<u8>),
     /// An unsealed frame that may still pass unsealed: an error report
-    /// (the link ends on it anyway), or a credit update sent before the
-    /// peer sealed its half.
+    /// (the link ends on it anyway), or a frame sent before the peer sealed
+    /// its half that [`Before`] lets through.
     Plain,
 }
 
 impl Opener {
     /// Opens with the peer's direction's session key.
-    pub fn new(protection: Protection, key: &[u8; 32]) -> Opener {
+    pub fn new(protection: Protection, key: &[u8; 32], before: Before) -> Opener {
         Opener {
             cipher: Cipher::new(protection, key),
             protection,
+            before,
             frames: 0,
         }
     }
@@ -269,8 +340,9 @@ impl Opener {
         if bytes[FLAGS_AT] & SEALED == 0 {
             let kind = bytes[KIND_AT];
             let error = kind == crate::wire::KIND_ERROR;
-            let early_credit = kind == crate::wire::KIND_CREDIT && self.frames == 0;
-            return if error || early_credit {
+            let early = self.frames == 0
+                && (self.before == Before::Anything || kind == crate::wire::KIND_CREDIT);
+            return if error || early {
                 Ok(Opened::Plain)
             } else {
                 Err(SealError::Unsealed { kind })

@@ -1,7 +1,9 @@
 //! What the integration tests of every crate share: a scratch directory
-//! that cleans up after itself, reproducible pseudo-random bytes, and free
-//! loopback ports.
+//! that cleans up after itself, reproducible pseudo-random bytes, free
+//! loopback ports, and an attacker on the path ([`on_path`]).
 #![forbid(unsafe_code)]
+
+pub mod on_path;
 
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};

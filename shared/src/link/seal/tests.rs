@@ -31,7 +31,7 @@ fn sealed(sealer: &mut Sealer, body: Body<'_>) -> Vec<u8> {
 fn a_sealed_frame_opens_to_the_frame_that_was_sealed() {
     for p in BOTH {
         let mut sealer = Sealer::new(p, &KEY);
-        let mut opener = Opener::new(p, &KEY);
+        let mut opener = Opener::new(p, &KEY, Before::CreditsOnly);
         for i in 0..3u8 {
             let msg = [i; 40];
             let wire_bytes = sealed(&mut sealer, Body::App(&msg));
@@ -55,17 +55,17 @@ fn replayed_reordered_or_dropped_frames_fail() {
             .map(|i| sealed(&mut sealer, Body::App(&[i; 8])))
             .collect();
         // Replay.
-        let mut opener = Opener::new(p, &KEY);
+        let mut opener = Opener::new(p, &KEY, Before::CreditsOnly);
         opener.open_frame(&frames[0]).unwrap();
         assert!(matches!(
             opener.open_frame(&frames[0]),
             Err(SealError::BadTag { .. })
         ));
         // Reorder.
-        let mut opener = Opener::new(p, &KEY);
+        let mut opener = Opener::new(p, &KEY, Before::CreditsOnly);
         assert!(opener.open_frame(&frames[1]).is_err());
         // Drop the middle one.
-        let mut opener = Opener::new(p, &KEY);
+        let mut opener = Opener::new(p, &KEY, Before::CreditsOnly);
         opener.open_frame(&frames[0]).unwrap();
         assert!(opener.open_frame(&frames[2]).is_err());
     }
@@ -75,9 +75,13 @@ fn replayed_reordered_or_dropped_frames_fail() {
 fn another_key_or_protection_fails_the_first_frame() {
     let mut sealer = Sealer::new(Protection::Encrypt, &KEY);
     let f = sealed(&mut sealer, Body::App(b"hello"));
-    assert!(Opener::new(Protection::Encrypt, &[8; 32]).open_frame(&f).is_err());
     assert!(
-        Opener::new(Protection::Authenticate, &KEY)
+        Opener::new(Protection::Encrypt, &[8; 32], Before::CreditsOnly)
+            .open_frame(&f)
+            .is_err()
+    );
+    assert!(
+        Opener::new(Protection::Authenticate, &KEY, Before::CreditsOnly)
             .open_frame(&f)
             .is_err(),
         "a downgrade on the path is a different key"
@@ -87,7 +91,7 @@ fn another_key_or_protection_fails_the_first_frame() {
 #[test]
 fn unsealed_frames_pass_only_as_early_credits_or_errors() {
     let mut sealer = Sealer::new(Protection::Authenticate, &KEY);
-    let mut opener = Opener::new(Protection::Authenticate, &KEY);
+    let mut opener = Opener::new(Protection::Authenticate, &KEY, Before::CreditsOnly);
     let (credit, len) = frame(Body::Credit, 3);
     assert_eq!(opener.open_frame(&credit[..len]), Ok(Opened::Plain));
     let (app, len) = frame(Body::App(b"forged"), 3);
@@ -116,8 +120,23 @@ fn unsealed_frames_pass_only_as_early_credits_or_errors() {
 }
 
 #[test]
+fn the_side_that_proved_first_hears_an_unsealed_refusal_but_nothing_after_the_first_seal() {
+    let mut sealer = Sealer::new(Protection::Encrypt, &KEY);
+    let mut opener = Opener::new(Protection::Encrypt, &KEY, Before::Anything);
+    let (fail, len) = frame(Body::App(b"refused: wrong secret"), 0);
+    assert_eq!(opener.open_frame(&fail[..len]), Ok(Opened::Plain));
+    opener
+        .open_frame(&sealed(&mut sealer, Body::App(b"proof")))
+        .unwrap();
+    assert!(matches!(
+        opener.open_frame(&fail[..len]),
+        Err(SealError::Unsealed { .. })
+    ));
+}
+
+#[test]
 fn a_frame_too_short_for_its_tag_is_refused() {
-    let mut opener = Opener::new(Protection::Encrypt, &KEY);
+    let mut opener = Opener::new(Protection::Encrypt, &KEY, Before::CreditsOnly);
     let (mut buf, len) = frame(Body::Credit, 0);
     buf[3] |= SEALED;
     assert_eq!(
@@ -143,7 +162,7 @@ fn chunks_open_with_their_sequence_number_only() {
     for p in BOTH {
         for flags in [0, chunk_flags::DIGEST] {
             let sealer = Sealer::new(p, &KEY);
-            let opener = Opener::new(p, &KEY);
+            let opener = Opener::new(p, &KEY, Before::CreditsOnly);
             let h = chunk_header(flags).encode();
             let covered = &h[..CHUNK_HEADER_SEALED_LEN];
             let digest_inside = flags != 0;
@@ -170,7 +189,7 @@ fn a_chunk_payload_is_covered_unless_a_digest_vouches_for_it() {
     for p in BOTH {
         for digest_inside in [false, true] {
             let sealer = Sealer::new(p, &KEY);
-            let opener = Opener::new(p, &KEY);
+            let opener = Opener::new(p, &KEY, Before::CreditsOnly);
             let h = chunk_header(0).encode();
             let covered = &h[..CHUNK_HEADER_SEALED_LEN];
             let mut payload = vec![0x11u8; 100];
@@ -203,7 +222,7 @@ proptest! {
         let mut f = sealed(&mut sealer, Body::App(&body));
         let bit = bit % (f.len() * 8);
         f[bit / 8] ^= 1 << (bit % 8);
-        let mut opener = Opener::new(p, &KEY);
+        let mut opener = Opener::new(p, &KEY, Before::CreditsOnly);
         prop_assert!(!matches!(opener.open_frame(&f), Ok(Opened::Sealed(_))));
     }
 
@@ -211,7 +230,7 @@ proptest! {
     #[test]
     fn any_flipped_header_bit_fails(bit in 0..(CHUNK_HEADER_SEALED_LEN + TAG_LEN) * 8) {
         let sealer = Sealer::new(Protection::Authenticate, &KEY);
-        let opener = Opener::new(Protection::Authenticate, &KEY);
+        let opener = Opener::new(Protection::Authenticate, &KEY, Before::CreditsOnly);
         let mut h = chunk_header(chunk_flags::DIGEST).encode()[..CHUNK_HEADER_SEALED_LEN].to_vec();
         let mut payload = vec![0u8; 100];
         let mut tag = sealer.seal_chunk(9, &h, &mut payload, true);
