@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use rfabric::endpoint::Transport;
+use rfabric::link::seal::EncryptChoice;
 use rfabric::storage::EngineChoice;
 
 use crate::config::{FabricAddr, Listen, RemoteExport, ZeroCopy};
@@ -107,6 +108,13 @@ pub struct ServeArgs {
     /// when it starts.
     #[arg(long, conflicts_with = "secret_file")]
     pub no_auth: bool,
+    /// Which fabric sessions must be encrypted (AES-256-GCM with keys
+    /// only the two ends hold): tcp ones, all of them (always), or none
+    /// the client does not ask for (never). Every message and data piece
+    /// of an authenticated session is authenticated in any case; without
+    /// a secret nothing is sealed.
+    #[arg(long, value_enum, default_value_t = EncryptChoice::Tcp, value_name = "WHEN")]
+    pub encrypt: EncryptChoice,
     /// What --listen offers: rdma and tcp where an RDMA device has the
     /// address (auto), or only one of them.
     #[arg(long, value_enum, default_value_t = Transport::Auto)]
@@ -165,6 +173,11 @@ pub struct ConnectArgs {
     /// without it, a server that asks for one refuses this client.
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
+    /// When the fabric links are encrypted (AES-256-GCM): over tcp, which
+    /// crosses ordinary networks, always (RDMA too), or never (unless the
+    /// server requires it). Needs --secret-file: the keys come from it.
+    #[arg(long, value_enum, default_value_t = EncryptChoice::Tcp, value_name = "WHEN")]
+    pub encrypt: EncryptChoice,
     /// Local NBD connections served at once; more are refused.
     #[arg(long, default_value_t = 256)]
     pub max_connections: usize,

@@ -37,6 +37,17 @@ mod zero_copy;
 use accept::Accepting;
 use zero_copy::Load;
 
+/// What fabric clients must prove they know, and accept.
+#[derive(Debug, Clone, Default)]
+pub struct FabricGuard {
+    /// The secret to prove (None: no proof asked, unless an export has
+    /// its own).
+    pub secret: Option<Arc<Vec<u8>>>,
+    /// Which sessions must be encrypted (those with a secret: without
+    /// one there are no keys).
+    pub encrypt: rfabric::link::seal::EncryptChoice,
+}
+
 /// How and where to serve.
 #[derive(Debug)]
 pub struct Plan {
@@ -44,8 +55,8 @@ pub struct Plan {
     pub listen: Vec<Listen>,
     /// rblock's own protocol over RDMA or tcp (`rblock connect`).
     pub fabric: Option<rfabric::endpoint::Listener>,
-    /// The secret its clients must prove they know (None: no proof asked).
-    pub fabric_secret: Option<Arc<Vec<u8>>>,
+    /// What its clients must prove and accept.
+    pub fabric_guard: FabricGuard,
     /// Connections (NBD and fabric) served at once; more are refused.
     pub max_connections: usize,
     /// How long connections may take to finish after the stop.
@@ -64,7 +75,7 @@ pub async fn run(
     let Plan {
         listen,
         fabric,
-        fabric_secret,
+        fabric_guard,
         max_connections,
         grace,
         zero_copy_reads,
@@ -79,7 +90,7 @@ pub async fn run(
     let (conn_tx, mut conn_rx) = mpsc::channel::<()>(1);
     let mut acceptors = Vec::new();
     let accepting = || Accepting {
-        fabric_secret: fabric_secret.clone(),
+        fabric_guard: fabric_guard.clone(),
         exports: Arc::clone(&exports),
         shutdown: shutdown.clone(),
         load: Arc::clone(&load),

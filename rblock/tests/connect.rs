@@ -373,11 +373,13 @@ async fn open_raw(fabric: u16, export: &str) -> rfabric::link::Link {
     let auth = Msg::Auth {
         nonce: [0; 32],
         proof: [0; 32],
+        encrypt: false,
     };
     link.send_message(&auth.encode()).await.unwrap();
     let open = Msg::Open {
         version: VERSION,
         name: export.into(),
+        tag: [0; 32],
     };
     link.send_message(&open.encode()).await.unwrap();
     assert!(matches!(next().await, Msg::AuthOk { .. }));

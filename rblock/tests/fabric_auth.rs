@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rblock::fabric::proto::{Msg, VERSION};
+use rblock::fabric::proto::{Msg, VERSION, open_tag};
 use rfabric::auth;
 use rfabric::endpoint::{Transport, connect};
+use rfabric::link::seal::{Before, Protection};
 use rfabric::link::{Incoming, Link};
 use rfabric::wire::Role;
 use test_support::Scratch;
@@ -189,7 +190,10 @@ async fn raw(fabric: u16) -> (Link, [u8; 32], bool) {
     let conn = connect(addr, Transport::Tcp).await.unwrap();
     let config = rblock::fabric::link_config(Role::Client, &conn.limits());
     let link = Link::establish(conn, config).await.unwrap();
-    let Msg::Challenge { nonce, required } = next(&link).await.expect("a challenge") else {
+    let Msg::Challenge {
+        nonce, required, ..
+    } = next(&link).await.expect("a challenge")
+    else {
         panic!("no challenge first");
     };
     (link, nonce, required)
@@ -212,22 +216,34 @@ async fn an_answer_replayed_from_another_session_is_refused_and_nothing_is_opene
     let key = secret(&t, "key", text);
     let fabric = free_port();
     let _s = Serve::start(&img, fabric, &["--secret-file", key.to_str().unwrap()]);
-    let open = Msg::Open {
-        version: VERSION,
-        name: "disk".into(),
-    }
-    .encode();
+    let opening = |link: &Link, nonce: &[u8; 32], name: &str, tagged: &str| {
+        let client_nonce = auth::nonce();
+        let proof = auth::RBLOCK.client_proof(text.as_bytes(), nonce, &client_nonce);
+        let keys = auth::RBLOCK.session_keys(text.as_bytes(), nonce, &client_nonce);
+        link.seal_incoming(
+            Protection::Encrypt,
+            &keys.server_to_client,
+            Before::Anything,
+        );
+        let answer = Msg::Auth {
+            nonce: client_nonce,
+            proof,
+            encrypt: true,
+        }
+        .encode();
+        let open = Msg::Open {
+            version: VERSION,
+            name: name.into(),
+            tag: open_tag(&keys.client_to_server, VERSION, true, tagged),
+        }
+        .encode();
+        (client_nonce, answer, open)
+    };
 
     // An honest session, overheard: its answer and its opening.
     let (link, nonce, required) = raw(fabric).await;
     assert!(required);
-    let client_nonce = auth::nonce();
-    let proof = auth::RBLOCK.client_proof(text.as_bytes(), &nonce, &client_nonce);
-    let answer = Msg::Auth {
-        nonce: client_nonce,
-        proof,
-    }
-    .encode();
+    let (client_nonce, answer, open) = opening(&link, &nonce, "disk", "disk");
     link.send_message(&answer).await.unwrap();
     link.send_message(&open).await.unwrap();
     let Some(Msg::AuthOk { proof: sp }) = next(&link).await else {
@@ -258,10 +274,23 @@ async fn an_answer_replayed_from_another_session_is_refused_and_nothing_is_opene
     let answer = Msg::Auth {
         nonce: cn,
         proof: rcp_proof,
+        encrypt: true,
     };
     link.send_message(&answer.encode()).await.unwrap();
     let _ = link.send_message(&open).await;
     assert!(matches!(next(&link).await, Some(Msg::Refused { .. })));
+
+    // An honest proof whose Open was changed on the path (another
+    // export's name than the one the client bound).
+    let (link, nonce4, _) = raw(fabric).await;
+    let (_, answer, open) = opening(&link, &nonce4, "", "disk");
+    link.send_message(&answer).await.unwrap();
+    let _ = link.send_message(&open).await;
+    match next(&link).await {
+        Some(Msg::Refused { text }) => assert!(text.contains("changed on the path"), "{text}"),
+        other => panic!("a changed open got {other:?}"),
+    }
+    assert!(next(&link).await.is_none(), "no export was opened");
 }
 
 #[test]

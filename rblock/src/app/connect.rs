@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rfabric::endpoint;
+use rfabric::link::seal::EncryptChoice;
 
 use super::signal::stop_signal;
 use crate::backend::Source;
 use crate::cli::ConnectArgs;
 use crate::config::{Listen, ZeroCopy};
+use crate::exit::Usage;
 use crate::export::Export;
 use crate::fabric::client::{Opened, Remote, Target};
 use crate::nbd::consts::tflags;
@@ -29,11 +31,18 @@ pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
         Some(f) => Some(Arc::new(rfabric::auth::read_secret(f)?)),
         None => None,
     };
+    if secret.is_none() && a.encrypt == EncryptChoice::Always {
+        return Err(Usage(
+            "--encrypt always needs --secret-file: the keys come from the secret".into(),
+        )
+        .into());
+    }
     let target = Target {
         addr,
         name: name.clone(),
         transport: a.transport,
         secret,
+        encrypt: a.encrypt,
     };
     let give_up = Duration::from_secs(a.give_up_after);
     rfabric::daemon_log::init("rblock connect");
@@ -107,7 +116,7 @@ pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
     let plan = Plan {
         listen,
         fabric: None,
-        fabric_secret: None,
+        fabric_guard: server::FabricGuard::default(),
         max_connections: a.max_connections,
         grace: Duration::from_secs(30),
         // Its data comes across the fabric, never from a local file.

@@ -103,7 +103,10 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let plan = Plan {
         listen: a.listen,
         fabric,
-        fabric_secret: secret,
+        fabric_guard: server::FabricGuard {
+            secret,
+            encrypt: a.encrypt,
+        },
         max_connections: a.max_connections,
         grace: Duration::from_secs(30),
         zero_copy_reads: a.zero_copy_reads,

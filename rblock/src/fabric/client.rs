@@ -17,13 +17,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use rfabric::auth;
 use rfabric::endpoint::{self, Transport};
+use rfabric::link::seal::{Before, EncryptChoice, Protection};
 use rfabric::link::{ChunkMeta, Incoming, Link};
 use rfabric::memory::BufferPool;
 use rfabric::transport::Region;
 use rfabric::wire::{Role, chunk_flags};
 use tokio::sync::{oneshot, watch};
 
-use super::proto::{Msg, VERSION, write_tag};
+use super::proto::{Msg, VERSION, open_tag, write_tag};
 use super::redial::{LaneClock, Wait};
 use super::requests::{Expect, Outcome, Requests, Said};
 use super::{SLOTS, link_config};
@@ -48,6 +49,9 @@ pub struct Target {
     pub transport: Transport,
     /// The server's secret, to prove (None: a server that asks is refused).
     pub secret: Option<Arc<Vec<u8>>>,
+    /// When the links are encrypted (with a secret; without one nothing
+    /// is sealed).
+    pub encrypt: EncryptChoice,
 }
 
 /// How long the server has to send its challenge.
@@ -637,19 +641,24 @@ async fn open_session(t: &Target) -> anyhow::Result<(Arc<Session>, Opened)> {
                  older than this client?)"
             )
         })??;
-    let Msg::Challenge { nonce, required } = challenge else {
+    let Msg::Challenge {
+        nonce,
+        required,
+        encrypt: encryption_required,
+    } = challenge
+    else {
         bail!(
             "the server started with {} instead of a challenge",
             challenge.name()
         );
     };
     let client_nonce = auth::nonce();
-    let proof = match (&t.secret, required) {
-        (Some(s), true) => auth::RBLOCK.client_proof(s, &nonce, &client_nonce),
-        (None, false) => [0; 32],
+    let secret = match (&t.secret, required) {
+        (Some(s), true) => Some(s),
+        (None, false) => None,
         // The export asked for may need none: the server decides, and
         // refuses what needs one.
-        (None, true) => [0; 32],
+        (None, true) => None,
         // (The server waits for an answer: the link is ended, not
         // finished, which would wait for the server's goodbye.)
         (Some(_), false) => {
@@ -662,10 +671,26 @@ async fn open_session(t: &Target) -> anyhow::Result<(Arc<Session>, Opened)> {
             .into());
         }
     };
+    // With a secret, the session is sealed: everything the server sends
+    // after reading the proof, everything this side sends after the
+    // server's proof (PROTOCOL.md §9.2).
+    let encrypt = secret.is_some() && (t.encrypt.wants(link.backend()) || encryption_required);
+    let protection = Protection::of(encrypt);
+    let (proof, keys) = match secret {
+        Some(s) => (
+            auth::RBLOCK.client_proof(s, &nonce, &client_nonce),
+            Some(auth::RBLOCK.session_keys(s, &nonce, &client_nonce)),
+        ),
+        None => ([0; 32], None),
+    };
+    if let Some(k) = &keys {
+        link.seal_incoming(protection, &k.server_to_client, Before::Anything);
+    }
     link.send_message(
         &Msg::Auth {
             nonce: client_nonce,
             proof,
+            encrypt,
         }
         .encode(),
     )
@@ -673,17 +698,21 @@ async fn open_session(t: &Target) -> anyhow::Result<(Arc<Session>, Opened)> {
     let open = Msg::Open {
         version: VERSION,
         name: t.name.clone(),
+        tag: keys.as_ref().map_or([0; 32], |k| {
+            open_tag(&k.client_to_server, VERSION, encrypt, &t.name)
+        }),
     };
     link.send_message(&open.encode()).await?;
     match next().await? {
         Msg::AuthOk { proof } => {
-            if let Some(s) = &t.secret {
+            if let (Some(s), Some(k)) = (secret, &keys) {
                 if !auth::RBLOCK.check_server(s, &nonce, &client_nonce, &proof) {
                     link.abort("the server could not prove it knows the secret");
                     return Err(
                         Refused("the server could not prove it knows the secret".into()).into(),
                     );
                 }
+                link.seal_outgoing(protection, &k.client_to_server);
             }
         }
         Msg::Refused { text } => {

@@ -22,8 +22,9 @@ use crate::nbd::consts::REQUEST_LEN;
 use crate::nbd::transmission::{Extent, Request};
 
 /// Version of this protocol, sent in [`Msg::Open`]. 2: the server's
-/// [`Msg::Challenge`] comes first.
-pub const VERSION: u16 = 2;
+/// [`Msg::Challenge`] comes first. 3: the opening binds the session's seal
+/// (the `encrypt` choices, the Open's tag).
+pub const VERSION: u16 = 3;
 
 mod tag {
     pub const OPEN: u8 = 1;
@@ -45,15 +46,34 @@ pub const MAX_NAME: usize = 4096;
 pub enum Msg {
     /// Server, first: prove you know the secret (`rfabric::auth`, domain
     /// `RBLOCK`). `required` is false on a server without one (loopback,
-    /// or `--no-auth`), which then proves nothing either.
-    Challenge { nonce: [u8; 32], required: bool },
-    /// Client, the answer: its nonce and proof (zeros without a secret).
-    Auth { nonce: [u8; 32], proof: [u8; 32] },
+    /// or `--no-auth`), which then proves nothing either. `encrypt`: this
+    /// server requires the session encrypted.
+    Challenge {
+        nonce: [u8; 32],
+        required: bool,
+        encrypt: bool,
+    },
+    /// Client, the answer: its nonce and proof (zeros without a secret);
+    /// `encrypt`: the protection the session is sealed with, mixed into
+    /// its keys.
+    Auth {
+        nonce: [u8; 32],
+        proof: [u8; 32],
+        encrypt: bool,
+    },
     /// Server: the proof is good; its own proof (zeros without a secret).
     /// A bad proof gets [`Msg::Refused`] instead, and the link closes.
     AuthOk { proof: [u8; 32] },
-    /// Client, after its `Auth`: which export.
-    Open { version: u16, name: String },
+    /// Client, after its `Auth`: which export. `tag` binds it to the
+    /// session ([`open_tag`]; zeros without a secret): the server knows
+    /// which secret to check the proof with only from the name, so the
+    /// name comes before anything is sealed, and a path that changes it
+    /// fails this tag.
+    Open {
+        version: u16,
+        name: String,
+        tag: [u8; 32],
+    },
     /// Server: the export is open on this link. `flags` are the NBD
     /// transmission flags the server would give an NBD client;
     /// `max_request` the longest request it takes.
@@ -112,23 +132,34 @@ impl Msg {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         match self {
-            Msg::Challenge { nonce, required } => {
+            Msg::Challenge {
+                nonce,
+                required,
+                encrypt,
+            } => {
                 b.push(tag::CHALLENGE);
                 b.extend_from_slice(nonce);
                 b.push(u8::from(*required));
+                b.push(u8::from(*encrypt));
             }
-            Msg::Auth { nonce, proof } => {
+            Msg::Auth {
+                nonce,
+                proof,
+                encrypt,
+            } => {
                 b.push(tag::AUTH);
                 b.extend_from_slice(nonce);
                 b.extend_from_slice(proof);
+                b.push(u8::from(*encrypt));
             }
             Msg::AuthOk { proof } => {
                 b.push(tag::AUTH_OK);
                 b.extend_from_slice(proof);
             }
-            Msg::Open { version, name } => {
+            Msg::Open { version, name, tag } => {
                 b.push(tag::OPEN);
                 b.extend_from_slice(&version.to_le_bytes());
+                b.extend_from_slice(tag);
                 b.extend_from_slice(name.as_bytes());
             }
             Msg::Opened {
@@ -193,21 +224,19 @@ impl Msg {
         let bytes32 = |i: usize| -> [u8; 32] { body[i..i + 32].try_into().expect("32") };
         Ok(match t {
             tag::CHALLENGE => {
-                exact("challenge", 33)?;
+                exact("challenge", 34)?;
                 Msg::Challenge {
                     nonce: bytes32(0),
-                    required: match body[32] {
-                        0 => false,
-                        1 => true,
-                        _ => return Err(ProtoError::Field("challenge.required")),
-                    },
+                    required: flag(body[32], "challenge.required")?,
+                    encrypt: flag(body[33], "challenge.encrypt")?,
                 }
             }
             tag::AUTH => {
-                exact("auth", 64)?;
+                exact("auth", 65)?;
                 Msg::Auth {
                     nonce: bytes32(0),
                     proof: bytes32(32),
+                    encrypt: flag(body[64], "auth.encrypt")?,
                 }
             }
             tag::AUTH_OK => {
@@ -215,13 +244,14 @@ impl Msg {
                 Msg::AuthOk { proof: bytes32(0) }
             }
             tag::OPEN => {
-                at_least("open", 2)?;
-                if body.len() - 2 > MAX_NAME {
-                    return Err(wrong("open", 2 + MAX_NAME));
+                at_least("open", 34)?;
+                if body.len() - 34 > MAX_NAME {
+                    return Err(wrong("open", 34 + MAX_NAME));
                 }
                 Msg::Open {
                     version: u16::from_le_bytes([body[0], body[1]]),
-                    name: text("the export name", &body[2..])?,
+                    tag: bytes32(2),
+                    name: text("the export name", &body[34..])?,
                 }
             }
             tag::OPENED => {
@@ -267,6 +297,39 @@ impl Msg {
             other => return Err(ProtoError::Tag(other)),
         })
     }
+}
+
+/// A byte that must be 0 or 1.
+fn flag(byte: u8, field: &'static str) -> Result<bool, ProtoError> {
+    match byte {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(ProtoError::Field(field)),
+    }
+}
+
+/// The tag of an [`Msg::Open`]: `HMAC-SHA256(client-to-server session key,
+/// "rblock open" | version | encrypt | name)`, so that the export asked
+/// for, the version and the protection are what the client sent.
+pub fn open_tag(key: &[u8; 32], version: u16, encrypt: bool, name: &str) -> [u8; 32] {
+    let v = version.to_le_bytes();
+    rfabric::auth::tag(key, &open_fields(&v, &[u8::from(encrypt)], name))
+}
+
+/// Constant-time check of an [`open_tag`].
+pub fn check_open_tag(
+    key: &[u8; 32],
+    version: u16,
+    encrypt: bool,
+    name: &str,
+    tag: &[u8; 32],
+) -> bool {
+    let v = version.to_le_bytes();
+    rfabric::auth::check_tag(key, &open_fields(&v, &[u8::from(encrypt)], name), tag)
+}
+
+fn open_fields<'a>(version: &'a [u8], encrypt: &'a [u8], name: &'a str) -> [&'a [u8]; 4] {
+    [b"rblock open", version, encrypt, name.as_bytes()]
 }
 
 /// Extents that fit one message of `max_message` bytes.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
+use super::FabricGuard;
 use super::connection::connection;
 use super::link::serve_link;
 use super::zero_copy::{FromCache, Load};
@@ -13,8 +14,8 @@ use crate::export::Export;
 use crate::socket::Stream;
 
 pub(super) struct Accepting {
-    /// What fabric clients must prove they know.
-    pub(super) fabric_secret: Option<Arc<Vec<u8>>>,
+    /// What fabric clients must prove they know, and accept.
+    pub(super) fabric_guard: FabricGuard,
     pub(super) exports: Arc<[Export]>,
     pub(super) shutdown: watch::Receiver<bool>,
     /// The places among the connections, and how many are taken.
@@ -28,10 +29,10 @@ impl Accepting {
     pub(super) fn start_link(&self, conn: Arc<dyn rfabric::transport::Connection>) {
         let closer = Arc::clone(&conn);
         let client = conn.peer_name();
-        let secret = self.fabric_secret.clone();
+        let guard = self.fabric_guard.clone();
         let who = client.clone();
         let admitted = self.admit("fabric connection", client, move |exports, shutdown| {
-            serve_link(conn, exports, shutdown, secret, who)
+            serve_link(conn, exports, shutdown, guard, who)
         });
         if !admitted {
             closer.close();

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use rfabric::auth;
+use rfabric::link::seal::{Before, Protection};
 use rfabric::link::{Chunk, ChunkMeta, Incoming, Link};
 use rfabric::memory::BufferPool;
 use rfabric::transport::{Connection, Region};
@@ -19,10 +20,11 @@ use tokio::sync::{Semaphore, watch};
 use crate::backend::{Backend, Source};
 use crate::execute::{Executed, Failure, carry_out};
 use crate::export::Export;
-use crate::fabric::proto::{Msg, VERSION, max_extents, write_request};
+use crate::fabric::proto::{Msg, VERSION, check_open_tag, max_extents, write_request};
 use crate::fabric::{SLOTS, link_config};
 use crate::nbd::handshake::{MAX_PAYLOAD, find_export};
 use crate::nbd::transmission::{Command, Limits, Request, check};
+use crate::serve::FabricGuard;
 use crate::storage::Storage;
 
 /// A client has this long to open an export.
@@ -38,7 +40,7 @@ pub(super) async fn serve_link(
     conn: Arc<dyn Connection>,
     exports: Arc<[Export]>,
     mut shutdown: watch::Receiver<bool>,
-    secret: Option<Arc<Vec<u8>>>,
+    guard: FabricGuard,
     client: String,
 ) -> anyhow::Result<()> {
     let config = link_config(Role::Server, &conn.limits());
@@ -48,12 +50,7 @@ pub(super) async fn serve_link(
             .context("the client did not set up the link in time")?
             .context("cannot set up the link")?,
     );
-    let opening = open(
-        &link,
-        &exports,
-        secret.as_deref().map(Vec::as_slice),
-        &client,
-    );
+    let opening = open(&link, &exports, &guard, &client);
     let Some(export) = tokio::time::timeout(OPEN_TIME, opening)
         .await
         .context("the client did not open an export in time")??
@@ -127,17 +124,21 @@ pub(super) async fn serve_link(
 /// for (`secret-file=` of its `--export`), else the server's
 /// `--secret-file`; a client that fails is refused before anything is
 /// opened, and an unknown export is named only to a client that passed.
-/// The export's index, or None when refused.
+/// With a secret, the Open's tag is checked too and the link is sealed
+/// before the answer goes out. The export's index, or None when refused.
 async fn open(
     link: &Link,
     exports: &[Export],
-    global: Option<&[u8]>,
+    guard: &FabricGuard,
     client: &str,
 ) -> anyhow::Result<Option<usize>> {
+    let global = guard.secret.as_deref().map(Vec::as_slice);
     let nonce = auth::nonce();
+    let encryption_required = guard.encrypt.wants(link.backend());
     let challenge = Msg::Challenge {
         nonce,
         required: global.is_some() || exports.iter().any(|e| e.secret.is_some()),
+        encrypt: encryption_required,
     };
     link.send_message(&challenge.encode()).await?;
     let next = async || match link.recv().await.context("the opening broke off")? {
@@ -148,6 +149,7 @@ async fn open(
     let Msg::Auth {
         nonce: client_nonce,
         proof,
+        encrypt,
     } = answer
     else {
         bail!(
@@ -157,7 +159,7 @@ async fn open(
         );
     };
     let opening = next().await?;
-    let Msg::Open { version, name } = opening else {
+    let Msg::Open { version, name, tag } = opening else {
         bail!(
             "the client sent {} instead of an open request",
             opening.name()
@@ -174,6 +176,25 @@ async fn open(
     let proof = match secret {
         None => [0; 32],
         Some(s) if auth::RBLOCK.check_client(s, &nonce, &client_nonce, &proof) => {
+            let keys = auth::RBLOCK.session_keys(s, &nonce, &client_nonce);
+            if !check_open_tag(&keys.client_to_server, version, encrypt, &name, &tag) {
+                tracing::warn!(client, export = name, "an opening was changed on the path");
+                return refuse(
+                    "the open request does not match the proof (changed on the path?)".into(),
+                )
+                .await;
+            }
+            if encryption_required && !encrypt {
+                return refuse(
+                    "this server requires encrypted sessions (rblock connect --encrypt)".into(),
+                )
+                .await;
+            }
+            // Sealed from here on: nothing unsealed is taken, and the
+            // answer is the first sealed frame.
+            let protection = Protection::of(encrypt);
+            link.seal_incoming(protection, &keys.client_to_server, Before::CreditsOnly);
+            link.seal_outgoing(protection, &keys.server_to_client);
             auth::RBLOCK.server_proof(s, &nonce, &client_nonce)
         }
         Some(_) => {

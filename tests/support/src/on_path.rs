@@ -22,7 +22,7 @@ const CHUNK_HEADER: usize = 80;
 const CHUNK_DIGEST: std::ops::Range<usize> = 32..64;
 
 /// What the proxy does to the client's stream (the server's passes as is).
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub enum Attack {
     /// Nothing: an honest path, to show the test's copy works without one.
     None,
@@ -40,6 +40,7 @@ pub enum Attack {
 }
 
 /// A running proxy in front of `127.0.0.1:upstream`.
+#[derive(Debug)]
 pub struct OnPath {
     pub port: u16,
     /// Everything each client sent, as it arrived, per connection.
@@ -137,8 +138,7 @@ fn tamper(
     let Some(preface) = read(PREFACE) else { return };
     let _ = to.write_all(&preface);
     let (mut sends, mut chunks) = (0usize, 0usize);
-    loop {
-        let Some(header) = read(HEADER) else { break };
+    while let Some(header) = read(HEADER) {
         let op = header[0];
         let len = u32::from_le_bytes(header[4..8].try_into().unwrap()) as usize;
         let body = if op == OP_READ_REQUEST {

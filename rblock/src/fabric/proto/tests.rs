@@ -14,8 +14,8 @@ fn request(kind: u16, cookie: u64) -> Request {
 
 fn any_msg() -> impl Strategy<Value = Msg> {
     prop_oneof![
-        (any::<u16>(), "[a-z0-9/._-]{0,40}")
-            .prop_map(|(version, name)| Msg::Open { version, name }),
+        (any::<u16>(), "[a-z0-9/._-]{0,40}", any::<[u8; 32]>())
+            .prop_map(|(version, name, tag)| Msg::Open { version, name, tag }),
         (any::<u64>(), any::<u16>(), any::<u32>()).prop_map(|(size, flags, max_request)| {
             Msg::Opened {
                 size,
@@ -24,10 +24,20 @@ fn any_msg() -> impl Strategy<Value = Msg> {
             }
         }),
         ".{0,60}".prop_map(|text| Msg::Refused { text }),
-        (any::<[u8; 32]>(), any::<bool>())
-            .prop_map(|(nonce, required)| Msg::Challenge { nonce, required }),
-        (any::<[u8; 32]>(), any::<[u8; 32]>())
-            .prop_map(|(nonce, proof)| Msg::Auth { nonce, proof }),
+        (any::<[u8; 32]>(), any::<bool>(), any::<bool>()).prop_map(|(nonce, required, encrypt)| {
+            Msg::Challenge {
+                nonce,
+                required,
+                encrypt,
+            }
+        }),
+        (any::<[u8; 32]>(), any::<[u8; 32]>(), any::<bool>()).prop_map(
+            |(nonce, proof, encrypt)| Msg::Auth {
+                nonce,
+                proof,
+                encrypt
+            }
+        ),
         any::<[u8; 32]>().prop_map(|proof| Msg::AuthOk { proof }),
         (
             any::<u16>(),
@@ -127,18 +137,33 @@ fn malformed_messages_say_what_is_wrong() {
         })
     ));
     // A name that is not UTF-8.
+    let mut bad_name = vec![1, 1, 0];
+    bad_name.extend_from_slice(&[0; 32]);
+    bad_name.extend_from_slice(&[0xff, 0xfe]);
     assert_eq!(
-        Msg::decode(&[1, 1, 0, 0xff, 0xfe]),
+        Msg::decode(&bad_name),
         Err(ProtoError::Text("the export name"))
     );
     let long = Msg::Open {
         version: VERSION,
         name: "x".repeat(MAX_NAME + 1),
+        tag: [0; 32],
     };
     assert!(matches!(
         Msg::decode(&long.encode()),
         Err(ProtoError::Length { what: "open", .. })
     ));
+}
+
+#[test]
+fn an_open_tag_binds_version_protection_and_name_to_the_key() {
+    let key = [3u8; 32];
+    let t = open_tag(&key, VERSION, true, "disk");
+    assert!(check_open_tag(&key, VERSION, true, "disk", &t));
+    assert!(!check_open_tag(&key, VERSION, true, "disk2", &t));
+    assert!(!check_open_tag(&key, VERSION, false, "disk", &t));
+    assert!(!check_open_tag(&key, VERSION - 1, true, "disk", &t));
+    assert!(!check_open_tag(&[4; 32], VERSION, true, "disk", &t));
 }
 
 #[test]
