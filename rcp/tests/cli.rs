@@ -421,20 +421,18 @@ fn attacks_on_the_path_are_refused_and_leave_nothing() {
     );
     refused(&out, "a dropped message", "failed its session check");
 
-    // The honest session, replayed to the daemon: the fresh challenge
-    // makes its proof worthless. (Replayed whole, its writes aimed at the
-    // old session's ring are refused even before that.)
+    // The honest session, replayed to the daemon: turned away, whichever
+    // check its frames meet first (the fresh challenge makes the proof
+    // worthless; frames that come before the challenge went out carry
+    // wrong credits, or a seal this side never set up). The proof alone,
+    // replayed: `unauthenticated_and_replayed_answers_are_refused`.
     std::fs::remove_file(root.join("honest")).unwrap();
-    let heard = replay(d.port, &honest.recorded_through_send(0, 1)).expect("closed");
-    assert!(
-        heard.windows(21).any(|w| w == b"authentication failed"),
-        "the replayed proof was not refused: {}",
-        String::from_utf8_lossy(&heard)
-    );
-    assert!(
-        replay(d.port, &honest.recorded(0)).is_some(),
-        "the replayed session was not turned away"
-    );
+    for replayed in [honest.recorded_through_send(0, 1), honest.recorded(0)] {
+        assert!(
+            replay(d.port, &replayed).is_some(),
+            "the daemon kept a replayed session open"
+        );
+    }
     // (The tree's directory may be there: the honest client sent it
     // before the dropped message. No file arrived.)
     let arrived = Command::new("find")
