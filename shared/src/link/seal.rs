@@ -289,7 +289,9 @@ impl Sealer {
         let (header, rest) = buf.split_at_mut(crate::wire::FRAME_HEADER_LEN);
         let (body, tail) = rest.split_at_mut(len - header.len());
         let cover = frame_cover(self.protection);
-        let tag = self.cipher.seal(Kind::Frame, self.frames, header, body, cover);
+        let tag = self
+            .cipher
+            .seal(Kind::Frame, self.frames, header, body, cover);
         self.frames += 1;
         tail[..TAG_LEN].copy_from_slice(&tag);
         len + TAG_LEN
@@ -415,7 +417,10 @@ impl Opener {
         tag: &[u8; TAG_LEN],
     ) -> Result<(), SealError> {
         let cover = chunk_cover(self.protection, digest_inside);
-        if self.cipher.open(Kind::Chunk, seq, header, payload, cover, tag) {
+        if self
+            .cipher
+            .open(Kind::Chunk, seq, header, payload, cover, tag)
+        {
             Ok(())
         } else {
             Err(SealError::BadTag {
