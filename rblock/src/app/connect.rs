@@ -51,11 +51,12 @@ pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
     tracing::info!(
         server = %addr,
         export = name,
-        "{addr}/{name}: {} bytes{}, {} lane(s) over {}",
+        "{addr}/{name}: {} bytes{}, {} lane(s) over {}, {}",
         o.size,
         if read_only(&o) { ", read-only" } else { "" },
         remote.lanes(),
-        remote.backend()
+        remote.backend(),
+        remote.protection()
     );
     let info = ExportInfo {
         name: name.clone(),

@@ -187,6 +187,14 @@ impl Remote {
             .map_or("a link being set up", |s| s.link.backend().name())
     }
 
+    /// How the lanes are sealed: "encrypted", "authenticated", or
+    /// "unauthenticated" (no secret).
+    pub fn protection(&self) -> &'static str {
+        self.lanes[0].current.borrow().as_ref().map_or("not yet", |s| {
+            s.link.protection().map_or("unauthenticated", Protection::name)
+        })
+    }
+
     pub fn lanes(&self) -> usize {
         self.lanes.len()
     }
