@@ -190,9 +190,15 @@ impl Remote {
     /// How the lanes are sealed: "encrypted", "authenticated", or
     /// "unauthenticated" (no secret).
     pub fn protection(&self) -> &'static str {
-        self.lanes[0].current.borrow().as_ref().map_or("not yet", |s| {
-            s.link.protection().map_or("unauthenticated", Protection::name)
-        })
+        self.lanes[0]
+            .current
+            .borrow()
+            .as_ref()
+            .map_or("not yet", |s| {
+                s.link
+                    .protection()
+                    .map_or("unauthenticated", Protection::name)
+            })
     }
 
     pub fn lanes(&self) -> usize {
