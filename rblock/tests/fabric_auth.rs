@@ -224,7 +224,8 @@ async fn an_answer_replayed_from_another_session_is_refused_and_nothing_is_opene
             Protection::Encrypt,
             &keys.server_to_client,
             Before::Anything,
-        );
+        )
+        .unwrap();
         let answer = Msg::Auth {
             nonce: client_nonce,
             proof,

@@ -9,11 +9,14 @@ use std::process::ExitCode;
 use clap::Parser;
 use rcp::cli::Cli;
 use rcp::exit::Exit;
+use rcp::tuning;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let cores = tuning::cores();
     let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(tuning::workers(cores))
+        .max_blocking_threads(tuning::hashing_threads(cores))
         .enable_all()
         .build()
     {

@@ -229,7 +229,7 @@ async fn authenticate(link: &Link, secret: &[u8], encrypt: EncryptChoice) -> any
     let protection = Protection::of(encrypt);
     let keys = auth::RCP.session_keys(secret, &server_nonce, &nonce);
     // Everything the server sends after reading this proof is sealed.
-    link.seal_incoming(protection, &keys.server_to_client, Before::Anything);
+    link.seal_incoming(protection, &keys.server_to_client, Before::Anything)?;
     link.send_message(
         &Msg::Auth {
             nonce,
@@ -491,7 +491,7 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
     // From here on everything on this link is sealed, the proof included.
     let protection = Protection::of(encrypt);
     let keys = auth::RCP.session_keys(&config.secret, &nonce, &client_nonce);
-    link.seal_incoming(protection, &keys.client_to_server, Before::CreditsOnly);
+    link.seal_incoming(protection, &keys.client_to_server, Before::CreditsOnly)?;
     link.seal_outgoing(protection, &keys.server_to_client);
     let proof = auth::RCP.server_proof(&config.secret, &nonce, &client_nonce);
     link.send_message(&Msg::AuthOk { mac: proof }.encode())

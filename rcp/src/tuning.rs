@@ -8,6 +8,27 @@ use rfabric::storage::{self, Kind};
 use crate::cli::Tuning;
 use crate::session::Params;
 
+/// The cores this process may use: its CPU affinity mask and its
+/// cgroup's CPU quota (`cpu.max`) both count (`available_parallelism`
+/// reads them), so a job confined to 4 CPUs of a 64-core node gets 4.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+/// The runtime's worker threads for `cores`: the links, the storage
+/// completions and the protocol, which a few cores keep busy; at least
+/// two, so that one side of a local copy never waits for the other.
+pub fn workers(cores: usize) -> usize {
+    cores.clamp(2, 8)
+}
+
+/// Threads that hash chunks at once (the runtime's blocking pool): one a
+/// core, so that digests spread over every core the process may use, and
+/// two more for the tree walker and a slow call.
+pub fn hashing_threads(cores: usize) -> usize {
+    cores + 2
+}
+
 /// The storage engine `--io-engine` asks for, probed once; when `auto`
 /// cannot have io_uring it says so, once, on stderr, naming `tool`.
 pub fn io_engine(t: &Tuning, tool: &str) -> anyhow::Result<Kind> {
@@ -40,5 +61,18 @@ pub fn params(
         encrypt: t.encrypt,
         // A server takes the client's; a client sets its own.
         digest: crate::digest::Algorithm::Sha256,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_follow_the_cores_the_process_may_use() {
+        assert_eq!((workers(1), hashing_threads(1)), (2, 3));
+        assert_eq!((workers(4), hashing_threads(4)), (4, 6));
+        assert_eq!((workers(64), hashing_threads(64)), (8, 66));
+        assert!(cores() >= 1);
     }
 }

@@ -340,7 +340,7 @@ fn a_chunk_corrupted_in_flight_fails_the_copy_and_leaves_nothing() {
 /// error, and nothing appears under the final name.
 #[test]
 fn attacks_on_the_path_are_refused_and_leave_nothing() {
-    use test_support::on_path::{Attack, OnPath, replay};
+    use test_support::on_path::{Attack, Nth, OnPath, replay};
     let t = Scratch::new("onpath");
     let root = t.path("root");
     std::fs::create_dir(&root).unwrap();
@@ -405,14 +405,26 @@ fn attacks_on_the_path_are_refused_and_leave_nothing() {
         "chunk 1 failed its session check",
     );
 
-    // Sends of a push: 0 hello, 1 proof, 2 request, then the entries.
+    // Sends of a push: 0 hello, 1 proof, 2 request, then the entries. A
+    // request injected right behind the proof, before the client could
+    // seal anything, and a Done injected mid-file, which would end the
+    // copy early.
     let done = rcp::proto::Msg::Done { entries: 0 }.encode();
-    let inject = Attack::InjectMessage {
-        nth: 3,
-        message: done,
-    };
-    let out = push(&OnPath::start(d.port, inject), &tree, "injected", &never);
-    refused(&out, "an injected Done", "unsealed");
+    let planted = rcp::proto::Msg::Push {
+        flags: 0,
+        streams: 1,
+        sources: 1,
+        dest: root.join("planted").into_os_string().into_encoded_bytes(),
+    }
+    .encode();
+    for (before, message, what, name) in [
+        (Nth::Send(2), planted, &tree, "injected-early"),
+        (Nth::Chunk(2), done, &src, "injected-late"),
+    ] {
+        let inject = Attack::InjectMessage { before, message };
+        let out = push(&OnPath::start(d.port, inject), what, name, &never);
+        refused(&out, "an injected message", "unsealed");
+    }
     let out = push(
         &OnPath::start(d.port, Attack::DropSend { nth: 4 }),
         &tree,
@@ -927,11 +939,13 @@ async fn unauthenticated_and_replayed_answers_are_refused() {
         encrypt: true,
     };
     let keys = rfabric::auth::RCP.session_keys(&secret, &server_nonce, &client_nonce);
-    first.seal_incoming(
-        Protection::Encrypt,
-        &keys.server_to_client,
-        Before::Anything,
-    );
+    first
+        .seal_incoming(
+            Protection::Encrypt,
+            &keys.server_to_client,
+            Before::Anything,
+        )
+        .unwrap();
     first.send_message(&heard.encode()).await.unwrap();
     assert!(matches!(answer(&first).await, Msg::AuthOk { .. }));
     first.abort("done");
@@ -979,7 +993,8 @@ async fn a_request_injected_after_an_honest_proof_is_refused() {
             Protection::of(encrypt),
             &keys.server_to_client,
             Before::Anything,
-        );
+        )
+        .unwrap();
         let auth = Msg::Auth {
             nonce: client_nonce,
             mac,

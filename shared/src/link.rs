@@ -232,7 +232,11 @@ struct State {
     header_busy: Vec<bool>,
     in_flight: HashMap<u64, InFlight>,
     next_wr: u64,
-    incoming: VecDeque<Incoming>,
+    /// What the peer sent, each with whether it came sealed.
+    incoming: VecDeque<(Incoming, bool)>,
+    /// Set by [`Link::seal_incoming`] with [`Before::CreditsOnly`]: from
+    /// then on nothing unsealed is queued, whenever it was opened.
+    strict: bool,
     /// Hello to goodbye: what may be sent and heard, how the link ended.
     life: Lifecycle,
     /// Seals what this side sends, once [`Link::seal_outgoing`] was called.
@@ -445,6 +449,7 @@ impl Link {
             in_flight,
             next_wr: 1,
             incoming: VecDeque::new(),
+            strict: false,
             life: Lifecycle::new(),
             sealer: None,
         };
@@ -499,9 +504,34 @@ impl Link {
     /// anything: the side that proves itself first (the client) before its
     /// proof goes out, with [`Before::Anything`]; the other side on checking
     /// that proof, before it answers, with [`Before::CreditsOnly`].
-    pub fn seal_incoming(&self, protection: Protection, key: &[u8; 32], before: Before) {
+    ///
+    /// With [`Before::CreditsOnly`], anything already queued and not yet
+    /// taken came after the proof the caller just took, unsealed: the link
+    /// fails on it (so does anything the driver opened before this call and
+    /// queues after it).
+    pub fn seal_incoming(
+        &self,
+        protection: Protection,
+        key: &[u8; 32],
+        before: Before,
+    ) -> Result<(), LinkError> {
+        let mut st = self.state();
+        if before == Before::CreditsOnly {
+            if let Some((item, _)) = st.incoming.iter().find(|(_, sealed)| !sealed) {
+                let what = match item {
+                    Incoming::Chunk(_) => "chunk",
+                    Incoming::Message(_) => "message",
+                };
+                drop(st);
+                let e = LinkError::Seal(SealError::AfterProof { what });
+                fail(&self.inner, e.clone());
+                return Err(e);
+            }
+            st.strict = true;
+        }
         *self.inner.opener.lock().expect("opener lock") =
             Some(Opener::new(protection, key, before));
+        Ok(())
     }
 
     /// From now on, every frame and chunk this side sends is sealed with
@@ -681,7 +711,7 @@ impl Link {
     /// Takes the next incoming item; a message's control credit becomes
     /// owed to the peer as it is handed out.
     fn take_incoming(&self, st: &mut State) -> Option<Incoming> {
-        let item = st.incoming.pop_front()?;
+        let (item, _) = st.incoming.pop_front()?;
         if matches!(item, Incoming::Message(_)) {
             let due = {
                 let mut inbound = self.inner.inbound.lock().expect("inbound lock");
@@ -861,7 +891,12 @@ async fn drive(inner: Arc<Inner>, backlog: Vec<Completion>) {
     loop {
         for c in batch.drain(..) {
             if let Err(e) = handle(&inner, c) {
+                // Nothing the peer sent after the breach is handed out
+                // (the rest of the batch is dropped, later receives are
+                // ignored below): what came behind an injected frame
+                // must not complete a file.
                 fail(&inner, e);
+                break;
             }
         }
         send_standalone_credit(&inner);
@@ -931,6 +966,7 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
             drop(st);
             completion_ok(&c).map(|_| ())
         }
+        Op::Recv | Op::RecvNotify if failed(inner) => Ok(()),
         Op::Recv => {
             if !completion_ok(&c)? {
                 return Ok(());
@@ -959,7 +995,7 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
             let note = c
                 .note
                 .ok_or_else(|| LinkError::Protocol("notified write without note".into()))?;
-            let chunk = landed_chunk(inner, note, c.byte_len as usize)?;
+            let (chunk, sealed) = landed_chunk(inner, note, c.byte_len as usize)?;
             let index =
                 u32::try_from(c.wr_id).map_err(|_| LinkError::Protocol("bad receive id".into()))?;
             // SAFETY: this receive completed, and nothing in its buffer is
@@ -968,10 +1004,14 @@ fn handle(inner: &Arc<Inner>, c: Completion) -> Result<(), LinkError> {
             unsafe { repost(inner, index) };
             let mut st = inner.state.lock().expect("state lock");
             st.life.chunk_landed()?;
-            st.incoming.push_back(Incoming::Chunk(chunk));
-            Ok(())
+            queue(&mut st, Incoming::Chunk(chunk), sealed)
         }
     }
+}
+
+/// Whether the link has failed: what still arrives is not handed out.
+fn failed(inner: &Inner) -> bool {
+    inner.state.lock().expect("state lock").life.is_failed()
 }
 
 /// Puts a receive buffer back into service. A connection that is down
@@ -992,7 +1032,9 @@ unsafe fn repost(inner: &Inner, index: u32) {
     };
 }
 
-fn landed_chunk(inner: &Arc<Inner>, note: u32, landed: usize) -> Result<Chunk, LinkError> {
+/// The chunk that landed with `note`, its seal checked (and whether it had
+/// one to check).
+fn landed_chunk(inner: &Arc<Inner>, note: u32, landed: usize) -> Result<(Chunk, bool), LinkError> {
     let slot_size = inner.config.slot_size as usize;
     let seq = inner
         .inbound
@@ -1010,7 +1052,9 @@ fn landed_chunk(inner: &Arc<Inner>, note: u32, landed: usize) -> Result<Chunk, L
             .slice(index as usize * slot_size, slot_size)
     };
     let header = ChunkHeader::decode(slot, landed, slot_size - CHUNK_HEADER_LEN, note)?;
-    if let Some(opener) = &*inner.opener.lock().expect("opener lock") {
+    let opener = inner.opener.lock().expect("opener lock");
+    let sealed = opener.is_some();
+    if let Some(opener) = &*opener {
         let covered = header.encode();
         // SAFETY: as above; and no `Chunk` for this slot exists yet, so
         // nothing else reads it while it is decrypted in place.
@@ -1028,12 +1072,14 @@ fn landed_chunk(inner: &Arc<Inner>, note: u32, landed: usize) -> Result<Chunk, L
             &header.tag,
         )?;
     }
-    Ok(Chunk {
+    drop(opener);
+    let chunk = Chunk {
         inner: Arc::clone(inner),
         seq,
         index,
         header,
-    })
+    };
+    Ok((chunk, sealed))
 }
 
 fn handle_frame(inner: &Inner, bytes: &[u8]) -> Result<(), LinkError> {
@@ -1072,7 +1118,22 @@ fn handle_frame(inner: &Inner, bytes: &[u8]) -> Result<(), LinkError> {
         st.life.heard(heard)?;
     }
     if let Body::App(payload) = frame.body {
-        st.incoming.push_back(Incoming::Message(payload.to_vec()));
+        let sealed = matches!(opened, Opened::Sealed(_));
+        queue(&mut st, Incoming::Message(payload.to_vec()), sealed)?;
     }
+    Ok(())
+}
+
+/// Queues what the peer sent for the application; under a strict seal
+/// nothing unsealed is, even what was opened before the seal was set up.
+fn queue(st: &mut State, item: Incoming, sealed: bool) -> Result<(), LinkError> {
+    if st.strict && !sealed {
+        let what = match item {
+            Incoming::Chunk(_) => "chunk",
+            Incoming::Message(_) => "message",
+        };
+        return Err(SealError::AfterProof { what }.into());
+    }
+    st.incoming.push_back((item, sealed));
     Ok(())
 }

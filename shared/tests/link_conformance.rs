@@ -244,8 +244,12 @@ async fn a_receiver_that_finishes_early_still_returns_credits() {
 /// half before anything sealed can reach it, then the outgoing halves.
 fn seal_pair(server: &Link, client: &Link, protection: Protection, server_rx: [u8; 32]) {
     let (c2s, s2c) = ([0x5a; 32], [0xa5; 32]);
-    client.seal_incoming(protection, &s2c, Before::Anything);
-    server.seal_incoming(protection, &server_rx, Before::CreditsOnly);
+    client
+        .seal_incoming(protection, &s2c, Before::Anything)
+        .unwrap();
+    server
+        .seal_incoming(protection, &server_rx, Before::CreditsOnly)
+        .unwrap();
     server.seal_outgoing(protection, &s2c);
     client.seal_outgoing(protection, &c2s);
 }

@@ -698,7 +698,7 @@ async fn open_session(t: &Target) -> anyhow::Result<(Arc<Session>, Opened)> {
         None => ([0; 32], None),
     };
     if let Some(k) = &keys {
-        link.seal_incoming(protection, &k.server_to_client, Before::Anything);
+        link.seal_incoming(protection, &k.server_to_client, Before::Anything)?;
     }
     link.send_message(
         &Msg::Auth {

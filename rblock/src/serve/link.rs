@@ -193,7 +193,7 @@ async fn open(
             // Sealed from here on: nothing unsealed is taken, and the
             // answer is the first sealed frame.
             let protection = Protection::of(encrypt);
-            link.seal_incoming(protection, &keys.client_to_server, Before::CreditsOnly);
+            link.seal_incoming(protection, &keys.client_to_server, Before::CreditsOnly)?;
             link.seal_outgoing(protection, &keys.server_to_client);
             auth::RBLOCK.server_proof(s, &nonce, &client_nonce)
         }

@@ -130,6 +130,8 @@ pub enum SealError {
     Unsealed { kind: u8 },
     #[error("a sealed frame before this side of the link was sealed")]
     Early,
+    #[error("an unsealed {what} came after the peer's proof (injected on the path?)")]
+    AfterProof { what: &'static str },
     #[error("a sealed frame of {len} bytes is too short for its tag")]
     Short { len: usize },
 }

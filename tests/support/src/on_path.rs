@@ -32,11 +32,20 @@ pub enum Attack {
         nth: usize,
         rehash: fn(&[u8]) -> [u8; 32],
     },
-    /// Before the `nth` send, send a link frame of its own: an application
-    /// message carrying `message` (no seal: the proxy has no keys).
-    InjectMessage { nth: usize, message: Vec<u8> },
+    /// Before the client's frame `before`, send a link frame of its own:
+    /// an application message carrying `message` (no seal: the proxy has
+    /// no keys).
+    InjectMessage { before: Nth, message: Vec<u8> },
     /// Leave out the `nth` send.
     DropSend { nth: usize },
+}
+
+/// Which of the client's frames: its `n`th send (control frame), or its
+/// `n`th notified write (chunk), counting from 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nth {
+    Send(usize),
+    Chunk(usize),
 }
 
 /// A running proxy in front of `127.0.0.1:upstream`.
@@ -158,7 +167,10 @@ fn tamper(
                         .copy_from_slice(&digest);
                 }
             }
-            (Attack::InjectMessage { nth, message }, OP_SEND) if sends == *nth => {
+            (Attack::InjectMessage { before, message }, _)
+                if (op == OP_SEND && *before == Nth::Send(sends))
+                    || (op == OP_WRITE_NOTIFY && *before == Nth::Chunk(chunks)) =>
+            {
                 let _ = to.write_all(&send_frame(&app_frame(message)));
             }
             (Attack::DropSend { nth }, OP_SEND) if sends == *nth => out.clear(),
