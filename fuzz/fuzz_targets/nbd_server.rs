@@ -2,19 +2,27 @@
 //! pieces whose sizes the input chooses, then request headers checked
 //! against what was negotiated. Nothing may panic, the handshake must never
 //! claim more bytes than it was given, and a request it accepts must
-//! re-encode to the same bytes.
+//! re-encode to the same bytes. The step byte's top bits pick what the
+//! server offers of TLS; a STARTTLS it accepts is taken as if the TLS
+//! handshake had passed, and nothing may be served in clear before it
+//! when TLS is required.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use rblock::nbd::consts::REQUEST_LEN;
-use rblock::nbd::handshake::{ExportInfo, Handshake, Outcome};
+use rblock::nbd::handshake::{ExportInfo, Handshake, Outcome, Tls};
 use rblock::nbd::transmission::{Limits, Request, check};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&step, data)) = data.split_first() else {
         return;
     };
-    let step = usize::from(step.max(1));
+    let tls = match step >> 6 {
+        0 => Tls::Off,
+        1 => Tls::On,
+        _ => Tls::Require,
+    };
+    let step = usize::from((step & 0x3f).max(1));
     let exports = vec![
         ExportInfo {
             name: "disk".into(),
@@ -32,7 +40,8 @@ fuzz_target!(|data: &[u8]| {
         },
     ];
     let sizes: Vec<(u64, bool)> = exports.iter().map(|e| (e.size, e.read_only)).collect();
-    let mut h = Handshake::new(exports);
+    let mut h = Handshake::with_tls(exports, tls);
+    let mut in_tls = false;
     let mut buf: Vec<u8> = Vec::new();
     let mut fed = 0;
     let mut negotiated = None;
@@ -46,7 +55,15 @@ fuzz_target!(|data: &[u8]| {
                 buf.drain(..used);
                 let _ = h.take_output();
                 match outcome {
-                    Some(Outcome::Transmission(n)) => negotiated = Some(n),
+                    Some(Outcome::Transmission(n)) => {
+                        assert!(in_tls || tls != Tls::Require, "served in clear");
+                        negotiated = Some(n);
+                    }
+                    Some(Outcome::StartTls) => {
+                        assert!(tls != Tls::Off && !in_tls);
+                        in_tls = true;
+                        h.tls_started();
+                    }
                     Some(Outcome::Close) => return,
                     None => {}
                 }

@@ -9,7 +9,7 @@ use rfabric::endpoint::Transport;
 use rfabric::link::seal::EncryptChoice;
 use rfabric::storage::EngineChoice;
 
-use crate::config::{FabricAddr, Listen, RemoteExport, ZeroCopy};
+use crate::config::{FabricAddr, Listen, RemoteExport, TlsMode, ZeroCopy};
 use crate::export::ExportSpec;
 
 /// Export block devices and files over NBD and over RDMA: `rblock serve`
@@ -129,6 +129,19 @@ pub struct ServeArgs {
     /// local stream reads faster when the server copies).
     #[arg(long, value_enum, default_value_t = ZeroCopy::Auto)]
     pub zero_copy_reads: ZeroCopy,
+    /// TLS for NBD clients (NBD_OPT_STARTTLS): off; on (clients may start
+    /// it); require (nothing is served before it: a plain client is told
+    /// NBD_REP_ERR_TLS_REQD). Needs --tls-certificates or --tls-psk. Reads
+    /// are then copied and encrypted here, never sent from the cache.
+    #[arg(long, value_enum, default_value_t = TlsMode::Off, value_name = "MODE")]
+    pub tls: TlsMode,
+    /// X.509 credentials: a directory with server-cert.pem and
+    /// server-key.pem (the layout nbdkit and qemu use).
+    #[arg(long, value_name = "DIR", conflicts_with = "tls_psk")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Pre-shared keys: psktool's file of username:hexkey lines.
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
     /// Storage engine for the exports: auto uses io_uring where the kernel
     /// allows it (not on RHEL 8 or 9.0-9.2, refused by default on 9.3+
     /// and 10) and a pool of threads elsewhere, saying so once; io_uring

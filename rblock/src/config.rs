@@ -50,6 +50,25 @@ pub enum ZeroCopy {
     Never,
 }
 
+/// What `rblock serve --tls` offers NBD clients.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    Off,
+    On,
+    Require,
+}
+
+impl TlsMode {
+    pub fn handshake(self) -> crate::nbd::handshake::Tls {
+        use crate::nbd::handshake::Tls;
+        match self {
+            TlsMode::Off => Tls::Off,
+            TlsMode::On => Tls::On,
+            TlsMode::Require => Tls::Require,
+        }
+    }
+}
+
 /// A text that names no address or export the way rblock expects.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AddressError {

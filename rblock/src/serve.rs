@@ -35,6 +35,7 @@ mod transmission;
 mod zero_copy;
 
 use accept::Accepting;
+pub use connection::NbdTls;
 use zero_copy::Load;
 
 /// What fabric clients must prove they know, and accept.
@@ -63,6 +64,8 @@ pub struct Plan {
     pub grace: Duration,
     /// When large reads go from the page cache without a copy.
     pub zero_copy_reads: ZeroCopy,
+    /// What NBD clients are offered of TLS.
+    pub nbd_tls: NbdTls,
 }
 
 /// Serves `exports` as `plan` says until `stop` resolves, then lets the
@@ -79,6 +82,7 @@ pub async fn run(
         max_connections,
         grace,
         zero_copy_reads,
+        nbd_tls,
     } = plan;
     let exports: Arc<[Export]> = exports.into();
     let (shutdown_tx, shutdown) = watch::channel(false);
@@ -95,6 +99,7 @@ pub async fn run(
         shutdown: shutdown.clone(),
         load: Arc::clone(&load),
         zero_copy_reads,
+        nbd_tls: nbd_tls.clone(),
         alive: conn_tx.clone(),
     };
     for l in &listen {

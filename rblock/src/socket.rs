@@ -48,11 +48,34 @@ impl Stream {
     }
 }
 
+/// A connection after STARTTLS: the socket under TLS.
+pub type Tls = rfabric::tls::TlsStream;
+
+impl Stream {
+    /// The socket itself, for a TLS session to take over (it leaves the
+    /// runtime's reactor: the session watches it anew).
+    pub fn into_fd(self) -> io::Result<OwnedFd> {
+        Ok(match self {
+            Stream::Tcp(s) => s.into_std()?.into(),
+            Stream::Unix(s) => s.into_std()?.into(),
+        })
+    }
+}
+
+/// Splits a TLS connection into halves usable on their own.
+pub fn split_tls(tls: Tls) -> (ReadHalf, WriteHalf) {
+    let fd = rustix::io::dup(tls.get_ref()).ok();
+    let (r, w) = tokio::io::split(tls);
+    (ReadHalf::Tls(r), WriteHalf::Tls(w, fd))
+}
+
 /// What the client sends.
 #[derive(Debug)]
 pub enum ReadHalf {
     Tcp(tcp::OwnedReadHalf),
     Unix(unix::OwnedReadHalf),
+    /// Under TLS: no splicing (the bytes must be decrypted here).
+    Tls(tokio::io::ReadHalf<Tls>),
 }
 
 /// What the client is sent.
@@ -60,6 +83,8 @@ pub enum ReadHalf {
 pub enum WriteHalf {
     Tcp(tcp::OwnedWriteHalf),
     Unix(unix::OwnedWriteHalf),
+    /// Under TLS (and a duplicate of the socket, to cut it): no sendfile.
+    Tls(tokio::io::WriteHalf<Tls>, Option<OwnedFd>),
 }
 
 impl ReadHalf {
@@ -81,11 +106,24 @@ impl ReadHalf {
         match self {
             ReadHalf::Tcp(h) => when_ready(h.as_ref(), Interest::READABLE, moved).await,
             ReadHalf::Unix(h) => when_ready(h.as_ref(), Interest::READABLE, moved).await,
+            ReadHalf::Tls(_) => Err(io::Error::other("no splicing under TLS")),
         }
+    }
+
+    /// Whether bytes can move from the socket without passing through
+    /// here (not under TLS).
+    pub fn can_splice(&self) -> bool {
+        !matches!(self, ReadHalf::Tls(_))
     }
 }
 
 impl WriteHalf {
+    /// Whether replies can go straight from the page cache (not under
+    /// TLS: the bytes must be encrypted here).
+    pub fn can_send_file(&self) -> bool {
+        !matches!(self, WriteHalf::Tls(..))
+    }
+
     /// Sends `len` bytes of `file` from `offset` straight from the page
     /// cache; fewer only where the file ends first.
     pub async fn send_file(
@@ -130,6 +168,7 @@ impl WriteHalf {
         match self {
             WriteHalf::Tcp(h) => when_ready(h.as_ref(), Interest::WRITABLE, op).await,
             WriteHalf::Unix(h) => when_ready(h.as_ref(), Interest::WRITABLE, op).await,
+            WriteHalf::Tls(..) => Err(io::Error::other("no direct sends under TLS")),
         }
     }
 
@@ -139,6 +178,8 @@ impl WriteHalf {
         let sock = match self {
             WriteHalf::Tcp(h) => h.as_ref().as_fd(),
             WriteHalf::Unix(h) => h.as_ref().as_fd(),
+            WriteHalf::Tls(_, Some(fd)) => fd.as_fd(),
+            WriteHalf::Tls(_, None) => return,
         };
         let _ = rustix::net::shutdown(sock, rustix::net::Shutdown::Both);
     }
@@ -243,6 +284,46 @@ impl Pipe {
     }
 }
 
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
 impl AsyncRead for ReadHalf {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -252,6 +333,7 @@ impl AsyncRead for ReadHalf {
         match self.get_mut() {
             ReadHalf::Tcp(h) => Pin::new(h).poll_read(cx, buf),
             ReadHalf::Unix(h) => Pin::new(h).poll_read(cx, buf),
+            ReadHalf::Tls(h) => Pin::new(h).poll_read(cx, buf),
         }
     }
 }
@@ -265,6 +347,7 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(h) => Pin::new(h).poll_write(cx, buf),
             WriteHalf::Unix(h) => Pin::new(h).poll_write(cx, buf),
+            WriteHalf::Tls(h, _) => Pin::new(h).poll_write(cx, buf),
         }
     }
 
@@ -276,17 +359,19 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(h) => Pin::new(h).poll_write_vectored(cx, bufs),
             WriteHalf::Unix(h) => Pin::new(h).poll_write_vectored(cx, bufs),
+            WriteHalf::Tls(h, _) => Pin::new(h).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
-        true
+        !matches!(self, WriteHalf::Tls(..))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             WriteHalf::Tcp(h) => Pin::new(h).poll_flush(cx),
             WriteHalf::Unix(h) => Pin::new(h).poll_flush(cx),
+            WriteHalf::Tls(h, _) => Pin::new(h).poll_flush(cx),
         }
     }
 
@@ -294,6 +379,7 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(h) => Pin::new(h).poll_shutdown(cx),
             WriteHalf::Unix(h) => Pin::new(h).poll_shutdown(cx),
+            WriteHalf::Tls(h, _) => Pin::new(h).poll_shutdown(cx),
         }
     }
 }

@@ -586,3 +586,236 @@ fn sigterm_stops_the_server_cleanly() {
     assert!(status.success(), "{status}");
     assert!(!s.socket.exists(), "the socket file is removed");
 }
+
+/// A CA and a server certificate for localhost in `dir`, in the layout
+/// nbdkit, qemu and `rblock serve --tls-certificates` use (made with the
+/// openssl tool; libnbd and qemu check them with GnuTLS).
+fn certificates(t: &Scratch) -> PathBuf {
+    let dir = t.path("pki");
+    std::fs::create_dir(&dir).unwrap();
+    let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
+    let ext = t.path("san.cnf");
+    std::fs::write(&ext, "subjectAltName=DNS:localhost,IP:127.0.0.1\n").unwrap();
+    let openssl = |args: &[&str]| {
+        ok("openssl", args);
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=rblock test CA",
+        "-keyout",
+        &p("ca-key.pem"),
+        "-out",
+        &p("ca-cert.pem"),
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        &p("server-key.pem"),
+        "-out",
+        &p("server.csr"),
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &p("server.csr"),
+        "-CA",
+        &p("ca-cert.pem"),
+        "-CAkey",
+        &p("ca-key.pem"),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        ext.to_str().unwrap(),
+        "-out",
+        &p("server-cert.pem"),
+    ]);
+    dir
+}
+
+/// A psktool-style key file: `user:hexkey`.
+fn psk_file(t: &Scratch, name: &str, user: &str, key: &str) -> PathBuf {
+    let p = t.path(name);
+    std::fs::write(&p, format!("{user}:{key}\n")).unwrap();
+    p
+}
+
+#[test]
+fn tls_with_certificates_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_plain_clients() {
+    let t = Scratch::new("tls-x509");
+    let img = image(&t, 4 << 20);
+    let pki = certificates(&t);
+    let s = Server::start_as(
+        &t,
+        &img,
+        Command::new(RBLOCK),
+        &[
+            "--tls",
+            "require",
+            "--tls-certificates",
+            pki.to_str().unwrap(),
+        ],
+    );
+    let tls_uri = format!(
+        "nbds://localhost:{}/disk?tls-certificates={}",
+        s.port,
+        pki.display()
+    );
+    assert_eq!(
+        ok("nbdinfo", &["--size", &tls_uri]).trim(),
+        (4u64 << 20).to_string()
+    );
+    // Data both ways over TLS, checked byte for byte.
+    let data = t.path("data");
+    std::fs::write(&data, pattern(4 << 20, 9)).unwrap();
+    ok("nbdcopy", &[data.to_str().unwrap(), &tls_uri]);
+    let back = t.path("back");
+    ok("nbdcopy", &[&tls_uri, back.to_str().unwrap()]);
+    assert!(files_equal(&data, &back), "what came back over TLS differs");
+    assert!(
+        files_equal(&data, &img),
+        "what was written over TLS differs"
+    );
+    // qemu-img with qemu's own X.509 credentials object.
+    let creds = format!(
+        "tls-creds-x509,id=tls0,dir={},endpoint=client",
+        pki.display()
+    );
+    let opts = format!(
+        "driver=nbd,host=localhost,port={},export=disk,tls-creds=tls0",
+        s.port
+    );
+    let info = ok(
+        "qemu-img",
+        &["info", "--object", &creds, "--image-opts", &opts],
+    );
+    assert!(info.contains("virtual size: 4 MiB"), "{info}");
+    // A plain client is told TLS is required and gets nothing.
+    let plain = run(
+        "nbdinfo",
+        &["--size", &format!("nbd://localhost:{}/disk", s.port)],
+    );
+    let err = String::from_utf8_lossy(&plain.stderr);
+    assert!(!plain.status.success(), "a plain client was served");
+    assert!(err.to_lowercase().contains("tls"), "{err}");
+}
+
+#[test]
+fn tls_with_pre_shared_keys_takes_the_right_key_only() {
+    let t = Scratch::new("tls-psk");
+    let img = image(&t, 4 << 20);
+    let key = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let server_keys = psk_file(&t, "keys.psk", "alice", key);
+    let s = Server::start_as(
+        &t,
+        &img,
+        Command::new(RBLOCK),
+        &[
+            "--tls",
+            "require",
+            "--tls-psk",
+            server_keys.to_str().unwrap(),
+        ],
+    );
+    let uri = |file: &Path| {
+        format!(
+            "nbds://alice@localhost:{}/disk?tls-psk-file={}",
+            s.port,
+            file.display()
+        )
+    };
+    assert_eq!(
+        ok("nbdinfo", &["--size", &uri(&server_keys)]).trim(),
+        (4u64 << 20).to_string()
+    );
+    let data = t.path("data");
+    std::fs::write(&data, pattern(4 << 20, 5)).unwrap();
+    ok("nbdcopy", &[data.to_str().unwrap(), &uri(&server_keys)]);
+    assert!(
+        files_equal(&data, &img),
+        "what was written over TLS-PSK differs"
+    );
+    // qemu's PSK object reads keys.psk from a directory.
+    let qemu_dir = t.path("qemu-psk");
+    std::fs::create_dir(&qemu_dir).unwrap();
+    std::fs::copy(&server_keys, qemu_dir.join("keys.psk")).unwrap();
+    let creds = format!(
+        "tls-creds-psk,id=tls0,dir={},username=alice,endpoint=client",
+        qemu_dir.display()
+    );
+    let opts = format!(
+        "driver=nbd,host=localhost,port={},export=disk,tls-creds=tls0",
+        s.port
+    );
+    let info = ok(
+        "qemu-img",
+        &["info", "--object", &creds, "--image-opts", &opts],
+    );
+    assert!(info.contains("virtual size: 4 MiB"), "{info}");
+    // The wrong key, and the right key under another name: refused.
+    let wrong = psk_file(&t, "wrong.psk", "alice", &key.replace('0', "f"));
+    let out = run("nbdinfo", &["--size", &uri(&wrong)]);
+    assert!(!out.status.success(), "a wrong key was taken");
+    let mallory = psk_file(&t, "mallory.psk", "mallory", key);
+    let out = run(
+        "nbdinfo",
+        &[
+            "--size",
+            &format!(
+                "nbds://mallory@localhost:{}/disk?tls-psk-file={}",
+                s.port,
+                mallory.display()
+            ),
+        ],
+    );
+    assert!(!out.status.success(), "an unknown user was taken");
+}
+
+#[test]
+fn tls_on_serves_plain_clients_too_and_bad_credentials_stop_the_start() {
+    let t = Scratch::new("tls-on");
+    let img = image(&t, 4 << 20);
+    let pki = certificates(&t);
+    let s = Server::start_as(
+        &t,
+        &img,
+        Command::new(RBLOCK),
+        &["--tls", "on", "--tls-certificates", pki.to_str().unwrap()],
+    );
+    let size = (4u64 << 20).to_string();
+    let plain = format!("nbd://localhost:{}/disk", s.port);
+    assert_eq!(ok("nbdinfo", &["--size", &plain]).trim(), size);
+    let tls = format!(
+        "nbds://localhost:{}/disk?tls-certificates={}",
+        s.port,
+        pki.display()
+    );
+    assert_eq!(ok("nbdinfo", &["--size", &tls]).trim(), size);
+    drop(s);
+    let export = format!("disk={}", img.display());
+    for bad in [
+        vec!["--tls", "require"],
+        vec!["--tls-certificates", pki.to_str().unwrap()],
+        vec!["--tls", "on", "--tls-certificates", "/nonexistent"],
+    ] {
+        let mut args = vec!["serve", "--export", &export, "--nbd-listen", "127.0.0.1:1"];
+        args.extend_from_slice(&bad);
+        let out = run(RBLOCK, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(err.contains("tls") || err.contains("TLS"), "{bad:?}: {err}");
+    }
+}

@@ -44,5 +44,7 @@ pub mod link;
 pub mod memory;
 pub mod size;
 pub mod storage;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod transport;
 pub mod wire;

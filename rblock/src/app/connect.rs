@@ -122,6 +122,8 @@ pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
         grace: Duration::from_secs(30),
         // Its data comes across the fabric, never from a local file.
         zero_copy_reads: ZeroCopy::Never,
+        // Its NBD clients are local (a private socket by default).
+        nbd_tls: server::NbdTls::default(),
     };
     let served = server::run(exports, plan, stop).await;
     remote.close().await;

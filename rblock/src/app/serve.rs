@@ -12,6 +12,7 @@ use rfabric::storage::{self, Engine, Kind};
 use super::signal::stop_signal;
 use crate::backend::Source;
 use crate::cli::ServeArgs;
+use crate::config::TlsMode;
 use crate::exit::Usage;
 use crate::export::Export;
 use crate::nbd::handshake::ExportInfo;
@@ -100,6 +101,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
             Some(l)
         }
     };
+    let nbd_tls = nbd_tls(&a)?;
     let plan = Plan {
         listen: a.listen,
         fabric,
@@ -110,6 +112,39 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         max_connections: a.max_connections,
         grace: Duration::from_secs(30),
         zero_copy_reads: a.zero_copy_reads,
+        nbd_tls,
     };
     server::run(exports, plan, stop_signal()).await
+}
+
+/// The TLS `--tls` asks for, with its credentials loaded now (a bad file
+/// stops the start, not the first client).
+fn nbd_tls(a: &ServeArgs) -> anyhow::Result<server::NbdTls> {
+    use rfabric::tls::{Credentials, TlsServer};
+    let creds = match (&a.tls_certificates, &a.tls_psk) {
+        (Some(dir), None) => Some(Credentials::X509 { dir: dir.clone() }),
+        (None, Some(file)) => Some(Credentials::Psk { file: file.clone() }),
+        (None, None) => None,
+        (Some(_), Some(_)) => unreachable!("clap refuses both"),
+    };
+    let server = match (a.tls, creds) {
+        (TlsMode::Off, None) => None,
+        (TlsMode::Off, Some(_)) => {
+            return Err(Usage(
+                "--tls-certificates and --tls-psk need --tls on or --tls require".into(),
+            )
+            .into());
+        }
+        (_, None) => {
+            return Err(Usage(
+                "--tls on and --tls require need --tls-certificates DIR or --tls-psk FILE".into(),
+            )
+            .into());
+        }
+        (_, Some(c)) => Some(TlsServer::new(&c).map_err(|e| Usage(format!("--tls: {e}")))?),
+    };
+    Ok(server::NbdTls {
+        mode: a.tls.handshake(),
+        server,
+    })
 }

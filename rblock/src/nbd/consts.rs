@@ -45,6 +45,7 @@ pub mod rep {
     pub const ERR_UNKNOWN: u32 = ERR | 6;
     pub const ERR_SHUTDOWN: u32 = ERR | 7;
     pub const ERR_TOO_BIG: u32 = ERR | 9;
+    pub const ERR_TLS_REQD: u32 = ERR | 5;
 }
 
 /// `NBD_INFO_*` items of an `NBD_REP_INFO`.

@@ -99,10 +99,28 @@ pub struct Negotiated {
     pub min_block: u32,
 }
 
-/// How the handshake ended.
+/// What the server offers of TLS (`rblock serve --tls`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tls {
+    /// STARTTLS is refused as not offered.
+    #[default]
+    Off,
+    /// Clients may start TLS, or go on without it.
+    On,
+    /// Until a client has started TLS, every option but STARTTLS and
+    /// ABORT is answered `NBD_REP_ERR_TLS_REQD`, and nothing is served.
+    Require,
+}
+
+/// How the handshake ended, or paused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Transmission(Negotiated),
+    /// STARTTLS was accepted (its ACK is queued): send it, run the TLS
+    /// handshake, call [`Handshake::tls_started`] and go on with the bytes
+    /// that arrive under TLS. Nothing the client sent after STARTTLS may
+    /// be left over (it must wait for the ACK).
+    StartTls,
     /// The client aborted or the server must hang up; send what is queued,
     /// then close.
     Close,
@@ -136,11 +154,18 @@ pub struct Handshake {
     /// The export the last SET_META_CONTEXT was for, and whether it
     /// selected `base:allocation`.
     meta: Option<(String, bool)>,
+    tls: Tls,
+    in_tls: bool,
 }
 
 impl Handshake {
-    /// Starts a handshake; the greeting is queued already.
+    /// Starts a handshake without TLS; the greeting is queued already.
     pub fn new(exports: Vec<ExportInfo>) -> Handshake {
+        Handshake::with_tls(exports, Tls::Off)
+    }
+
+    /// Starts a handshake offering `tls`.
+    pub fn with_tls(exports: Vec<ExportInfo>, tls: Tls) -> Handshake {
         let mut out = Vec::with_capacity(18);
         out.extend_from_slice(&NBDMAGIC.to_be_bytes());
         out.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -154,7 +179,23 @@ impl Handshake {
             no_zeroes: false,
             structured: false,
             meta: None,
+            tls,
+            in_tls: false,
         }
+    }
+
+    /// The TLS handshake after [`Outcome::StartTls`] succeeded: options go
+    /// on under TLS, and what was negotiated before is forgotten (the
+    /// spec's rule: nothing said in clear may carry over).
+    pub fn tls_started(&mut self) {
+        self.in_tls = true;
+        self.structured = false;
+        self.meta = None;
+    }
+
+    /// Whether the client must still start TLS before anything is served.
+    fn tls_required(&self) -> bool {
+        self.tls == Tls::Require && !self.in_tls
     }
 
     /// Bytes to send to the client now.
@@ -217,7 +258,9 @@ impl Handshake {
                     };
                     used += 16 + len as usize;
                     if let Some(outcome) = self.option(option, data) {
-                        self.state = State::Ended;
+                        if outcome != Outcome::StartTls {
+                            self.state = State::Ended;
+                        }
                         return Ok((used, Some(outcome)));
                     }
                 }
@@ -240,6 +283,19 @@ impl Handshake {
     }
 
     fn option(&mut self, option: u32, data: &[u8]) -> Option<Outcome> {
+        if self.tls_required() && option != opt::STARTTLS && option != opt::ABORT {
+            if option == opt::EXPORT_NAME {
+                // No error reply exists for it: the spec's answer is to
+                // hang up.
+                return Some(Outcome::Close);
+            }
+            self.reply(
+                option,
+                rep::ERR_TLS_REQD,
+                b"this server requires TLS: STARTTLS first",
+            );
+            return None;
+        }
         match option {
             opt::EXPORT_NAME => {
                 let Some(i) = self.find(data) else {
@@ -297,9 +353,21 @@ impl Handshake {
                 self.meta_context(option, data);
                 None
             }
-            opt::STARTTLS => {
+            opt::STARTTLS if self.tls == Tls::Off => {
                 self.reply(option, rep::ERR_UNSUP, b"TLS is not offered");
                 None
+            }
+            opt::STARTTLS if self.in_tls => {
+                self.reply(option, rep::ERR_INVALID, b"TLS is already on");
+                None
+            }
+            opt::STARTTLS if !data.is_empty() => {
+                self.reply(option, rep::ERR_INVALID, b"STARTTLS takes no data");
+                None
+            }
+            opt::STARTTLS => {
+                self.reply(option, rep::ACK, &[]);
+                Some(Outcome::StartTls)
             }
             _ => {
                 self.reply(option, rep::ERR_UNSUP, b"unknown option");

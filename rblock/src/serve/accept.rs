@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
 use super::FabricGuard;
-use super::connection::connection;
+use super::connection::{NbdTls, connection};
 use super::link::serve_link;
 use super::zero_copy::{FromCache, Load};
 use crate::config::ZeroCopy;
@@ -21,6 +21,8 @@ pub(super) struct Accepting {
     /// The places among the connections, and how many are taken.
     pub(super) load: Arc<Load>,
     pub(super) zero_copy_reads: ZeroCopy,
+    /// What NBD clients are offered of TLS.
+    pub(super) nbd_tls: NbdTls,
     pub(super) alive: mpsc::Sender<()>,
 }
 
@@ -52,8 +54,9 @@ impl Accepting {
                 .map_or_else(|_| "tcp peer".into(), |a| a.to_string()),
             Stream::Unix(_) => "unix socket".into(),
         };
+        let tls = self.nbd_tls.clone();
         self.admit("connection", client, move |exports, shutdown| {
-            connection(stream, exports, shutdown, from_cache)
+            connection(stream, exports, shutdown, from_cache, tls)
         });
     }
 

@@ -1,22 +1,31 @@
-//! One NBD client from its greeting to the end of the handshake, which
-//! hands the socket to the transmission phase.
+//! One NBD client from its greeting to the end of the handshake (with
+//! STARTTLS, the TLS session taking over the socket in its middle), which
+//! hands the connection to the transmission phase.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use anyhow::{Context, bail};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::transmission::transmission;
 use super::zero_copy::FromCache;
 use crate::export::Export;
-use crate::nbd::handshake::{Handshake, Outcome};
+use crate::nbd::handshake::{Handshake, Outcome, Tls};
 use crate::nbd::transmission::Limits;
-use crate::socket::Stream;
+use crate::socket::{Stream, split_tls};
 
 /// A client has this long to finish the handshake.
 const HANDSHAKE_TIME: Duration = Duration::from_secs(60);
+
+/// What the NBD listeners offer of TLS.
+#[derive(Debug, Clone, Default)]
+pub struct NbdTls {
+    pub mode: Tls,
+    /// The credentials (there whenever `mode` is not off).
+    pub server: Option<Arc<rfabric::tls::TlsServer>>,
+}
 
 /// One client, from greeting to close.
 pub(super) async fn connection(
@@ -24,46 +33,86 @@ pub(super) async fn connection(
     exports: Arc<[Export]>,
     shutdown: watch::Receiver<bool>,
     from_cache: FromCache,
+    tls: NbdTls,
 ) -> anyhow::Result<()> {
-    let (mut rd, mut wr) = stream.split();
     let infos = exports.iter().map(|e| e.info.clone()).collect();
-    let mut hs = Handshake::new(infos);
+    let mut hs = Handshake::with_tls(infos, tls.mode);
     let mut buf = Vec::new();
     let mut stop = shutdown.clone();
+    let mut stream = Some(stream);
     let handshake = tokio::time::timeout(HANDSHAKE_TIME, async {
-        // The greeting first; then each round takes all the input it can.
-        wr.write_all(&hs.take_output()).await?;
-        loop {
-            let (used, outcome) = hs.advance(&buf)?;
-            buf.drain(..used);
-            let out = hs.take_output();
-            if !out.is_empty() {
-                wr.write_all(&out).await?;
-            }
-            match outcome {
-                Some(Outcome::Transmission(n)) => return anyhow::Ok(Some(n)),
-                Some(Outcome::Close) => return Ok(None),
-                None => {}
-            }
-            let mut tmp = [0u8; 8192];
-            let n = rd.read(&mut tmp).await?;
-            if n == 0 {
-                return Ok(None);
-            }
-            buf.extend_from_slice(&tmp[..n]);
+        let plain = stream.as_mut().expect("the socket");
+        match drive(&mut hs, plain, &mut buf).await? {
+            Some(Outcome::StartTls) => {}
+            other => return anyhow::Ok((other, None)),
         }
+        if !buf.is_empty() {
+            bail!("the client sent more after STARTTLS before the TLS handshake");
+        }
+        let server = tls
+            .server
+            .as_ref()
+            .context("STARTTLS without credentials")?;
+        let fd = stream.take().expect("the socket").into_fd()?;
+        let mut session = server.accept(fd).await?;
+        hs.tls_started();
+        let outcome = drive(&mut hs, &mut session, &mut buf).await?;
+        Ok((outcome, Some(session)))
     });
     // A shutdown ends handshakes still going on: nothing was promised yet.
-    let negotiated = tokio::select! {
+    let (negotiated, session) = tokio::select! {
         r = handshake => r.context("the handshake took too long")??,
-        _ = stop.wait_for(|s| *s) => None,
+        _ = stop.wait_for(|s| *s) => (None, None),
     };
-    let Some(negotiated) = negotiated else {
+    let halves = match (session, stream) {
+        (Some(s), _) => split_tls(s),
+        (None, Some(s)) => s.split(),
+        (None, None) => return Ok(()),
+    };
+    let Some(Outcome::Transmission(negotiated)) = negotiated else {
+        let (_, mut wr) = halves;
         let _ = wr.shutdown().await;
         return Ok(());
+    };
+    // Under TLS every byte is encrypted here: none goes from the cache.
+    let from_cache = if halves.1.can_send_file() {
+        from_cache
+    } else {
+        FromCache::Never
     };
     let export = &exports[negotiated.export];
     let limits = Limits::new(&negotiated, export.info.size, export.info.read_only);
     let backend = export.source.backend();
-    transmission(buf, (rd, wr), limits, backend, shutdown, from_cache).await
+    transmission(buf, halves, limits, backend, shutdown, from_cache).await
+}
+
+/// Runs the handshake over `io` until it ends or pauses for STARTTLS:
+/// its output goes out as it comes, the client's bytes into `buf` (what
+/// is left there after the end belongs to the transmission phase).
+async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
+    hs: &mut Handshake,
+    io: &mut S,
+    buf: &mut Vec<u8>,
+) -> anyhow::Result<Option<Outcome>> {
+    // The greeting first (or nothing, under TLS); then each round takes
+    // all the input it can.
+    io.write_all(&hs.take_output()).await?;
+    loop {
+        let (used, outcome) = hs.advance(buf)?;
+        buf.drain(..used);
+        let out = hs.take_output();
+        if !out.is_empty() {
+            io.write_all(&out).await?;
+        }
+        if outcome.is_some() {
+            io.flush().await?;
+            return Ok(outcome);
+        }
+        let mut tmp = [0u8; 8192];
+        let n = io.read(&mut tmp).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    }
 }

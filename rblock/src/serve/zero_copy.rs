@@ -111,7 +111,8 @@ pub(super) fn can_splice(rd: &Input, req: &Request) -> bool {
     let page = rustix::param::page_size() as u64;
     let (ahead, _) = rd.get_ref().get_ref();
     let rest = (req.length as usize).saturating_sub(rd.buffer().len());
-    rest as u64 >= DIRECT_READ
+    rd.get_ref().get_ref().1.can_splice()
+        && rest as u64 >= DIRECT_READ
         && req.offset % page == 0
         && u64::from(req.length) % page == 0
         && ahead.position() == ahead.get_ref().len() as u64

@@ -362,3 +362,71 @@ fn the_empty_name_means_the_first_export_and_other_names_their_own() {
     assert_eq!(find_export(&e, b"nosuch"), None);
     assert_eq!(find_export::<ExportInfo>(&[], b""), None);
 }
+
+fn started_with(tls: Tls) -> Handshake {
+    let mut h = Handshake::with_tls(exports(), tls);
+    h.take_output();
+    let (used, _) = h
+        .advance(&client_flags::FIXED_NEWSTYLE.to_be_bytes())
+        .unwrap();
+    assert_eq!(used, 4);
+    h
+}
+
+#[test]
+fn tls_required_refuses_everything_but_starttls_and_abort_until_it_is_on() {
+    let mut h = started_with(Tls::Require);
+    let mut input = option(opt::LIST, &[]);
+    input.extend(option(opt::GO, &go_data("", &[])));
+    input.extend(option(opt::STRUCTURED_REPLY, &[]));
+    let (used, outcome) = h.advance(&input).unwrap();
+    assert_eq!((used, outcome), (input.len(), None));
+    let kinds: Vec<u32> = replies(&h.take_output()).iter().map(|r| r.1).collect();
+    assert_eq!(kinds, [rep::ERR_TLS_REQD; 3], "nothing served in clear");
+    // The old-style EXPORT_NAME cannot be answered with an error: hang up.
+    let mut old = started_with(Tls::Require);
+    let (_, outcome) = old.advance(&option(opt::EXPORT_NAME, b"")).unwrap();
+    assert_eq!(outcome, Some(Outcome::Close));
+    assert!(old.take_output().is_empty(), "no export was described");
+    // STARTTLS pauses the handshake with its ACK queued.
+    let start = option(opt::STARTTLS, &[]);
+    let (used, outcome) = h.advance(&start).unwrap();
+    assert_eq!((used, outcome), (start.len(), Some(Outcome::StartTls)));
+    assert_eq!(replies(&h.take_output())[0].1, rep::ACK);
+    h.tls_started();
+    let go = option(opt::GO, &go_data("", &[]));
+    let (_, outcome) = h.advance(&go).unwrap();
+    assert!(matches!(outcome, Some(Outcome::Transmission(_))));
+}
+
+#[test]
+fn starttls_is_refused_when_off_twice_or_with_data_and_forgets_what_came_before() {
+    let mut off = started_with(Tls::Off);
+    off.advance(&option(opt::STARTTLS, &[])).unwrap();
+    assert_eq!(replies(&off.take_output())[0].1, rep::ERR_UNSUP);
+    let mut h = started_with(Tls::On);
+    let (_, outcome) = h.advance(&option(opt::STARTTLS, b"x")).unwrap();
+    assert_eq!(outcome, None);
+    assert_eq!(replies(&h.take_output())[0].1, rep::ERR_INVALID);
+    // Structured replies asked for in clear do not survive STARTTLS.
+    h.advance(&option(opt::STRUCTURED_REPLY, &[])).unwrap();
+    let (_, outcome) = h.advance(&option(opt::STARTTLS, &[])).unwrap();
+    assert_eq!(outcome, Some(Outcome::StartTls));
+    h.tls_started();
+    h.take_output();
+    h.advance(&option(opt::STARTTLS, &[])).unwrap();
+    assert_eq!(
+        replies(&h.take_output())[0].1,
+        rep::ERR_INVALID,
+        "TLS twice"
+    );
+    let (_, outcome) = h.advance(&option(opt::GO, &go_data("", &[]))).unwrap();
+    let Some(Outcome::Transmission(n)) = outcome else {
+        panic!("no transmission: {outcome:?}");
+    };
+    assert!(!n.structured, "negotiated in clear, forgotten under TLS");
+    // Without TLS required, a client may also go on in clear.
+    let mut clear = started_with(Tls::On);
+    let (_, outcome) = clear.advance(&option(opt::GO, &go_data("", &[]))).unwrap();
+    assert!(matches!(outcome, Some(Outcome::Transmission(_))));
+}
