@@ -62,11 +62,11 @@ impl Stream {
     }
 }
 
-/// Splits a TLS connection into halves usable on their own.
+/// Splits a TLS connection into halves usable on their own (without a
+/// lock between them: GnuTLS sends and receives on one session at once).
 pub fn split_tls(tls: Tls) -> (ReadHalf, WriteHalf) {
-    let fd = rustix::io::dup(tls.get_ref()).ok();
-    let (r, w) = tokio::io::split(tls);
-    (ReadHalf::Tls(r), WriteHalf::Tls(w, fd))
+    let (r, w) = tls.into_split();
+    (ReadHalf::Tls(r), WriteHalf::Tls(w))
 }
 
 /// What the client sends.
@@ -75,7 +75,7 @@ pub enum ReadHalf {
     Tcp(tcp::OwnedReadHalf),
     Unix(unix::OwnedReadHalf),
     /// Under TLS: no splicing (the bytes must be decrypted here).
-    Tls(tokio::io::ReadHalf<Tls>),
+    Tls(rfabric::tls::TlsReader),
 }
 
 /// What the client is sent.
@@ -83,8 +83,8 @@ pub enum ReadHalf {
 pub enum WriteHalf {
     Tcp(tcp::OwnedWriteHalf),
     Unix(unix::OwnedWriteHalf),
-    /// Under TLS (and a duplicate of the socket, to cut it): no sendfile.
-    Tls(tokio::io::WriteHalf<Tls>, Option<OwnedFd>),
+    /// Under TLS: no sendfile.
+    Tls(rfabric::tls::TlsWriter),
 }
 
 impl ReadHalf {
@@ -178,8 +178,7 @@ impl WriteHalf {
         let sock = match self {
             WriteHalf::Tcp(h) => h.as_ref().as_fd(),
             WriteHalf::Unix(h) => h.as_ref().as_fd(),
-            WriteHalf::Tls(_, Some(fd)) => fd.as_fd(),
-            WriteHalf::Tls(_, None) => return,
+            WriteHalf::Tls(w) => w.get_ref().as_fd(),
         };
         let _ = rustix::net::shutdown(sock, rustix::net::Shutdown::Both);
     }
@@ -347,7 +346,7 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(h) => Pin::new(h).poll_write(cx, buf),
             WriteHalf::Unix(h) => Pin::new(h).poll_write(cx, buf),
-            WriteHalf::Tls(h, _) => Pin::new(h).poll_write(cx, buf),
+            WriteHalf::Tls(h) => Pin::new(h).poll_write(cx, buf),
         }
     }
 
@@ -359,7 +358,7 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(h) => Pin::new(h).poll_write_vectored(cx, bufs),
             WriteHalf::Unix(h) => Pin::new(h).poll_write_vectored(cx, bufs),
-            WriteHalf::Tls(h, _) => Pin::new(h).poll_write_vectored(cx, bufs),
+            WriteHalf::Tls(h) => Pin::new(h).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -371,7 +370,7 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(h) => Pin::new(h).poll_flush(cx),
             WriteHalf::Unix(h) => Pin::new(h).poll_flush(cx),
-            WriteHalf::Tls(h, _) => Pin::new(h).poll_flush(cx),
+            WriteHalf::Tls(h) => Pin::new(h).poll_flush(cx),
         }
     }
 
@@ -379,7 +378,7 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(h) => Pin::new(h).poll_shutdown(cx),
             WriteHalf::Unix(h) => Pin::new(h).poll_shutdown(cx),
-            WriteHalf::Tls(h, _) => Pin::new(h).poll_shutdown(cx),
+            WriteHalf::Tls(h) => Pin::new(h).poll_shutdown(cx),
         }
     }
 }

@@ -275,13 +275,16 @@ impl TlsServer {
     /// non-blocking). The client must not have sent anything after its
     /// STARTTLS but its hello.
     pub async fn accept(self: &Arc<Self>, io: OwnedFd) -> Result<TlsStream, TlsError> {
-        let stream = self.session(io)?;
-        stream.handshake().await?;
-        Ok(stream)
+        let live = self.session(io)?;
+        live.handshake().await?;
+        Ok(TlsStream {
+            live: Arc::new(live),
+            shut: false,
+        })
     }
 
     /// A server session over `io`, set up for the handshake.
-    fn session(self: &Arc<Self>, io: OwnedFd) -> Result<TlsStream, TlsError> {
+    fn session(self: &Arc<Self>, io: OwnedFd) -> Result<Live, TlsError> {
         let lib = self.lib;
         set_nonblocking(io.as_raw_fd()).map_err(|e| TlsError::Handshake(e.to_string()))?;
         let fd = io.as_raw_fd();
@@ -297,11 +300,10 @@ impl TlsServer {
             return Err(TlsError::Handshake(lib.error(r as isize)));
         }
         // Owned from here on: deinit on every way out.
-        let stream = TlsStream {
+        let live = Live {
             server: Arc::clone(self),
             session,
             io,
-            shut: false,
         };
         // The system's priorities (RHEL's crypto policy), plus the PSK key
         // exchanges when the credentials are keys.
@@ -325,7 +327,7 @@ impl TlsServer {
             (lib.transport_set_int2)(session, fd, fd);
             (lib.handshake_set_timeout)(session, HANDSHAKE_MS);
         }
-        Ok(stream)
+        Ok(live)
     }
 }
 
@@ -355,40 +357,49 @@ fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// A TLS session over a socket: the NBD connection after STARTTLS.
-pub struct TlsStream {
+/// A live session and its socket, shared by the halves of a split stream.
+struct Live {
     server: Arc<TlsServer>,
     session: Session,
     io: AsyncFd<OwnedFd>,
-    shut: bool,
 }
 
-impl std::fmt::Debug for TlsStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsStream").finish_non_exhaustive()
-    }
-}
-
-// SAFETY: a GnuTLS session may move between threads; it is used by one
-// at a time (`&mut self` for every call).
-unsafe impl Send for TlsStream {}
-// SAFETY: no `&self` method touches the session.
-unsafe impl Sync for TlsStream {}
+// SAFETY: a GnuTLS session may move between threads, and GnuTLS allows
+// one thread to send while another receives on it (its manual, "Thread
+// safety"); the halves keep to that: only a reader calls `recv`, only a
+// writer `send` and `bye`, and each half is used by one task at a time
+// (`&mut self`).
+unsafe impl Send for Live {}
+// SAFETY: as above.
+unsafe impl Sync for Live {}
 
 fn again(r: isize) -> bool {
     r == GNUTLS_E_AGAIN || r == GNUTLS_E_INTERRUPTED
 }
 
-impl TlsStream {
-    /// The socket under the session.
-    pub fn get_ref(&self) -> &OwnedFd {
-        self.io.get_ref()
+/// After a call that would block: waits for the socket's write or read
+/// readiness. A readiness that turns out stale is cleared and the call
+/// tried again (`Ready(Ok(()))`); `Pending` once the runtime watches the
+/// socket for the next event.
+fn wait(io: &AsyncFd<OwnedFd>, cx: &mut Context<'_>, write: bool) -> Poll<io::Result<()>> {
+    let guard = if write {
+        ready!(io.poll_write_ready(cx))
+    } else {
+        ready!(io.poll_read_ready(cx))
+    };
+    guard?.clear_ready();
+    Poll::Ready(Ok(()))
+}
+
+impl Live {
+    fn io_error(&self, r: isize) -> io::Error {
+        io::Error::other(format!("TLS: {}", self.server.lib.error(r)))
     }
 
     async fn handshake(&self) -> Result<(), TlsError> {
         let lib = self.server.lib;
         loop {
-            // SAFETY: a live session, used by this task alone.
+            // SAFETY: a live session, not yet shared.
             let r = unsafe { (lib.handshake)(self.session) } as isize;
             if r >= 0 {
                 return Ok(());
@@ -409,40 +420,17 @@ impl TlsStream {
         }
     }
 
-    fn io_error(&self, r: isize) -> io::Error {
-        io::Error::other(format!("TLS: {}", self.server.lib.error(r)))
-    }
-}
-
-/// After a call that would block: waits for the socket's `write`
-/// readiness or read readiness. A readiness that turns out stale is
-/// cleared and the call tried again (`Ready(Ok(()))`); `Pending` once the
-/// runtime watches the socket for the next event.
-fn wait(io: &AsyncFd<OwnedFd>, cx: &mut Context<'_>, write: bool) -> Poll<io::Result<()>> {
-    let guard = if write {
-        ready!(io.poll_write_ready(cx))
-    } else {
-        ready!(io.poll_read_ready(cx))
-    };
-    guard?.clear_ready();
-    Poll::Ready(Ok(()))
-}
-
-impl AsyncRead for TlsStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let lib = this.server.lib;
+    /// The receiving side (one caller at a time).
+    fn recv(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let lib = self.server.lib;
         loop {
             // Tried first: GnuTLS may hold records read from the socket
             // already, which no readiness would announce.
             let room = buf.initialize_unfilled();
-            // SAFETY: a live session; `room` is writable for its length.
+            // SAFETY: a live session, received on by this caller only;
+            // `room` is writable for its length.
             let r =
-                unsafe { (lib.record_recv)(this.session, room.as_mut_ptr().cast(), room.len()) };
+                unsafe { (lib.record_recv)(self.session, room.as_mut_ptr().cast(), room.len()) };
             if r >= 0 {
                 buf.advance(r as usize);
                 return Poll::Ready(Ok(()));
@@ -452,12 +440,136 @@ impl AsyncRead for TlsStream {
                 return Poll::Ready(Ok(()));
             }
             if !again(r) {
-                return Poll::Ready(Err(this.io_error(r)));
+                return Poll::Ready(Err(self.io_error(r)));
             }
-            // SAFETY: a live session.
-            let write = unsafe { (lib.record_get_direction)(this.session) } == 1;
-            ready!(wait(&this.io, cx, write))?;
+            ready!(wait(&self.io, cx, false))?;
         }
+    }
+
+    /// The sending side (one caller at a time).
+    fn send(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let lib = self.server.lib;
+        loop {
+            // SAFETY: a live session, sent on by this caller only; `data`
+            // is readable for its length. (After E_AGAIN GnuTLS wants the
+            // same data again, which is what a caller polling again passes.)
+            let r = unsafe { (lib.record_send)(self.session, data.as_ptr().cast(), data.len()) };
+            if r >= 0 {
+                return Poll::Ready(Ok(r as usize));
+            }
+            if !again(r) {
+                return Poll::Ready(Err(self.io_error(r)));
+            }
+            ready!(wait(&self.io, cx, true))?;
+        }
+    }
+
+    /// Says goodbye (close_notify), then shuts the socket's sending side.
+    fn bye(&self, cx: &mut Context<'_>, shut: &mut bool) -> Poll<io::Result<()>> {
+        let lib = self.server.lib;
+        while !*shut {
+            // SAFETY: a live session, sent on by this caller only.
+            let r = unsafe { (lib.bye)(self.session, GNUTLS_SHUT_WR) } as isize;
+            if r >= 0 {
+                *shut = true;
+                // SAFETY: shutting down the write side of our own socket.
+                unsafe { libc::shutdown(self.io.get_ref().as_raw_fd(), libc::SHUT_WR) };
+            } else if again(r) {
+                ready!(wait(&self.io, cx, true))?;
+            } else {
+                return Poll::Ready(Err(self.io_error(r)));
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        // SAFETY: the session is ours and used no more (the last half is
+        // gone).
+        unsafe { (self.server.lib.deinit)(self.session) };
+    }
+}
+
+/// A TLS session over a socket: the NBD connection after STARTTLS, both
+/// ways in one (the rest of the handshake), or split in two halves that
+/// run at once without a lock between them ([`TlsStream::into_split`]).
+pub struct TlsStream {
+    live: Arc<Live>,
+    shut: bool,
+}
+
+/// The receiving half of a split [`TlsStream`].
+pub struct TlsReader(Arc<Live>);
+
+/// The sending half of a split [`TlsStream`].
+pub struct TlsWriter {
+    live: Arc<Live>,
+    shut: bool,
+}
+
+impl std::fmt::Debug for TlsStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsStream").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for TlsReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsReader").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for TlsWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsWriter").finish_non_exhaustive()
+    }
+}
+
+impl TlsStream {
+    /// The socket under the session.
+    pub fn get_ref(&self) -> &OwnedFd {
+        self.live.io.get_ref()
+    }
+
+    /// The two halves, each usable on its own task.
+    pub fn into_split(self) -> (TlsReader, TlsWriter) {
+        let live = self.live;
+        (
+            TlsReader(Arc::clone(&live)),
+            TlsWriter {
+                live,
+                shut: self.shut,
+            },
+        )
+    }
+}
+
+impl TlsWriter {
+    /// The socket under the session.
+    pub fn get_ref(&self) -> &OwnedFd {
+        self.live.io.get_ref()
+    }
+}
+
+impl AsyncRead for TlsStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.live.recv(cx, buf)
+    }
+}
+
+impl AsyncRead for TlsReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.0.recv(cx, buf)
     }
 }
 
@@ -467,21 +579,7 @@ impl AsyncWrite for TlsStream {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let lib = this.server.lib;
-        loop {
-            // SAFETY: a live session; `data` is readable for its length.
-            // (After E_AGAIN GnuTLS wants the same data again, which is
-            // what a caller polling again passes.)
-            let r = unsafe { (lib.record_send)(this.session, data.as_ptr().cast(), data.len()) };
-            if r >= 0 {
-                return Poll::Ready(Ok(r as usize));
-            }
-            if !again(r) {
-                return Poll::Ready(Err(this.io_error(r)));
-            }
-            ready!(wait(&this.io, cx, true))?;
-        }
+        self.live.send(cx, data)
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -491,27 +589,25 @@ impl AsyncWrite for TlsStream {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let lib = this.server.lib;
-        while !this.shut {
-            // SAFETY: a live session.
-            let r = unsafe { (lib.bye)(this.session, GNUTLS_SHUT_WR) } as isize;
-            if r >= 0 {
-                this.shut = true;
-                // SAFETY: shutting down the write side of our own socket.
-                unsafe { libc::shutdown(this.io.get_ref().as_raw_fd(), libc::SHUT_WR) };
-            } else if again(r) {
-                ready!(wait(&this.io, cx, true))?;
-            } else {
-                return Poll::Ready(Err(this.io_error(r)));
-            }
-        }
-        Poll::Ready(Ok(()))
+        this.live.bye(cx, &mut this.shut)
     }
 }
 
-impl Drop for TlsStream {
-    fn drop(&mut self) {
-        // SAFETY: the session is ours and used no more.
-        unsafe { (self.server.lib.deinit)(self.session) };
+impl AsyncWrite for TlsWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.live.send(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        this.live.bye(cx, &mut this.shut)
     }
 }
