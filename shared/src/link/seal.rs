@@ -71,13 +71,13 @@ impl Protection {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum EncryptChoice {
-    /// Never: authenticated only, contents readable on the path.
+    /// Authenticated only: contents readable on the path.
     Never,
-    /// On TCP paths, which cross ordinary networks; RDMA fabrics are
-    /// usually closed ones, and encryption costs CPU there.
+    /// Encrypted on TCP paths, which cross ordinary networks; RDMA
+    /// fabrics are usually closed ones, and encryption costs CPU there.
     #[default]
     Tcp,
-    /// Always, RDMA too.
+    /// Encrypted on RDMA too.
     Always,
 }
 
