@@ -646,6 +646,16 @@ fn certificates(t: &Scratch) -> PathBuf {
     dir
 }
 
+/// `qemu-img info` of the export `disk` on `port` through qemu's TLS
+/// credentials object `creds` (its id must be `tls0`).
+fn qemu_img_info_over_tls(port: u16, creds: &str) -> String {
+    let opts = format!("driver=nbd,host=localhost,port={port},export=disk,tls-creds=tls0");
+    ok(
+        "qemu-img",
+        &["info", "--object", creds, "--image-opts", &opts],
+    )
+}
+
 /// A psktool-style key file: `user:hexkey`.
 fn psk_file(t: &Scratch, name: &str, user: &str, key: &str) -> PathBuf {
     let p = t.path(name);
@@ -694,14 +704,7 @@ fn tls_with_certificates_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_plain_c
         "tls-creds-x509,id=tls0,dir={},endpoint=client",
         pki.display()
     );
-    let opts = format!(
-        "driver=nbd,host=localhost,port={},export=disk,tls-creds=tls0",
-        s.port
-    );
-    let info = ok(
-        "qemu-img",
-        &["info", "--object", &creds, "--image-opts", &opts],
-    );
+    let info = qemu_img_info_over_tls(s.port, &creds);
     assert!(info.contains("virtual size: 4 MiB"), "{info}");
     // A plain client is told TLS is required and gets nothing.
     let plain = run(
@@ -756,14 +759,7 @@ fn tls_with_pre_shared_keys_takes_the_right_key_only() {
         "tls-creds-psk,id=tls0,dir={},username=alice,endpoint=client",
         qemu_dir.display()
     );
-    let opts = format!(
-        "driver=nbd,host=localhost,port={},export=disk,tls-creds=tls0",
-        s.port
-    );
-    let info = ok(
-        "qemu-img",
-        &["info", "--object", &creds, "--image-opts", &opts],
-    );
+    let info = qemu_img_info_over_tls(s.port, &creds);
     assert!(info.contains("virtual size: 4 MiB"), "{info}");
     // The wrong key, and the right key under another name: refused.
     let wrong = psk_file(&t, "wrong.psk", "alice", &key.replace('0', "f"));

@@ -912,6 +912,30 @@ async fn raw_session(port: u16) -> (rfabric::link::Link, [u8; 32]) {
     (link, nonce)
 }
 
+/// An honest client's answer to the daemon's challenge, with its nonce:
+/// its incoming half is sealed first, as the real client's is.
+fn honest_answer(
+    link: &rfabric::link::Link,
+    secret: &[u8],
+    server_nonce: &[u8; 32],
+    client_nonce: [u8; 32],
+    encrypt: bool,
+) -> rcp::proto::Msg {
+    let auth = rfabric::auth::RCP;
+    let keys = auth.session_keys(secret, server_nonce, &client_nonce);
+    link.seal_incoming(
+        Protection::of(encrypt),
+        &keys.server_to_client,
+        Before::Anything,
+    )
+    .unwrap();
+    rcp::proto::Msg::Auth {
+        nonce: client_nonce,
+        mac: auth.client_proof(secret, server_nonce, &client_nonce),
+        encrypt,
+    }
+}
+
 async fn answer(link: &rfabric::link::Link) -> rcp::proto::Msg {
     use rfabric::link::Incoming;
     let Some(Incoming::Message(m)) = link.recv().await.unwrap() else {
@@ -931,21 +955,7 @@ async fn unauthenticated_and_replayed_answers_are_refused() {
     let secret = rfabric::auth::read_secret(&key).unwrap();
     // An honest session, overheard.
     let (first, server_nonce) = raw_session(d.port).await;
-    let client_nonce = [7u8; 32];
-    let mac = rfabric::auth::RCP.client_proof(&secret, &server_nonce, &client_nonce);
-    let heard = Msg::Auth {
-        nonce: client_nonce,
-        mac,
-        encrypt: true,
-    };
-    let keys = rfabric::auth::RCP.session_keys(&secret, &server_nonce, &client_nonce);
-    first
-        .seal_incoming(
-            Protection::Encrypt,
-            &keys.server_to_client,
-            Before::Anything,
-        )
-        .unwrap();
+    let heard = honest_answer(&first, &secret, &server_nonce, [7u8; 32], true);
     first.send_message(&heard.encode()).await.unwrap();
     assert!(matches!(answer(&first).await, Msg::AuthOk { .. }));
     first.abort("done");
@@ -986,20 +996,13 @@ async fn a_request_injected_after_an_honest_proof_is_refused() {
     let secret = rfabric::auth::read_secret(&key).unwrap();
     for encrypt in [true, false] {
         let (link, server_nonce) = raw_session(d.port).await;
-        let client_nonce = rfabric::auth::nonce();
-        let mac = rfabric::auth::RCP.client_proof(&secret, &server_nonce, &client_nonce);
-        let keys = rfabric::auth::RCP.session_keys(&secret, &server_nonce, &client_nonce);
-        link.seal_incoming(
-            Protection::of(encrypt),
-            &keys.server_to_client,
-            Before::Anything,
-        )
-        .unwrap();
-        let auth = Msg::Auth {
-            nonce: client_nonce,
-            mac,
+        let auth = honest_answer(
+            &link,
+            &secret,
+            &server_nonce,
+            rfabric::auth::nonce(),
             encrypt,
-        };
+        );
         link.send_message(&auth.encode()).await.unwrap();
         if !encrypt {
             // Asking for less than the daemon requires is refused first.

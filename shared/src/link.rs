@@ -135,6 +135,16 @@ pub enum Incoming {
     Message(Vec<u8>),
 }
 
+impl Incoming {
+    /// What it is, in words.
+    fn what(&self) -> &'static str {
+        match self {
+            Incoming::Chunk(_) => "chunk",
+            Incoming::Message(_) => "message",
+        }
+    }
+}
+
 /// Caller-supplied fields of a chunk header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ChunkMeta {
@@ -518,10 +528,7 @@ impl Link {
         let mut st = self.state();
         if before == Before::CreditsOnly {
             if let Some((item, _)) = st.incoming.iter().find(|(_, sealed)| !sealed) {
-                let what = match item {
-                    Incoming::Chunk(_) => "chunk",
-                    Incoming::Message(_) => "message",
-                };
+                let what = item.what();
                 drop(st);
                 let e = LinkError::Seal(SealError::AfterProof { what });
                 fail(&self.inner, e.clone());
@@ -1128,10 +1135,7 @@ fn handle_frame(inner: &Inner, bytes: &[u8]) -> Result<(), LinkError> {
 /// nothing unsealed is, even what was opened before the seal was set up.
 fn queue(st: &mut State, item: Incoming, sealed: bool) -> Result<(), LinkError> {
     if st.strict && !sealed {
-        let what = match item {
-            Incoming::Chunk(_) => "chunk",
-            Incoming::Message(_) => "message",
-        };
+        let what = item.what();
         return Err(SealError::AfterProof { what }.into());
     }
     st.incoming.push_back((item, sealed));
