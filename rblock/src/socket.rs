@@ -49,7 +49,8 @@ impl Stream {
 }
 
 /// A connection after STARTTLS: the socket under TLS.
-pub type Tls = rfabric::tls::TlsStream;
+/// (The halves joined into one stream, for the rest of the handshake.)
+pub type Tls = tokio::io::Join<rfabric::tls::TlsReader, rfabric::tls::TlsWriter>;
 
 impl Stream {
     /// The socket itself, for a TLS session to take over (it leaves the
@@ -65,7 +66,7 @@ impl Stream {
 /// Splits a TLS connection into halves usable on their own (without a
 /// lock between them: GnuTLS sends and receives on one session at once).
 pub fn split_tls(tls: Tls) -> (ReadHalf, WriteHalf) {
-    let (r, w) = tls.into_split();
+    let (r, w) = tls.into_inner();
     (ReadHalf::Tls(r), WriteHalf::Tls(w))
 }
 

@@ -14,9 +14,9 @@
 //!   rblock, and `--tls` says why it cannot.
 //!
 //! [`TlsServer`] holds the credentials; [`TlsServer::accept`] runs the
-//! handshake on a connected socket and gives a [`TlsStream`], an
-//! `AsyncRead + AsyncWrite` over the socket made non-blocking and watched
-//! by the runtime.
+//! handshake on a connected socket and gives the session's two halves,
+//! [`TlsReader`] (`AsyncRead`) and [`TlsWriter`] (`AsyncWrite`), over the
+//! socket made non-blocking and watched by the runtime.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
@@ -274,13 +274,15 @@ impl TlsServer {
     /// Runs the server's handshake on `io` (a connected socket; it is made
     /// non-blocking). The client must not have sent anything after its
     /// STARTTLS but its hello.
-    pub async fn accept(self: &Arc<Self>, io: OwnedFd) -> Result<TlsStream, TlsError> {
+    pub async fn accept(self: &Arc<Self>, io: OwnedFd) -> Result<(TlsReader, TlsWriter), TlsError> {
         let live = self.session(io)?;
         live.handshake().await?;
-        Ok(TlsStream {
-            live: Arc::new(live),
+        let live = Arc::new(live);
+        let writer = TlsWriter {
+            live: Arc::clone(&live),
             shut: false,
-        })
+        };
+        Ok((TlsReader(live), writer))
     }
 
     /// A server session over `io`, set up for the handshake.
@@ -492,27 +494,16 @@ impl Drop for Live {
     }
 }
 
-/// A TLS session over a socket: the NBD connection after STARTTLS, both
-/// ways in one (the rest of the handshake), or split in two halves that
-/// run at once without a lock between them ([`TlsStream::into_split`]).
-pub struct TlsStream {
-    live: Arc<Live>,
-    shut: bool,
-}
-
-/// The receiving half of a split [`TlsStream`].
+/// The receiving half of a TLS session over a socket (the NBD connection
+/// after STARTTLS). It runs at once with the sending half, without a lock
+/// between them (see [`Live`]); `tokio::io::join` makes one stream of the
+/// two where one is wanted.
 pub struct TlsReader(Arc<Live>);
 
-/// The sending half of a split [`TlsStream`].
+/// The sending half of a TLS session.
 pub struct TlsWriter {
     live: Arc<Live>,
     shut: bool,
-}
-
-impl std::fmt::Debug for TlsStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsStream").finish_non_exhaustive()
-    }
 }
 
 impl std::fmt::Debug for TlsReader {
@@ -527,39 +518,10 @@ impl std::fmt::Debug for TlsWriter {
     }
 }
 
-impl TlsStream {
-    /// The socket under the session.
-    pub fn get_ref(&self) -> &OwnedFd {
-        self.live.io.get_ref()
-    }
-
-    /// The two halves, each usable on its own task.
-    pub fn into_split(self) -> (TlsReader, TlsWriter) {
-        let live = self.live;
-        (
-            TlsReader(Arc::clone(&live)),
-            TlsWriter {
-                live,
-                shut: self.shut,
-            },
-        )
-    }
-}
-
 impl TlsWriter {
     /// The socket under the session.
     pub fn get_ref(&self) -> &OwnedFd {
         self.live.io.get_ref()
-    }
-}
-
-impl AsyncRead for TlsStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        self.live.recv(cx, buf)
     }
 }
 
@@ -573,26 +535,6 @@ impl AsyncRead for TlsReader {
     }
 }
 
-impl AsyncWrite for TlsStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.live.send(cx, data)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        // Every record is handed to the socket as it is sent.
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        this.live.bye(cx, &mut this.shut)
-    }
-}
-
 impl AsyncWrite for TlsWriter {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -603,6 +545,7 @@ impl AsyncWrite for TlsWriter {
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Every record is handed to the socket as it is sent.
         Poll::Ready(Ok(()))
     }
 

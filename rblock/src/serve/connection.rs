@@ -54,7 +54,8 @@ pub(super) async fn connection(
             .as_ref()
             .context("STARTTLS without credentials")?;
         let fd = stream.take().expect("the socket").into_fd()?;
-        let mut session = server.accept(fd).await?;
+        let (reader, writer) = server.accept(fd).await?;
+        let mut session = tokio::io::join(reader, writer);
         hs.tls_started();
         let outcome = drive(&mut hs, &mut session, &mut buf).await?;
         Ok((outcome, Some(session)))
