@@ -115,8 +115,9 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
     let p = Params {
         resume: a.resume,
         streams: a.streams,
+        keep: a.keep(),
         digest: a.digest.resolve(crate::digest::fips_mode())?,
-        ..params(&a.tuning, engine, a.recursive, a.preserve, !a.no_verify)
+        ..params(&a.tuning, engine, a.recursive(), a.preserve(), !a.no_verify)
     };
     let progress = Progress::new(!a.quiet && !a.json);
     let report = match plan(sources, dest)? {

@@ -91,9 +91,38 @@ pub struct CopyArgs {
     /// Copy directories recursively (symlinks are copied as symlinks).
     #[arg(short = 'r', long)]
     pub recursive: bool,
-    /// Preserve modes and modification times.
+    /// Preserve modes and modification times (to the nanosecond).
     #[arg(short = 'p', long)]
     pub preserve: bool,
+    /// Archive mode, as rsync's -a: -r -p -o -g -D (symlinks are always
+    /// copied as symlinks). Add -H, -A and -X for rsync's -aHAX.
+    #[arg(short = 'a', long)]
+    pub archive: bool,
+    /// Preserve owners (numeric ids; applied where the receiver runs as
+    /// root, and for rcp serve with --allow-owners).
+    #[arg(short = 'o', long)]
+    pub owner: bool,
+    /// Preserve groups (numeric ids; as a user, only to groups of theirs).
+    #[arg(short = 'g', long)]
+    pub group: bool,
+    /// Copy device nodes (as root), FIFOs and sockets.
+    #[arg(short = 'D', long = "devices")]
+    pub devices: bool,
+    /// Preserve hard links: files with several names get them all, as
+    /// links, on the other side.
+    #[arg(short = 'H', long)]
+    pub hard_links: bool,
+    /// Preserve POSIX ACLs (access and default).
+    #[arg(short = 'A', long)]
+    pub acls: bool,
+    /// Preserve extended attributes: user.* always, trusted.* and
+    /// security.* where the receiver runs as root.
+    #[arg(short = 'X', long)]
+    pub xattrs: bool,
+    /// Owners and groups go by number, not name (what rcp always does;
+    /// accepted for rsync's command lines).
+    #[arg(long)]
+    pub numeric_ids: bool,
     /// Skip the digest checks (faster; a corrupted chunk goes unnoticed).
     #[arg(long)]
     pub no_verify: bool,
@@ -130,6 +159,28 @@ pub struct CopyArgs {
     pub tuning: Tuning,
 }
 
+impl CopyArgs {
+    /// What `-a`, `-o`, `-g`, `-D`, `-H`, `-A` and `-X` keep.
+    pub fn keep(&self) -> crate::archive::Keep {
+        crate::archive::Keep {
+            owner: self.owner || self.archive,
+            group: self.group || self.archive,
+            devices: self.devices || self.archive,
+            xattrs: self.xattrs,
+            acls: self.acls,
+            hard_links: self.hard_links,
+        }
+    }
+
+    pub fn recursive(&self) -> bool {
+        self.recursive || self.archive
+    }
+
+    pub fn preserve(&self) -> bool {
+        self.preserve || self.archive
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Address and port to listen on (TCP, and RDMA where a device has it).
@@ -144,6 +195,12 @@ pub struct ServeArgs {
     /// Sessions served at once; more are refused.
     #[arg(long, default_value_t = 64)]
     pub max_clients: usize,
+    /// Let clients set owners and groups of what they send (-o, -g, -a)
+    /// and create device nodes (-D) beneath the roots; takes effect only
+    /// when the daemon runs as root. Without it a daemon keeps what it
+    /// receives owned by itself and refuses device nodes.
+    #[arg(long)]
+    pub allow_owners: bool,
     #[command(flatten)]
     pub tuning: Tuning,
 }

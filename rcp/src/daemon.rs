@@ -14,7 +14,7 @@ use rfabric::endpoint::Listener;
 
 use crate::cli::{ServeArgs, ServerOnceArgs};
 use crate::exit::Exit;
-use crate::session::{self, ServeConfig, Served};
+use crate::session::{self, Params, ServeConfig, Served};
 use crate::tuning::{io_engine, params};
 use crate::{digest, shell};
 use rfabric::auth;
@@ -32,7 +32,10 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<Exit> {
     let config = Arc::new(ServeConfig {
         roots,
         secret,
-        params: params(&a.tuning, engine, false, false, true),
+        params: Params {
+            owners_allowed: a.allow_owners,
+            ..params(&a.tuning, engine, false, false, true)
+        },
         log: true,
         sessions: Arc::default(),
     });

@@ -13,7 +13,8 @@
 //! [`cli`] (the command line, as clap sees it), [`tuning`] (the storage
 //! engine and a session's parameters from the flags), [`operand`] (what
 //! the user typed), [`proto`] (control messages, sans I/O), `rfabric::auth`
-//! (challenge-response), [`tree`] (confined filesystem work), [`send`] and
+//! (challenge-response), [`tree`] (confined filesystem work), [`archive`] (owners, xattrs, ACLs,
+//! special files and hard links: rsync's `-o -g -D -X -A -H`), [`send`] and
 //! [`recv`] (the two pipelines), [`arrivals`] (the receiver's rules of what
 //! may arrive when, sans I/O) and [`resume`] (the `Have` exchange, sans
 //! I/O), [`session`] (auth, request, pipelines),
@@ -27,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod app;
+pub mod archive;
 pub mod arrivals;
 pub mod cli;
 pub mod connect;

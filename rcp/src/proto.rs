@@ -27,7 +27,18 @@ pub mod flags {
     /// Chunks and files are hashed with BLAKE3 (else SHA-256, as rcp did
     /// before it had a choice; a peer from then refuses the flag).
     pub const BLAKE3: u32 = 1 << 4;
-    pub const KNOWN: u32 = RECURSIVE | PRESERVE | RESUME | NO_VERIFY | BLAKE3;
+    /// Archive metadata (rsync's -o -g -D -X -A -H): entries carry a
+    /// [`super::Meta`] tail, xattrs come ahead of their entry in `Xattr`
+    /// messages, and the new kinds may appear. A peer from before them
+    /// refuses the flags, so it never sees any of it.
+    pub const OWNER: u32 = 1 << 5;
+    pub const GROUP: u32 = 1 << 6;
+    pub const DEVICES: u32 = 1 << 7;
+    pub const XATTRS: u32 = 1 << 8;
+    pub const ACLS: u32 = 1 << 9;
+    pub const HARD_LINKS: u32 = 1 << 10;
+    pub const ARCHIVE: u32 = OWNER | GROUP | DEVICES | XATTRS | ACLS | HARD_LINKS;
+    pub const KNOWN: u32 = RECURSIVE | PRESERVE | RESUME | NO_VERIFY | BLAKE3 | ARCHIVE;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -62,6 +73,50 @@ pub enum EntryKind {
     File = 1,
     Dir = 2,
     Symlink = 3,
+    /// Special files and device nodes (`-D`): no data, the device number
+    /// in the entry's [`Meta`].
+    Fifo = 4,
+    Socket = 5,
+    CharDevice = 6,
+    BlockDevice = 7,
+    /// Another name of a file sent earlier in the session (`-H`): `target`
+    /// is that file's entry path; the receiver links it once that file is
+    /// in place.
+    HardLink = 8,
+}
+
+impl EntryKind {
+    /// Kinds that carry no data and are created in one step.
+    pub fn is_special(self) -> bool {
+        matches!(
+            self,
+            EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice
+        )
+    }
+}
+
+/// Longest extended attribute name (Linux's XATTR_NAME_MAX).
+pub const MAX_XATTR_NAME: usize = 255;
+/// Largest extended attribute value (Linux's XATTR_SIZE_MAX).
+pub const MAX_XATTR_VALUE: u32 = 64 * 1024;
+/// Most extended attributes one entry carries.
+pub const MAX_XATTRS: u16 = 1024;
+/// Most bytes of extended attribute values one entry carries in all.
+pub const MAX_XATTR_BYTES: usize = 1 << 20;
+/// Largest piece of a value in one `Xattr` message (the sender cuts
+/// smaller ones where the link's messages are smaller).
+pub const MAX_XATTR_PIECE: usize = 8192;
+
+/// An entry's archive metadata (requests with [`flags::ARCHIVE`] bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Meta {
+    /// Numeric owner and group, as on the sender.
+    pub uid: u32,
+    pub gid: u32,
+    /// Device number of a device node (0 otherwise).
+    pub rdev: u64,
+    /// Extended attributes sent ahead in `Xattr` messages.
+    pub xattrs: u16,
 }
 
 /// One thing to create on the receiving side.
@@ -82,6 +137,9 @@ pub struct Entry {
     /// holds bytes `k*chunk .. (k+1)*chunk`, and the file digest is the
     /// SHA-256 of the chunk digests in that order.
     pub chunk: u32,
+    /// Owner, group, device number, xattr count: only in requests with
+    /// archive flags (then on every entry).
+    pub meta: Option<Meta>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +234,17 @@ pub enum Msg {
     EntriesOk {
         indices: Vec<u32>,
     },
+    /// Sender → receiver, ahead of entry `index`: a piece of one of its
+    /// extended attributes (`-X`, `-A`), bytes `offset..` of a value of
+    /// `total` bytes; pieces of one value come in order, values one after
+    /// another.
+    Xattr {
+        index: u32,
+        name: Vec<u8>,
+        total: u32,
+        offset: u32,
+        piece: Vec<u8>,
+    },
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -192,7 +261,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 16] = [
+const TAGS: [&str; 17] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -209,6 +278,7 @@ const TAGS: [&str; 16] = [
     "Join",
     "Whole",
     "EntriesOk",
+    "Xattr",
 ];
 
 impl Msg {
@@ -230,6 +300,7 @@ impl Msg {
             Msg::Join { .. } => 14,
             Msg::Whole { .. } => 15,
             Msg::EntriesOk { .. } => 16,
+            Msg::Xattr { .. } => 17,
         }
     }
 
@@ -305,6 +376,19 @@ impl Msg {
                 for i in indices {
                     put_u32(&mut w, *i);
                 }
+            }
+            Msg::Xattr {
+                index,
+                name,
+                total,
+                offset,
+                piece,
+            } => {
+                put_u32(&mut w, *index);
+                put_bytes(&mut w, name);
+                put_u32(&mut w, *total);
+                put_u32(&mut w, *offset);
+                put_bytes(&mut w, piece);
             }
             Msg::EntryEnd {
                 index,
@@ -392,7 +476,7 @@ impl Msg {
                 dest_is_dir: r.flag("ready.dest_is_dir")?,
                 session: r.array()?,
             },
-            7 => Msg::Entry(r.entry()?),
+            7 => Msg::Entry(r.entry(0)?),
             8 => Msg::EntryEnd {
                 index: r.u32()?,
                 chunks: r.u64()?,
@@ -425,7 +509,7 @@ impl Msg {
             12 => Msg::Done { entries: r.u32()? },
             13 => Msg::Fail { reason: r.text()? },
             15 => {
-                let entry = r.entry()?;
+                let entry = r.entry(WHOLE_END_LEN)?;
                 if entry.kind != EntryKind::File {
                     return Err(ProtoError::BadField("whole.kind"));
                 }
@@ -446,6 +530,27 @@ impl Msg {
                 }
                 Msg::EntriesOk { indices }
             }
+            17 => {
+                let index = r.u32()?;
+                let name = r.bytes(MAX_XATTR_NAME, "xattr.name")?;
+                if !xattr_name_allowed(&name) {
+                    return Err(ProtoError::BadField("xattr.name"));
+                }
+                let total = r.u32()?;
+                let offset = r.u32()?;
+                let piece = r.bytes(MAX_XATTR_PIECE, "xattr.piece")?;
+                let end = u64::from(offset) + piece.len() as u64;
+                if total > MAX_XATTR_VALUE || end > u64::from(total) {
+                    return Err(ProtoError::BadField("xattr.total"));
+                }
+                Msg::Xattr {
+                    index,
+                    name,
+                    total,
+                    offset,
+                    piece,
+                }
+            }
             14 => {
                 let session = r.array()?;
                 let stream = r.u32()?;
@@ -462,6 +567,11 @@ impl Msg {
         Ok(msg)
     }
 }
+
+/// Bytes of an entry's archive tail.
+const META_LEN: usize = 4 + 4 + 8 + 2;
+/// Bytes after the entry in a `Whole`: its chunk count and file digest.
+const WHOLE_END_LEN: usize = 8 + 32;
 
 fn truncate(text: &str) -> &str {
     let mut end = text.len().min(MAX_TEXT);
@@ -481,7 +591,29 @@ fn put_entry(w: &mut Vec<u8>, e: &Entry) {
     put_bytes(w, &e.path);
     put_bytes(w, &e.target);
     put_u32(w, e.chunk);
+    if let Some(m) = &e.meta {
+        put_u32(w, m.uid);
+        put_u32(w, m.gid);
+        w.extend_from_slice(&m.rdev.to_le_bytes());
+        w.extend_from_slice(&m.xattrs.to_le_bytes());
+    }
 }
+
+/// The extended attribute names rcp carries: the `user`, `trusted` and
+/// `security` namespaces and the two POSIX ACLs; never another `system`
+/// attribute (those are the kernel's own views, not data).
+pub fn xattr_name_allowed(name: &[u8]) -> bool {
+    let namespaced = |ns: &[u8]| name.len() > ns.len() && name.starts_with(ns);
+    namespaced(b"user.")
+        || namespaced(b"trusted.")
+        || namespaced(b"security.")
+        || name == ACL_ACCESS
+        || name == ACL_DEFAULT
+}
+
+/// The attributes POSIX ACLs are kept in (`-A`).
+pub const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+pub const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 
 fn put_u32(w: &mut Vec<u8>, v: u32) {
     w.extend_from_slice(&v.to_le_bytes());
@@ -531,12 +663,18 @@ impl<'a> Reader<'a> {
         }
         Ok(f)
     }
-    fn entry(&mut self) -> Result<Entry, ProtoError> {
+    /// An entry followed by `after` more bytes of its message.
+    fn entry(&mut self, after: usize) -> Result<Entry, ProtoError> {
         let index = self.u32()?;
         let kind = match self.u8()? {
             1 => EntryKind::File,
             2 => EntryKind::Dir,
             3 => EntryKind::Symlink,
+            4 => EntryKind::Fifo,
+            5 => EntryKind::Socket,
+            6 => EntryKind::CharDevice,
+            7 => EntryKind::BlockDevice,
+            8 => EntryKind::HardLink,
             _ => return Err(ProtoError::BadField("entry.kind")),
         };
         let mode = self.u32()?;
@@ -558,11 +696,31 @@ impl<'a> Reader<'a> {
         if path.is_empty() {
             return Err(ProtoError::BadField("entry.path"));
         }
-        if (kind == EntryKind::Symlink) == target.is_empty() {
+        let has_target = matches!(kind, EntryKind::Symlink | EntryKind::HardLink);
+        if has_target == target.is_empty() {
             return Err(ProtoError::BadField("entry.target"));
         }
         if kind != EntryKind::File && size != 0 {
             return Err(ProtoError::BadField("entry.size"));
+        }
+        // The archive tail, if the message is long enough for one before
+        // the `after` bytes that follow the entry in it.
+        let meta = if self.0.len() == META_LEN + after {
+            let meta = Meta {
+                uid: self.u32()?,
+                gid: self.u32()?,
+                rdev: self.u64()?,
+                xattrs: u16::from_le_bytes(self.array()?),
+            };
+            if meta.xattrs > MAX_XATTRS {
+                return Err(ProtoError::BadField("entry.xattrs"));
+            }
+            Some(meta)
+        } else {
+            None
+        };
+        if meta.is_none() && (kind.is_special() || kind == EntryKind::HardLink) {
+            return Err(ProtoError::BadField("entry.meta"));
         }
         Ok(Entry {
             index,
@@ -574,6 +732,7 @@ impl<'a> Reader<'a> {
             path,
             target,
             chunk,
+            meta,
         })
     }
     fn streams(&mut self) -> Result<u32, ProtoError> {
@@ -639,6 +798,7 @@ mod tests {
                 path: b"dir/file name".to_vec(),
                 target: vec![],
                 chunk: 1 << 20,
+                meta: None,
             }),
             Msg::Entry(Entry {
                 index: 8,
@@ -650,6 +810,7 @@ mod tests {
                 path: b"l".to_vec(),
                 target: b"../x".to_vec(),
                 chunk: 0,
+                meta: None,
             }),
             Msg::EntryEnd {
                 index: 7,
@@ -686,6 +847,7 @@ mod tests {
                     path: b"small".to_vec(),
                     target: vec![],
                     chunk: 1 << 20,
+                    meta: None,
                 },
                 chunks: 1,
                 digest: [7; 32],
@@ -693,7 +855,147 @@ mod tests {
             Msg::EntriesOk {
                 indices: vec![1, 5, 2],
             },
+            Msg::Entry(Entry {
+                index: 10,
+                kind: EntryKind::CharDevice,
+                mode: 0o620,
+                mtime_sec: 3,
+                mtime_nsec: 4,
+                size: 0,
+                path: b"dev/tty9".to_vec(),
+                target: vec![],
+                chunk: 0,
+                meta: Some(Meta {
+                    uid: 0,
+                    gid: 5,
+                    rdev: (4 << 8) | 9,
+                    xattrs: 0,
+                }),
+            }),
+            Msg::Entry(Entry {
+                index: 11,
+                kind: EntryKind::HardLink,
+                mode: 0o644,
+                mtime_sec: 0,
+                mtime_nsec: 0,
+                size: 0,
+                path: b"b/other name".to_vec(),
+                target: b"dir/file name".to_vec(),
+                chunk: 0,
+                meta: Some(Meta::default()),
+            }),
+            Msg::Whole {
+                entry: Entry {
+                    index: 12,
+                    kind: EntryKind::File,
+                    mode: 0o4755,
+                    mtime_sec: 1,
+                    mtime_nsec: 2,
+                    size: 10,
+                    path: b"suid".to_vec(),
+                    target: vec![],
+                    chunk: 1 << 20,
+                    meta: Some(Meta {
+                        uid: 1000,
+                        gid: 100,
+                        rdev: 0,
+                        xattrs: 2,
+                    }),
+                },
+                chunks: 1,
+                digest: [7; 32],
+            },
+            Msg::Xattr {
+                index: 12,
+                name: b"user.comment".to_vec(),
+                total: 5000,
+                offset: 100,
+                piece: vec![0xab; 4900],
+            },
+            Msg::Xattr {
+                index: 12,
+                name: ACL_ACCESS.to_vec(),
+                total: 0,
+                offset: 0,
+                piece: vec![],
+            },
         ]
+    }
+
+    #[test]
+    fn archive_fields_are_checked() {
+        let xattr = |name: &[u8], total: u32, offset: u32, piece: usize| {
+            Msg::decode(
+                &Msg::Xattr {
+                    index: 1,
+                    name: name.to_vec(),
+                    total,
+                    offset,
+                    piece: vec![1; piece],
+                }
+                .encode(),
+            )
+        };
+        assert!(xattr(b"user.a", 10, 0, 10).is_ok());
+        assert!(xattr(b"trusted.overlay.opaque", 1, 0, 1).is_ok());
+        // The kernel's own views, a bare namespace, unknown namespaces.
+        for name in [
+            &b"system.sockprotoname"[..],
+            b"user.",
+            b"os2.x",
+            b"",
+            b"userx",
+        ] {
+            assert_eq!(
+                xattr(name, 1, 0, 1),
+                Err(ProtoError::BadField("xattr.name")),
+                "{name:?}"
+            );
+        }
+        // A piece beyond its value, a value beyond the kernel's limit, a
+        // piece longer than a message may carry.
+        assert_eq!(
+            xattr(b"user.a", 10, 5, 6),
+            Err(ProtoError::BadField("xattr.total"))
+        );
+        assert_eq!(
+            xattr(b"user.a", MAX_XATTR_VALUE + 1, 0, 1),
+            Err(ProtoError::BadField("xattr.total"))
+        );
+        assert_eq!(
+            xattr(b"user.a", 4000, 0, MAX_XATTR_PIECE + 1),
+            Err(ProtoError::BadField("xattr.piece"))
+        );
+        // Devices and hard links only with their metadata; too many xattrs.
+        let Msg::Entry(dev) = samples()[17].clone() else {
+            unreachable!()
+        };
+        let bad = |e: Entry| Msg::decode(&Msg::Entry(e).encode());
+        assert_eq!(
+            bad(Entry {
+                meta: None,
+                ..dev.clone()
+            }),
+            Err(ProtoError::BadField("entry.meta"))
+        );
+        assert_eq!(
+            bad(Entry {
+                meta: Some(Meta {
+                    xattrs: MAX_XATTRS + 1,
+                    ..Meta::default()
+                }),
+                ..dev.clone()
+            }),
+            Err(ProtoError::BadField("entry.xattrs"))
+        );
+        // A hard link names the file it is another name of.
+        assert_eq!(
+            bad(Entry {
+                kind: EntryKind::HardLink,
+                ..dev
+            }),
+            Err(ProtoError::BadField("entry.target"))
+        );
     }
 
     #[test]

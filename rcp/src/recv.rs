@@ -16,6 +16,7 @@ use rfabric::wire::chunk_flags;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::archive::{Keep, Powers, Xattr, XattrInbox};
 use crate::arrivals::{Action, Arrivals, Place, Shape};
 use crate::digest::{self, Algorithm};
 use crate::exit::{Corrupted, Exit, PeerLost};
@@ -23,12 +24,18 @@ use crate::proto::{Entry, EntryKind, FailKind, MAX_OKS, Msg, Verdict as EntryVer
 use crate::report::{Failure, Progress, Stats};
 use crate::resume::have_batches;
 use crate::streams::Merged;
-use crate::tree::{self, Base, DirSyncs, PartFile};
+use crate::tree::{self, Base, DirSyncs, Fidelity, PartFile};
 use rfabric::storage::{Engine, Kind};
 
 #[derive(Debug, Clone, Copy)]
 pub struct RecvOptions {
     pub preserve: bool,
+    /// Archive metadata to apply (`-o -g -D -X -A -H`).
+    pub keep: Keep,
+    /// The operator lets this session set owners and make device nodes
+    /// (when the process is root): a daemon's `--allow-owners`, always
+    /// for the user's own copies.
+    pub owners_allowed: bool,
     pub verify: bool,
     /// What chunks and files are hashed with.
     pub digest: Algorithm,
@@ -46,6 +53,8 @@ type ChunkResult = anyhow::Result<(u64, [u8; 32])>;
 
 struct File {
     entry: Entry,
+    /// Its extended attributes, applied when it is committed.
+    xattrs: Vec<Xattr>,
     out: Arc<PartFile>,
     writes: Vec<JoinHandle<ChunkResult>>,
     /// Digests of chunks already on disk (resume): those the sender skips.
@@ -109,13 +118,21 @@ pub async fn receive(
     // slots, so the window bounds them).
     let mut arrivals: Arrivals<Chunk> = Arrivals::new();
     let (answers, answerer) = Answers::start(link.clone());
+    let how = Fidelity {
+        preserve: opts.preserve,
+        keep: opts.keep,
+        powers: Powers::here(opts.owners_allowed),
+    };
     let mut new = Creator {
         link,
         base: &base,
         opts,
+        how,
         answers: &answers,
         files: 0,
         dirs: Vec::new(),
+        hard_links: Vec::new(),
+        xattrs: XattrInbox::default(),
     };
     let result = async {
         while !arrivals.is_over() {
@@ -145,6 +162,16 @@ pub async fn receive(
                     } => {
                         new.create(&mut arrivals, &mut files, entry, Some((chunks, digest)))
                             .await?
+                    }
+                    Msg::Xattr {
+                        index,
+                        name,
+                        total,
+                        offset,
+                        piece,
+                    } if opts.keep.xattrs || opts.keep.acls => {
+                        new.xattrs.piece(index, name, total, offset, piece)?;
+                        Vec::new()
                     }
                     Msg::EntryEnd {
                         index,
@@ -176,6 +203,7 @@ pub async fn receive(
                             engine.clone(),
                             file,
                             opts,
+                            how,
                             Arc::clone(&dirs_to_sync),
                         )));
                     }
@@ -213,10 +241,30 @@ pub async fn receive(
     }
     result?;
     stats.files = new.files;
-    // Directory modes and times last (deepest first), so that writing into
-    // them was possible and their times are not bumped afterwards.
-    for d in new.dirs.iter().rev() {
-        if let Err(e) = base.finish_dir(d, opts.preserve) {
+    // Other names of files once all files are in place (`-H`).
+    for e in &new.hard_links {
+        match base.make_hard_link(e) {
+            Ok(dir) => {
+                dirs_to_sync.lock().expect("dir lock").add(dir);
+                answers.send(e.index, Ok(()));
+            }
+            Err(err) => {
+                let (kind, reason) = self::failed(&err);
+                answers.send(e.index, Err((kind, reason.clone())));
+                failed.push(Failure {
+                    path: tree::show(&e.path),
+                    kind,
+                    reason,
+                });
+                ok = false;
+            }
+        }
+    }
+    // Directory metadata, modes and times last (deepest first), so that
+    // writing into them was possible, their times are not bumped
+    // afterwards, and a default ACL does not pass on to what arrived.
+    for (d, xattrs) in new.dirs.iter().rev() {
+        if let Err(e) = base.finish_dir(d, xattrs, how) {
             let (kind, reason) = self::failed(&e);
             failed.push(Failure {
                 path: tree::show(&d.path),
@@ -246,11 +294,17 @@ struct Creator<'a> {
     link: &'a Link,
     base: &'a Base,
     opts: RecvOptions,
+    how: Fidelity,
     answers: &'a Answers,
     /// Files created.
     files: u64,
-    /// Directories created, in order (their modes and times come last).
-    dirs: Vec<Entry>,
+    /// Directories created, in order, with their extended attributes
+    /// (their metadata, modes and times come last).
+    dirs: Vec<(Entry, Vec<Xattr>)>,
+    /// Other names of files, linked once every file is in place.
+    hard_links: Vec<Entry>,
+    /// Extended attributes arriving ahead of their entry.
+    xattrs: XattrInbox,
 }
 
 impl Creator<'_> {
@@ -271,8 +325,20 @@ impl Creator<'_> {
                 chunk: e.chunk,
                 sent: end.map(|(sent, _)| sent),
             },
-            EntryKind::Dir | EntryKind::Symlink => Shape::Other,
+            _ => Shape::Other,
         };
+        if e.meta.is_some() != self.opts.keep.any() {
+            bail!("entry {} does not match the request's metadata", e.index);
+        }
+        let not_asked = match e.kind {
+            EntryKind::HardLink => !self.opts.keep.hard_links,
+            k if k.is_special() => !self.opts.keep.devices,
+            _ => false,
+        };
+        if not_asked {
+            bail!("entry {} is of a kind the request did not ask for", e.index);
+        }
+        let xattrs = self.xattrs.take(e.index, e.meta.map_or(0, |m| m.xattrs))?;
         let actions = arrivals.announce(e.index, shape)?;
         match e.kind {
             EntryKind::File => match self.base.create_file(&e, self.opts.resume) {
@@ -286,6 +352,7 @@ impl Creator<'_> {
                     };
                     let file = File {
                         entry: e,
+                        xattrs,
                         out,
                         writes: Vec::new(),
                         known,
@@ -305,10 +372,21 @@ impl Creator<'_> {
                 if failed {
                     bail!("cannot create directory {}", tree::show(&e.path));
                 }
-                self.dirs.push(e);
+                self.dirs.push((e, xattrs));
             }
             EntryKind::Symlink => {
-                let r = self.base.make_symlink(&e).map_err(|err| failed(&err));
+                let r = self
+                    .base
+                    .make_symlink(&e, &xattrs, self.how)
+                    .map_err(|err| failed(&err));
+                self.answers.send(e.index, r);
+            }
+            EntryKind::HardLink => self.hard_links.push(e),
+            _ => {
+                let r = self
+                    .base
+                    .make_special(&e, &xattrs, self.how)
+                    .map_err(|err| failed(&err));
                 self.answers.send(e.index, r);
             }
         }
@@ -382,10 +460,12 @@ async fn finish_file(
     engine: Engine,
     file: File,
     opts: RecvOptions,
+    how: Fidelity,
     syncs: Arc<std::sync::Mutex<DirSyncs>>,
 ) -> Verdict {
     let File {
         entry,
+        xattrs,
         out,
         writes,
         known,
@@ -434,7 +514,7 @@ async fn finish_file(
             // should; else its tail is a hole still to be sized).
             let count = entry.size.div_ceil(u64::from(entry.chunk.max(1)));
             let sized = count == 0 || chunks.get(count as usize - 1).is_some_and(Option::is_some);
-            out.commit(&entry, opts.preserve, sized, &engine)
+            out.commit(&entry, &xattrs, how, sized, &engine)
                 .await
                 .map_err(|e| failed(&e))
         }

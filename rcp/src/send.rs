@@ -17,12 +17,13 @@ use rustix::fs::SeekFrom;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::archive::{self, Keep};
 use crate::digest::Algorithm;
 use crate::exit::PeerLost;
 use crate::proto::{Entry, EntryKind, Msg, Verdict};
 use crate::report::{Failure, Progress, Stats};
 use crate::resume;
-use crate::tree::{self, Item};
+use crate::tree::{self, Item, Walker};
 use rfabric::storage::{Engine, Kind};
 
 /// A source operand: `name` inside the directory `parent`, arriving as
@@ -37,6 +38,8 @@ pub struct Source {
 #[derive(Debug, Clone, Copy)]
 pub struct SendOptions {
     pub recursive: bool,
+    /// Archive metadata to carry (`-o -g -D -X -A -H`).
+    pub keep: Keep,
     pub verify: bool,
     /// What chunks and files are hashed with.
     pub digest: Algorithm,
@@ -107,39 +110,31 @@ pub async fn send(
     // files) ahead. Items go over in batches when the planner is behind, so
     // that the two threads do not wake each other for every file.
     let (items_tx, mut items) = mpsc::channel::<Vec<anyhow::Result<Item>>>(WALK_BATCHES);
-    let recursive = opts.recursive;
+    let mut walk = Walker::new(opts.recursive, opts.keep);
     let walker = tokio::task::spawn_blocking(move || {
-        let mut index = 0u32;
         let mut batch = Vec::new();
         for s in sources {
-            let r = tree::walk(
-                &s.parent,
-                &s.name,
-                &s.top,
-                recursive,
-                &mut index,
-                &mut |item| {
-                    batch.push(Ok(item));
-                    let full = std::mem::take(&mut batch);
-                    let sent = if full.len() >= WALK_BATCH {
-                        items_tx.blocking_send(full).is_ok()
-                    } else {
-                        match items_tx.try_send(full) {
-                            Ok(()) => true,
-                            Err(mpsc::error::TrySendError::Full(back)) => {
-                                batch = back;
-                                true
-                            }
-                            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            let r = walk.walk(&s.parent, &s.name, &s.top, &mut |item| {
+                batch.push(Ok(item));
+                let full = std::mem::take(&mut batch);
+                let sent = if full.len() >= WALK_BATCH {
+                    items_tx.blocking_send(full).is_ok()
+                } else {
+                    match items_tx.try_send(full) {
+                        Ok(()) => true,
+                        Err(mpsc::error::TrySendError::Full(back)) => {
+                            batch = back;
+                            true
                         }
-                    };
-                    if sent {
-                        Ok(())
-                    } else {
-                        Err(anyhow::anyhow!("copy stopped"))
+                        Err(mpsc::error::TrySendError::Closed(_)) => false,
                     }
-                },
-            );
+                };
+                if sent {
+                    Ok(())
+                } else {
+                    Err(anyhow::anyhow!("copy stopped"))
+                }
+            });
             if let Err(e) = r {
                 batch.push(Err(e));
                 break;
@@ -152,13 +147,15 @@ pub async fn send(
 
     // Plan steps in order, starting reads as buffers allow.
     let (steps_tx, mut steps) = mpsc::channel::<Step>(opts.buffers.max(2));
+    // An xattr piece and its message's other fields fit one message.
+    let xattr_piece = link.max_message().saturating_sub(300);
     let planner = {
         let pool = Arc::clone(&pool);
         let engine = engine.clone();
         tokio::spawn(async move {
             while let Some(batch) = items.recv().await {
                 for item in batch {
-                    plan(item?, chunk, opts, &pool, &engine, &steps_tx).await?;
+                    plan(item?, chunk, xattr_piece, opts, &pool, &engine, &steps_tx).await?;
                 }
             }
             anyhow::Ok(())
@@ -420,17 +417,22 @@ fn stripe(links: &[Link], pool: &Arc<BufferPool>) -> anyhow::Result<Stripers> {
     Ok((tx, tasks))
 }
 
-/// Steps for one walked item: its entry, reads of its data chunks (holes
+/// Steps for one walked item: its extended attributes, its entry, reads of its data chunks (holes
 /// are skipped: sparse files stay sparse), its end.
 async fn plan(
     item: Item,
     chunk: usize,
+    xattr_piece: usize,
     opts: SendOptions,
     pool: &Arc<BufferPool>,
     engine: &Engine,
     steps: &mpsc::Sender<Step>,
 ) -> anyhow::Result<()> {
     let mut entry = item.entry;
+    // Extended attributes go ahead of their entry.
+    for m in archive::xattr_messages(entry.index, &item.xattrs, xattr_piece) {
+        let _ = steps.send(Step::Msg(m)).await;
+    }
     let Some(file) = item.file else {
         let _ = steps.send(Step::Msg(Msg::Entry(entry))).await;
         return Ok(());

@@ -11,6 +11,7 @@ use rfabric::link::{Incoming, Link};
 use rfabric::transport::{Backend, Connection};
 use rfabric::wire::Role;
 
+use crate::archive::Keep;
 use crate::connect::link_config;
 use crate::digest::Algorithm;
 use crate::exit::{PeerLost, Refused};
@@ -30,6 +31,11 @@ use rfabric::storage::Kind;
 pub struct Params {
     pub recursive: bool,
     pub preserve: bool,
+    /// Archive metadata kept (the client's choice).
+    pub keep: Keep,
+    /// A server's: sessions may set owners and make device nodes (when
+    /// it runs as root).
+    pub owners_allowed: bool,
     pub verify: bool,
     pub resume: bool,
     pub chunk: usize,
@@ -64,7 +70,7 @@ impl Params {
         if self.digest == Algorithm::Blake3 {
             f |= flags::BLAKE3;
         }
-        f
+        f | self.keep.flags()
     }
 
     /// The client's choices as the server applies them.
@@ -76,6 +82,7 @@ impl Params {
         Ok(Params {
             recursive: f & flags::RECURSIVE != 0,
             preserve: f & flags::PRESERVE != 0,
+            keep: Keep::from_flags(f),
             verify: f & flags::NO_VERIFY == 0,
             resume: f & flags::RESUME != 0,
             digest: if f & flags::BLAKE3 != 0 {
@@ -92,6 +99,7 @@ impl Params {
     fn send_options(&self) -> SendOptions {
         SendOptions {
             recursive: self.recursive,
+            keep: self.keep,
             verify: self.verify,
             digest: self.digest,
             resume: self.resume,
@@ -105,6 +113,8 @@ impl Params {
     fn recv_options(&self) -> RecvOptions {
         RecvOptions {
             preserve: self.preserve,
+            keep: self.keep,
+            owners_allowed: self.owners_allowed,
             verify: self.verify,
             digest: self.digest,
             resume: self.resume,

@@ -18,8 +18,9 @@ use anyhow::{Context, bail};
 use rfabric::storage::Engine;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 
+use crate::archive::{self, Keep, Node, Powers, Xattr};
 use crate::digest;
-use crate::proto::{Entry, EntryKind};
+use crate::proto::{Entry, EntryKind, Meta};
 
 /// Splits a peer's relative path into checked components: not empty, not
 /// absolute, no `.` or `..`, no NUL, no empty component.
@@ -110,16 +111,30 @@ pub struct Item {
     pub file: Option<OwnedFd>,
     /// Every byte of the file has storage: it has no holes to look for.
     pub dense: bool,
+    /// Extended attributes carried (`-X`, `-A`), sent ahead of the entry.
+    pub xattrs: Vec<Xattr>,
 }
 
-fn entry_for(stat: &rustix::fs::Stat, index: u32, path: Vec<u8>, target: Vec<u8>) -> Option<Entry> {
+/// The entry for what `stat` describes, or `None` for what is not copied
+/// (device nodes, FIFOs and sockets without `-D`).
+fn entry_for(
+    stat: &rustix::fs::Stat,
+    keep: Keep,
+    index: u32,
+    path: Vec<u8>,
+    target: Vec<u8>,
+) -> Option<Entry> {
     let kind = match FileType::from_raw_mode(stat.st_mode) {
         FileType::RegularFile => EntryKind::File,
         FileType::Directory => EntryKind::Dir,
         FileType::Symlink => EntryKind::Symlink,
-        // Devices, sockets, FIFOs: not copied (as scp -r does not).
+        FileType::Fifo if keep.devices => EntryKind::Fifo,
+        FileType::Socket if keep.devices => EntryKind::Socket,
+        FileType::CharacterDevice if keep.devices => EntryKind::CharDevice,
+        FileType::BlockDevice if keep.devices => EntryKind::BlockDevice,
         _ => return None,
     };
+    let device = matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice);
     Some(Entry {
         index,
         kind,
@@ -134,118 +149,160 @@ fn entry_for(stat: &rustix::fs::Stat, index: u32, path: Vec<u8>, target: Vec<u8>
         path,
         target,
         chunk: 0,
+        meta: keep.any().then_some(Meta {
+            uid: stat.st_uid,
+            gid: stat.st_gid,
+            rdev: if device { stat.st_rdev } else { 0 },
+            xattrs: 0,
+        }),
     })
 }
 
-/// Lists `name` inside `parent` (recursively with `recursive`), without
-/// following symlinks, calling `emit` in order. `top` is the name the copy
-/// gets on the other side.
-pub fn walk(
-    parent: &OwnedFd,
-    name: &[u8],
-    top: &[u8],
+/// Lists what to send, without following symlinks, numbering the entries
+/// of every source in one sequence; with `-H` it keeps the first name of
+/// every file that has several (device and inode to entry path), so that
+/// the others go as hard links to it.
+#[derive(Debug)]
+pub struct Walker {
     recursive: bool,
-    next_index: &mut u32,
-    emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    let shown = String::from_utf8_lossy(name).into_owned();
-    let stat = rustix::fs::statat(parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-        .with_context(|| format!("cannot stat {shown}"))?;
-    visit(
-        parent,
-        name,
-        top.to_vec(),
-        &stat,
-        recursive,
-        next_index,
-        emit,
-        &shown,
-    )
+    keep: Keep,
+    next_index: u32,
+    first_names: std::collections::HashMap<(u64, u64), Vec<u8>>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn visit(
-    parent: &OwnedFd,
-    name: &[u8],
-    path: Vec<u8>,
-    stat: &rustix::fs::Stat,
-    recursive: bool,
-    next_index: &mut u32,
-    emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
-    shown: &str,
-) -> anyhow::Result<()> {
-    let cname = cstr(name)?;
-    let target = if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink {
-        rustix::fs::readlinkat(parent, cname.as_c_str(), Vec::new())
-            .with_context(|| format!("cannot read symlink {shown}"))?
-            .into_bytes()
-    } else {
-        Vec::new()
-    };
-    let Some(entry) = entry_for(stat, *next_index, path.clone(), target) else {
-        eprintln!("rcp: skipping {shown}: not a regular file, directory or symlink");
-        return Ok(());
-    };
-    match entry.kind {
-        EntryKind::Dir if !recursive => {
-            bail!("{shown} is a directory (use -r to copy directories)")
+impl Walker {
+    pub fn new(recursive: bool, keep: Keep) -> Walker {
+        Walker {
+            recursive,
+            keep,
+            next_index: 0,
+            first_names: Default::default(),
         }
-        EntryKind::File => {
-            let fd = rustix::fs::openat(
-                parent,
-                cname.as_c_str(),
-                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .with_context(|| format!("cannot open {shown}"))?;
-            *next_index += 1;
-            let dense = stat.st_blocks as u64 * 512 >= entry.size;
-            emit(Item {
-                entry,
-                file: Some(fd),
-                dense,
-            })
+    }
+
+    /// Lists `name` inside `parent` (recursively with `recursive`),
+    /// calling `emit` in order. `top` is the name the copy gets on the
+    /// other side.
+    pub fn walk(
+        &mut self,
+        parent: &OwnedFd,
+        name: &[u8],
+        top: &[u8],
+        emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let shown = String::from_utf8_lossy(name).into_owned();
+        let stat = rustix::fs::statat(parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .with_context(|| format!("cannot stat {shown}"))?;
+        self.visit(parent, name, top.to_vec(), &stat, emit, &shown)
+    }
+
+    fn visit(
+        &mut self,
+        parent: &OwnedFd,
+        name: &[u8],
+        path: Vec<u8>,
+        stat: &rustix::fs::Stat,
+        emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
+        shown: &str,
+    ) -> anyhow::Result<()> {
+        let cname = cstr(name)?;
+        let target = if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink {
+            rustix::fs::readlinkat(parent, cname.as_c_str(), Vec::new())
+                .with_context(|| format!("cannot read symlink {shown}"))?
+                .into_bytes()
+        } else {
+            Vec::new()
+        };
+        let Some(mut entry) = entry_for(stat, self.keep, self.next_index, path.clone(), target)
+        else {
+            eprintln!(
+                "rcp: skipping {shown}: not a regular file, directory or symlink (-D copies \
+                 devices, FIFOs and sockets)"
+            );
+            return Ok(());
+        };
+        if entry.kind == EntryKind::Dir && !self.recursive {
+            bail!("{shown} is a directory (use -r to copy directories)");
         }
-        EntryKind::Symlink => {
-            *next_index += 1;
-            emit(Item {
-                entry,
-                file: None,
-                dense: true,
-            })
+        if entry.kind == EntryKind::File && self.keep.hard_links && stat.st_nlink > 1 {
+            let id = (stat.st_dev, stat.st_ino);
+            if let Some(first) = self.first_names.get(&id) {
+                // Another name of a file sent already: a link to it.
+                entry.kind = EntryKind::HardLink;
+                entry.size = 0;
+                entry.target = first.clone();
+                self.next_index += 1;
+                return emit(Item {
+                    entry,
+                    file: None,
+                    dense: true,
+                    xattrs: Vec::new(),
+                });
+            }
+            self.first_names.insert(id, path.clone());
         }
-        EntryKind::Dir => {
-            *next_index += 1;
-            emit(Item {
-                entry,
-                file: None,
-                dense: true,
-            })?;
-            let dir = open_dir_beneath(parent, &[name])?;
-            let mut names: Vec<Vec<u8>> = Vec::new();
-            for d in
-                rustix::fs::Dir::read_from(&dir).with_context(|| format!("cannot list {shown}"))?
-            {
-                let d = d.with_context(|| format!("cannot list {shown}"))?;
-                let n = d.file_name().to_bytes();
-                if n != b"." && n != b".." {
-                    names.push(n.to_vec());
+        let xattrs = archive::read_xattrs(parent.as_fd(), cname.as_c_str(), self.keep)?;
+        if let Some(meta) = &mut entry.meta {
+            meta.xattrs = xattrs.len() as u16;
+        }
+        self.next_index += 1;
+        match entry.kind {
+            EntryKind::File => {
+                let fd = rustix::fs::openat(
+                    parent,
+                    cname.as_c_str(),
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .with_context(|| format!("cannot open {shown}"))?;
+                let dense = stat.st_blocks as u64 * 512 >= entry.size;
+                emit(Item {
+                    entry,
+                    file: Some(fd),
+                    dense,
+                    xattrs,
+                })
+            }
+            EntryKind::Dir => {
+                emit(Item {
+                    entry,
+                    file: None,
+                    dense: true,
+                    xattrs,
+                })?;
+                let dir = open_dir_beneath(parent, &[name])?;
+                let mut names: Vec<Vec<u8>> = Vec::new();
+                for d in rustix::fs::Dir::read_from(&dir)
+                    .with_context(|| format!("cannot list {shown}"))?
+                {
+                    let d = d.with_context(|| format!("cannot list {shown}"))?;
+                    let n = d.file_name().to_bytes();
+                    if n != b"." && n != b".." {
+                        names.push(n.to_vec());
+                    }
                 }
+                // A stable order: same tree, same entry numbers.
+                names.sort();
+                for n in names {
+                    let st =
+                        rustix::fs::statat(&dir, cstr(&n)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+                            .with_context(|| {
+                            format!("cannot stat {shown}/{}", String::from_utf8_lossy(&n))
+                        })?;
+                    let mut child = path.clone();
+                    child.push(b'/');
+                    child.extend_from_slice(&n);
+                    let shown = format!("{shown}/{}", String::from_utf8_lossy(&n));
+                    self.visit(&dir, &n, child, &st, emit, &shown)?;
+                }
+                Ok(())
             }
-            // A stable order: same tree, same entry numbers.
-            names.sort();
-            for n in names {
-                let st = rustix::fs::statat(&dir, cstr(&n)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-                    .with_context(|| {
-                        format!("cannot stat {shown}/{}", String::from_utf8_lossy(&n))
-                    })?;
-                let mut child = path.clone();
-                child.push(b'/');
-                child.extend_from_slice(&n);
-                let shown = format!("{shown}/{}", String::from_utf8_lossy(&n));
-                visit(&dir, &n, child, &st, recursive, next_index, emit, &shown)?;
-            }
-            Ok(())
+            _ => emit(Item {
+                entry,
+                file: None,
+                dense: true,
+                xattrs,
+            }),
         }
     }
 }
@@ -312,9 +369,11 @@ pub struct PartFile {
     parent: Arc<DestDir>,
     temp: CString,
     name: CString,
-    /// Created afresh by this copy (not an earlier one's leftover): it has
-    /// the entry's mode already, and nothing beyond what is written.
+    /// Created afresh by this copy (not an earlier one's leftover):
+    /// nothing beyond what is written.
     fresh: bool,
+    /// Created with the entry's mode (the umask applied): no chmod needed.
+    mode_right: bool,
 }
 
 impl Base {
@@ -361,29 +420,156 @@ impl Base {
         }
     }
 
-    /// Applies a directory's mode and times, after its contents arrived.
-    pub fn finish_dir(&self, e: &Entry, preserve: bool) -> anyhow::Result<()> {
+    /// Applies a directory's metadata, mode and times, after its contents
+    /// arrived.
+    pub fn finish_dir(&self, e: &Entry, xattrs: &[Xattr], how: Fidelity) -> anyhow::Result<()> {
         let (parent, name) = self.place(&e.path)?;
         let dir = open_dir_beneath(&parent, &[name.as_bytes()])?;
-        let mode = if preserve { e.mode } else { 0o755 & !umask() };
+        if let Some(meta) = &e.meta {
+            archive::apply(
+                Node::Fd(dir.as_fd()),
+                e.kind,
+                meta,
+                xattrs,
+                how.keep,
+                how.powers,
+            )?;
+        }
+        let mode = if how.preserve {
+            how.powers.mode(e.mode)
+        } else {
+            0o755 & !umask()
+        };
         rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))?;
-        if preserve {
+        if how.preserve {
             rustix::fs::futimens(&dir, &times(e))?;
         }
         Ok(())
     }
 
-    pub fn make_symlink(&self, e: &Entry) -> anyhow::Result<()> {
+    pub fn make_symlink(&self, e: &Entry, xattrs: &[Xattr], how: Fidelity) -> anyhow::Result<()> {
         let (parent, name) = self.place(&e.path)?;
         let temp = temp_name(&name)?;
         rustix::fs::symlinkat(cstr(&e.target)?.as_c_str(), &parent, temp.as_c_str())
             .with_context(|| format!("cannot create symlink {}", show(&e.path)))?;
+        let placed = (|| {
+            if let Some(meta) = &e.meta {
+                let node = Node::At(parent.as_fd(), temp.as_c_str());
+                archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers)?;
+            }
+            if how.preserve {
+                rustix::fs::utimensat(
+                    &parent,
+                    temp.as_c_str(),
+                    &times(e),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )?;
+            }
+            rustix::fs::renameat(&parent, temp.as_c_str(), &parent, name.as_c_str())?;
+            anyhow::Ok(())
+        })();
+        placed.with_context(|| {
+            let _ = rustix::fs::unlinkat(&parent, temp.as_c_str(), AtFlags::empty());
+            format!("cannot put symlink {} in place", show(&e.path))
+        })
+    }
+
+    /// A FIFO, socket or device node (`-D`), made under a temporary name
+    /// and renamed into place with its metadata.
+    pub fn make_special(&self, e: &Entry, xattrs: &[Xattr], how: Fidelity) -> anyhow::Result<()> {
+        let meta = e
+            .meta
+            .as_ref()
+            .context("a special file without its metadata")?;
+        let (file_type, device) = match e.kind {
+            EntryKind::Fifo => (FileType::Fifo, false),
+            EntryKind::Socket => (FileType::Socket, false),
+            EntryKind::CharDevice => (FileType::CharacterDevice, true),
+            EntryKind::BlockDevice => (FileType::BlockDevice, true),
+            _ => bail!("not a special file"),
+        };
+        if device && !how.powers.owners {
+            bail!(
+                "device node {} not created: that needs root (and for rcp serve, --allow-owners)",
+                show(&e.path)
+            );
+        }
+        let (parent, name) = self.place(&e.path)?;
+        let temp = temp_name(&name)?;
+        let rdev = if device { meta.rdev } else { 0 };
+        rustix::fs::mknodat(
+            &parent,
+            temp.as_c_str(),
+            file_type,
+            Mode::from_raw_mode(0o600),
+            rdev,
+        )
+        .with_context(|| format!("cannot create {}", show(&e.path)))?;
+        let placed = (|| {
+            let node = Node::At(parent.as_fd(), temp.as_c_str());
+            archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers)?;
+            let mode = if how.preserve {
+                how.powers.mode(e.mode)
+            } else {
+                e.mode & 0o777 & !umask()
+            };
+            rustix::fs::chmodat(
+                &parent,
+                temp.as_c_str(),
+                Mode::from_raw_mode(mode),
+                AtFlags::empty(),
+            )?;
+            if how.preserve {
+                rustix::fs::utimensat(
+                    &parent,
+                    temp.as_c_str(),
+                    &times(e),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )?;
+            }
+            rustix::fs::renameat(&parent, temp.as_c_str(), &parent, name.as_c_str())?;
+            anyhow::Ok(())
+        })();
+        placed.with_context(|| {
+            let _ = rustix::fs::unlinkat(&parent, temp.as_c_str(), AtFlags::empty());
+            format!("cannot put {} in place", show(&e.path))
+        })
+    }
+
+    /// Another name (`-H`) for the file received as `e.target`, which is in
+    /// place already. Returns the directory the name went into (to sync).
+    pub fn make_hard_link(&self, e: &Entry) -> anyhow::Result<Arc<DestDir>> {
+        let (first_dir, first) = self.place(&e.target)?;
+        let (parent, name) = self.place(&e.path)?;
+        let shown = || format!("cannot link {} to {}", show(&e.path), show(&e.target));
+        let first_stat =
+            rustix::fs::statat(&first_dir, first.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+                .with_context(shown)?;
+        if FileType::from_raw_mode(first_stat.st_mode) != FileType::RegularFile {
+            bail!("{}: {} is not a regular file", shown(), show(&e.target));
+        }
+        if let Ok(st) = rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+            && (st.st_dev, st.st_ino) == (first_stat.st_dev, first_stat.st_ino)
+        {
+            // Linked already (a rename onto the same file would do nothing).
+            return Ok(parent);
+        }
+        let temp = temp_name(&name)?;
+        rustix::fs::linkat(
+            &first_dir,
+            first.as_c_str(),
+            &parent,
+            temp.as_c_str(),
+            AtFlags::empty(),
+        )
+        .with_context(shown)?;
         rustix::fs::renameat(&parent, temp.as_c_str(), &parent, name.as_c_str()).with_context(
             || {
                 let _ = rustix::fs::unlinkat(&parent, temp.as_c_str(), AtFlags::empty());
-                format!("cannot put symlink {} in place", show(&e.path))
+                shown()
             },
-        )
+        )?;
+        Ok(parent)
     }
 
     /// Opens the temporary file an entry's data goes to: `.rcp-NAME.part`
@@ -401,7 +587,10 @@ impl Base {
             // umask applies), so that committing needs no chmod.
             let flags =
                 OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-            let mode = Mode::from_raw_mode(e.mode & 0o777);
+            // With metadata to apply, the owner keeps write access until
+            // then (setting an attribute on a read-only file is refused).
+            let mode_right = e.meta.is_none();
+            let mode = Mode::from_raw_mode(if mode_right { e.mode & 0o777 } else { 0o600 });
             match rustix::fs::openat(&parent, temp.as_c_str(), flags, mode) {
                 Ok(fd) => {
                     return Ok(PartFile {
@@ -410,6 +599,7 @@ impl Base {
                         temp,
                         name,
                         fresh: true,
+                        mode_right,
                     });
                 }
                 Err(rustix::io::Errno::EXIST) => {}
@@ -434,6 +624,7 @@ impl Base {
             temp,
             name,
             fresh: false,
+            mode_right: false,
         };
         if resume && rustix::fs::fstat(&incoming.fd)?.st_size == 0 {
             incoming.start_from_final()?;
@@ -531,21 +722,35 @@ impl PartFile {
     pub async fn commit(
         self,
         e: &Entry,
-        preserve: bool,
+        xattrs: &[Xattr],
+        how: Fidelity,
         sized: bool,
         engine: &Engine,
     ) -> anyhow::Result<Arc<DestDir>> {
         if !(self.fresh && sized) {
             rustix::fs::ftruncate(&self.fd, e.size)?;
         }
-        if preserve {
-            // Exactly the source's bits, setuid and all, whatever the umask.
-            rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(e.mode))?;
-        } else if !self.fresh {
+        if let Some(meta) = &e.meta {
+            // Owner first: a change of owner clears setuid bits, the mode
+            // below puts them back.
+            archive::apply(
+                Node::Fd(self.fd.as_fd()),
+                e.kind,
+                meta,
+                xattrs,
+                how.keep,
+                how.powers,
+            )?;
+        }
+        if how.preserve {
+            // Exactly the source's bits, setuid and all, whatever the umask
+            // (unless the powers say otherwise).
+            rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(how.powers.mode(e.mode)))?;
+        } else if !self.mode_right {
             let mode = e.mode & 0o777 & !umask();
             rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode))?;
         }
-        if preserve {
+        if how.preserve {
             rustix::fs::futimens(&self.fd, &times(e))?;
         }
         if self.parent.in_memory {
@@ -577,6 +782,17 @@ impl PartFile {
     pub fn discard(self) {
         let _ = rustix::fs::unlinkat(&self.parent, self.temp.as_c_str(), AtFlags::empty());
     }
+}
+
+/// What the receiver applies to each entry beyond its contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fidelity {
+    /// `-p`: modes exactly, and modification times.
+    pub preserve: bool,
+    /// `-o -g -D -X -A -H`.
+    pub keep: Keep,
+    /// What this process may do of it.
+    pub powers: Powers,
 }
 
 /// Copies up to `len` bytes from `from` to `to` at their file positions

@@ -52,6 +52,8 @@ pub fn params(
     Params {
         recursive,
         preserve,
+        keep: crate::archive::Keep::default(),
+        owners_allowed: true,
         verify,
         resume: false,
         chunk: t.chunk_size,
