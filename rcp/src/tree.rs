@@ -452,7 +452,7 @@ impl Base {
         let temp = temp_name(&name)?;
         rustix::fs::symlinkat(cstr(&e.target)?.as_c_str(), &parent, temp.as_c_str())
             .with_context(|| format!("cannot create symlink {}", show(&e.path)))?;
-        let placed = (|| {
+        let finish = || {
             if let Some(meta) = &e.meta {
                 let node = Node::At(parent.as_fd(), temp.as_c_str());
                 archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers)?;
@@ -465,11 +465,9 @@ impl Base {
                     AtFlags::SYMLINK_NOFOLLOW,
                 )?;
             }
-            rustix::fs::renameat(&parent, temp.as_c_str(), &parent, name.as_c_str())?;
-            anyhow::Ok(())
-        })();
-        placed.with_context(|| {
-            let _ = rustix::fs::unlinkat(&parent, temp.as_c_str(), AtFlags::empty());
+            Ok(())
+        };
+        put_in_place(&parent, &temp, &name, finish, || {
             format!("cannot put symlink {} in place", show(&e.path))
         })
     }
@@ -505,18 +503,13 @@ impl Base {
             rdev,
         )
         .with_context(|| format!("cannot create {}", show(&e.path)))?;
-        let placed = (|| {
+        let finish = || {
             let node = Node::At(parent.as_fd(), temp.as_c_str());
             archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers)?;
-            let mode = if how.preserve {
-                how.powers.mode(e.mode)
-            } else {
-                e.mode & 0o777 & !umask()
-            };
             rustix::fs::chmodat(
                 &parent,
                 temp.as_c_str(),
-                Mode::from_raw_mode(mode),
+                Mode::from_raw_mode(how.mode_of(e)),
                 AtFlags::empty(),
             )?;
             if how.preserve {
@@ -527,11 +520,9 @@ impl Base {
                     AtFlags::SYMLINK_NOFOLLOW,
                 )?;
             }
-            rustix::fs::renameat(&parent, temp.as_c_str(), &parent, name.as_c_str())?;
-            anyhow::Ok(())
-        })();
-        placed.with_context(|| {
-            let _ = rustix::fs::unlinkat(&parent, temp.as_c_str(), AtFlags::empty());
+            Ok(())
+        };
+        put_in_place(&parent, &temp, &name, finish, || {
             format!("cannot put {} in place", show(&e.path))
         })
     }
@@ -563,12 +554,7 @@ impl Base {
             AtFlags::empty(),
         )
         .with_context(shown)?;
-        rustix::fs::renameat(&parent, temp.as_c_str(), &parent, name.as_c_str()).with_context(
-            || {
-                let _ = rustix::fs::unlinkat(&parent, temp.as_c_str(), AtFlags::empty());
-                shown()
-            },
-        )?;
+        put_in_place(&parent, &temp, &name, || Ok(()), shown)?;
         Ok(parent)
     }
 
@@ -742,13 +728,10 @@ impl PartFile {
                 how.powers,
             )?;
         }
-        if how.preserve {
-            // Exactly the source's bits, setuid and all, whatever the umask
-            // (unless the powers say otherwise).
-            rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(how.powers.mode(e.mode)))?;
-        } else if !self.mode_right {
-            let mode = e.mode & 0o777 & !umask();
-            rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode))?;
+        if how.preserve || !self.mode_right {
+            // With -p exactly the source's bits, setuid and all, whatever
+            // the umask (unless the powers say otherwise).
+            rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(how.mode_of(e)))?;
         }
         if how.preserve {
             rustix::fs::futimens(&self.fd, &times(e))?;
@@ -793,6 +776,38 @@ pub struct Fidelity {
     pub keep: Keep,
     /// What this process may do of it.
     pub powers: Powers,
+}
+
+impl Fidelity {
+    /// The mode a received entry gets: the source's exactly with `-p` (as
+    /// far as the powers allow), else its permission bits under the umask.
+    fn mode_of(&self, e: &Entry) -> u32 {
+        if self.preserve {
+            self.powers.mode(e.mode)
+        } else {
+            e.mode & 0o777 & !umask()
+        }
+    }
+}
+
+/// Finishes `temp`, made in `parent` already, with `finish`, then renames
+/// it to `name`; on any failure the temporary name goes, and the error
+/// says `what`.
+fn put_in_place(
+    parent: &DestDir,
+    temp: &CString,
+    name: &CString,
+    finish: impl FnOnce() -> anyhow::Result<()>,
+    what: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    let placed = finish().and_then(|()| {
+        rustix::fs::renameat(parent, temp.as_c_str(), parent, name.as_c_str())?;
+        Ok(())
+    });
+    placed.with_context(|| {
+        let _ = rustix::fs::unlinkat(parent, temp.as_c_str(), AtFlags::empty());
+        what()
+    })
 }
 
 /// Copies up to `len` bytes from `from` to `to` at their file positions
