@@ -9,14 +9,14 @@ use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use test_support::{Scratch, free_port, pattern};
+use test_support::{Scratch, pattern};
 
-const RCP: &str = env!("CARGO_BIN_EXE_rcp");
+mod common;
+use common::{Daemon, RCP, fake_rsh, secret};
 const CHUNK: usize = 64 * 1024;
 
 fn is_root() -> bool {
@@ -371,53 +371,6 @@ fn rsync_copy(src: &Path, dst: &Path) {
         .arg(format!("{}/", dst.display())));
 }
 
-fn secret(t: &Scratch) -> PathBuf {
-    let p = t.path("secret");
-    std::fs::write(&p, "archive-0123456789abcdef-secret").unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    p
-}
-
-/// `rcp serve` with `extra` arguments, killed on drop.
-struct Daemon(std::process::Child, u16);
-
-impl Daemon {
-    fn start(root: &Path, secret: &Path, extra: &[&str]) -> Daemon {
-        let port = free_port();
-        let child = Command::new(RCP)
-            .args(["serve", "--transport", "tcp", "--listen"])
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--root")
-            .arg(root)
-            .arg("--secret-file")
-            .arg(secret)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let d = Daemon(child, port);
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return d;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        panic!("rcp serve did not start");
-    }
-
-    fn url(&self, p: &Path) -> String {
-        format!("rcp://127.0.0.1:{}{}", self.1, p.display())
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn rcp_archive(args: &[&OsStr]) {
     run(Command::new(RCP)
         .args(["-q", "-aHAX", "--chunk-size", "64K"])
@@ -484,8 +437,8 @@ fn archive_copies_match_rsync_in_every_mode() {
 
     // Daemon, push and pull (as root with --allow-owners, so owners and
     // device nodes are kept).
-    let key = secret(&t);
-    let daemon = Daemon::start(t.dir(), &key, &["--allow-owners"]);
+    let key = secret(&t, "key");
+    let daemon = Daemon::start_with(&[t.dir()], &key, &["--allow-owners"]);
     let pushed = t.path("pushed");
     rcp_archive(&[
         OsStr::new("--secret-file"),
@@ -505,15 +458,7 @@ fn archive_copies_match_rsync_in_every_mode() {
 
     // Remote shell: a stand-in for ssh that runs the far side here, and
     // three streams.
-    let rsh = t.path("fake-rsh");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let bin_dir = Path::new(RCP).parent().unwrap();
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let (rsh, path) = fake_rsh(&t);
     let shelled = t.path("shelled");
     run(Command::new(RCP)
         .args([
@@ -552,8 +497,8 @@ fn a_daemon_without_allow_owners_keeps_what_it_receives_its_own() {
             1, 0, 0, 2, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
         ],
     );
-    let key = secret(&t);
-    let daemon = Daemon::start(t.dir(), &key, &[]);
+    let key = secret(&t, "key");
+    let daemon = Daemon::start(&[t.dir()], &key);
     let dst = t.path("dst");
     rcp_archive(&[
         OsStr::new("--secret-file"),

@@ -2,14 +2,15 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, SystemTime};
 
 use rfabric::link::seal::{Before, Protection};
 use sha2::{Digest, Sha256};
-use test_support::{Scratch, free_port, pattern};
+use test_support::{Scratch, pattern};
 
-const RCP: &str = env!("CARGO_BIN_EXE_rcp");
+mod common;
+use common::{Daemon, RCP, fake_rsh, s, secret};
 
 fn rcp(args: &[&str]) -> Output {
     Command::new(RCP).args(args).output().expect("rcp runs")
@@ -47,10 +48,6 @@ fn sha256_file_digest(data: &[u8], chunk: usize) -> String {
 
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out.trim()).expect("one JSON object")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 /// No temporary `.rcp-*.part` files anywhere under `dir`.
@@ -458,78 +455,6 @@ fn attacks_on_the_path_are_refused_and_leave_nothing() {
     );
 }
 
-/// `rcp serve` on loopback, stopped on drop.
-struct Daemon {
-    child: Child,
-    port: u16,
-    /// Where its stderr goes.
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(roots: &[&Path], secret: &Path) -> Daemon {
-        Daemon::start_with(roots, secret, &[])
-    }
-
-    /// With `extra` arguments for `rcp serve`.
-    fn start_with(roots: &[&Path], secret: &Path, extra: &[&str]) -> Daemon {
-        let port = free_port();
-        let mut cmd = Command::new(RCP);
-        cmd.args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--transport",
-            "tcp",
-        ]);
-        cmd.args(["--secret-file", s(secret)]).args(extra);
-        for r in roots {
-            cmd.args(["--root", s(r)]);
-        }
-        let log =
-            std::env::temp_dir().join(format!("rcp-daemon-{}-{port}.log", std::process::id()));
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .env_remove("RUST_LOG")
-            .spawn()
-            .unwrap();
-        // Owned by the guard from here on: killed and reaped on drop.
-        let daemon = Daemon { child, port, log };
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return daemon;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        panic!("rcp serve did not start");
-    }
-
-    fn url(&self, path: &Path) -> String {
-        format!("rcp://127.0.0.1:{}{}", self.port, path.display())
-    }
-
-    /// What it logged so far.
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
-fn secret(t: &Scratch, name: &str) -> PathBuf {
-    let p = t.path(name);
-    std::fs::write(&p, format!("{name}-0123456789abcdef-secret")).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    p
-}
-
 #[test]
 fn daemon_push_and_pull_with_a_shared_secret() {
     let t = Scratch::new("daemon");
@@ -726,16 +651,7 @@ fn the_daemon_refuses_wrong_secrets_and_escapes() {
 #[test]
 fn remote_shell_mode_push_and_pull() {
     let t = Scratch::new("rsh");
-    // Stands in for ssh: drops the host, runs the command here.
-    let rsh = t.path("fake-rsh");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let bin_dir = Path::new(RCP).parent().unwrap();
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let (rsh, path) = fake_rsh(&t);
     let data = pattern(2_500_000, 3);
     std::fs::write(t.path("src"), &data).unwrap();
     let run = |args: &[&str]| {
