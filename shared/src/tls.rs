@@ -177,15 +177,22 @@ pub enum Credentials {
 /// Loaded credentials, shared by every connection.
 pub struct TlsServer {
     lib: &'static Lib,
+    /// `GNUTLS_CRD_CERTIFICATE` or `GNUTLS_CRD_PSK`.
     kind: c_int,
     cred: Cred,
-    psk: bool,
+}
+
+impl TlsServer {
+    /// Pre-shared keys, not certificates.
+    fn psk(&self) -> bool {
+        self.kind == GNUTLS_CRD_PSK
+    }
 }
 
 impl std::fmt::Debug for TlsServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TlsServer")
-            .field("psk", &self.psk)
+            .field("psk", &self.psk())
             .finish_non_exhaustive()
     }
 }
@@ -225,7 +232,6 @@ impl TlsServer {
                     lib,
                     kind: GNUTLS_CRD_CERTIFICATE,
                     cred,
-                    psk: false,
                 };
                 let (c, k) = (c_path(&cert)?, c_path(&key)?);
                 // SAFETY: a live credentials object, NUL-terminated paths.
@@ -252,7 +258,6 @@ impl TlsServer {
                     lib,
                     kind: GNUTLS_CRD_PSK,
                     cred,
-                    psk: true,
                 };
                 // GnuTLS reads the file at each handshake: check now that
                 // it is there and readable.
@@ -314,7 +319,7 @@ impl TlsServer {
         // SAFETY: a live session; the strings live through the calls; the
         // credentials outlive the session (it holds an Arc to them).
         unsafe {
-            let r = if self.psk {
+            let r = if self.psk() {
                 (lib.set_default_priority_append)(session, psk.as_ptr(), &mut err_pos, 0)
             } else {
                 (lib.set_default_priority)(session)
@@ -337,7 +342,7 @@ impl Drop for TlsServer {
     fn drop(&mut self) {
         // SAFETY: every session holds an Arc to this, so none is left.
         unsafe {
-            if self.psk {
+            if self.psk() {
                 (self.lib.psk_free_server_credentials)(self.cred)
             } else {
                 (self.lib.certificate_free_credentials)(self.cred)
