@@ -114,6 +114,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
     let engine = io_engine(&a.tuning, "rcp")?;
     let p = Params {
         resume: a.resume,
+        policy: a.policy(),
         streams: a.streams,
         keep: a.keep(),
         digest: a.digest.resolve(crate::digest::fips_mode())?,

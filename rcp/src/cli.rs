@@ -14,6 +14,10 @@ use rfabric::storage::EngineChoice;
 /// Copy files between nodes over RDMA (or TCP), pipelined, verified end
 /// to end (BLAKE3, or SHA-256) and authenticated, encrypted over TCP.
 ///
+/// As rsync, a file already at the destination with the same size and
+/// modification time is skipped (-c compares contents instead, -I sends
+/// everything), so running the same copy again sends only what changed.
+///
 /// Operands are local paths, [user@]host:path (rcp is started on the far
 /// side through --rsh, as scp does), or rcp://host[:port]/path (a running
 /// `rcp serve`, which needs --secret-file). The last operand is the
@@ -137,6 +141,27 @@ pub struct CopyArgs {
     /// existing destination file that way).
     #[arg(long)]
     pub resume: bool,
+    /// Compare files by chunk digests instead of size and time: a file
+    /// whose contents changed (whatever its size and time say) is updated
+    /// with only the chunks that differ; one whose contents are equal is
+    /// left as it is.
+    #[arg(short = 'c', long, conflicts_with_all = ["size_only", "ignore_times"])]
+    pub checksum: bool,
+    /// Skip a file that exists with the same size, whatever its time
+    /// (by default, the same size and modification time).
+    #[arg(long, conflicts_with = "ignore_times")]
+    pub size_only: bool,
+    /// Send every file whole, even one that is there with the same size
+    /// and time.
+    #[arg(short = 'I', long)]
+    pub ignore_times: bool,
+    /// Leave every name that exists at the destination as it is; copy
+    /// only what is missing.
+    #[arg(long)]
+    pub ignore_existing: bool,
+    /// Leave a file that is newer at the destination as it is.
+    #[arg(short = 'u', long)]
+    pub update: bool,
     /// Remote shell for host:path operands.
     #[arg(long, default_value = "ssh", value_name = "CMD")]
     pub rsh: String,
@@ -169,6 +194,26 @@ impl CopyArgs {
             xattrs: self.xattrs,
             acls: self.acls,
             hard_links: self.hard_links,
+        }
+    }
+
+    /// Which files are sent again: by default a file there with the same
+    /// size and modification time is skipped (rsync's quick check).
+    pub fn policy(&self) -> crate::resync::Policy {
+        use crate::resync::Check;
+        let check = if self.checksum {
+            Check::Checksum
+        } else if self.size_only {
+            Check::SizeOnly
+        } else if self.ignore_times {
+            Check::Never
+        } else {
+            Check::Quick
+        };
+        crate::resync::Policy {
+            check,
+            ignore_existing: self.ignore_existing,
+            update: self.update,
         }
     }
 

@@ -17,7 +17,9 @@
 //! special files and hard links: rsync's `-o -g -D -X -A -H`), [`send`] and
 //! [`recv`] (the two pipelines), [`arrivals`] (the receiver's rules of what
 //! may arrive when, sans I/O) and [`resume`] (the `Have` exchange, sans
-//! I/O), [`session`] (auth, request, pipelines),
+//! I/O), [`resync`] (which files are sent again: the quick check and its
+//! variants, sans I/O) and [`existing`] (what a re-sync finds at the
+//! destination), [`session`] (auth, request, pipelines),
 //! [`streams`] (striping a session over several links), [`connect`]
 //! (transport choice), [`shell`] (remote-shell mode), [`report`] (progress,
 //! the summary and the `--json` object, the outcome), [`digest`] (the
@@ -34,12 +36,14 @@ pub mod cli;
 pub mod connect;
 pub mod daemon;
 pub mod digest;
+pub mod existing;
 pub mod exit;
 pub mod operand;
 pub mod proto;
 pub mod recv;
 pub mod report;
 pub mod resume;
+pub mod resync;
 pub mod send;
 pub mod session;
 pub mod shell;

@@ -38,7 +38,20 @@ pub mod flags {
     pub const ACLS: u32 = 1 << 9;
     pub const HARD_LINKS: u32 = 1 << 10;
     pub const ARCHIVE: u32 = OWNER | GROUP | DEVICES | XATTRS | ACLS | HARD_LINKS;
-    pub const KNOWN: u32 = RECURSIVE | PRESERVE | RESUME | NO_VERIFY | BLAKE3 | ARCHIVE;
+    /// Re-sync (see `resync`): the receiver answers every file before its
+    /// data is sent (`EntriesWanted`, `EntriesSkipped` or `Have`),
+    /// comparing what is there by size and time, by size alone, or by
+    /// chunk digests (at most one of the three); a name that exists, or a
+    /// newer file, may be left alone. None of them: every file is sent
+    /// unasked, as before these flags (a peer from then refuses them).
+    pub const QUICK_CHECK: u32 = 1 << 11;
+    pub const SIZE_ONLY: u32 = 1 << 12;
+    pub const CHECKSUM: u32 = 1 << 13;
+    pub const IGNORE_EXISTING: u32 = 1 << 14;
+    pub const UPDATE: u32 = 1 << 15;
+    pub const CHECKS: u32 = QUICK_CHECK | SIZE_ONLY | CHECKSUM;
+    pub const RESYNC: u32 = CHECKS | IGNORE_EXISTING | UPDATE;
+    pub const KNOWN: u32 = RECURSIVE | PRESERVE | RESUME | NO_VERIFY | BLAKE3 | ARCHIVE | RESYNC;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -245,6 +258,16 @@ pub enum Msg {
         offset: u32,
         piece: Vec<u8>,
     },
+    /// Receiver → sender, re-sync: send all of these files (nothing of
+    /// them is there to keep).
+    EntriesWanted {
+        indices: Vec<u32>,
+    },
+    /// Receiver → sender, re-sync: these files are there already (their
+    /// metadata applied where asked): no data, and no other answer follows.
+    EntriesSkipped {
+        indices: Vec<u32>,
+    },
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -261,7 +284,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 17] = [
+const TAGS: [&str; 19] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -279,6 +302,8 @@ const TAGS: [&str; 17] = [
     "Whole",
     "EntriesOk",
     "Xattr",
+    "EntriesWanted",
+    "EntriesSkipped",
 ];
 
 impl Msg {
@@ -301,6 +326,8 @@ impl Msg {
             Msg::Whole { .. } => 15,
             Msg::EntriesOk { .. } => 16,
             Msg::Xattr { .. } => 17,
+            Msg::EntriesWanted { .. } => 18,
+            Msg::EntriesSkipped { .. } => 19,
         }
     }
 
@@ -371,7 +398,9 @@ impl Msg {
                 w.extend_from_slice(&chunks.to_le_bytes());
                 w.extend_from_slice(digest);
             }
-            Msg::EntriesOk { indices } => {
+            Msg::EntriesOk { indices }
+            | Msg::EntriesWanted { indices }
+            | Msg::EntriesSkipped { indices } => {
                 put_u32(&mut w, indices.len() as u32);
                 for i in indices {
                     put_u32(&mut w, *i);
@@ -519,17 +548,15 @@ impl Msg {
                     digest: r.array()?,
                 }
             }
-            16 => {
-                let n = r.u32()? as usize;
-                if n == 0 || n > MAX_OKS {
-                    return Err(ProtoError::BadField("entries_ok.count"));
-                }
-                let mut indices = Vec::with_capacity(n);
-                for _ in 0..n {
-                    indices.push(r.u32()?);
-                }
-                Msg::EntriesOk { indices }
-            }
+            16 => Msg::EntriesOk {
+                indices: r.indices()?,
+            },
+            18 => Msg::EntriesWanted {
+                indices: r.indices()?,
+            },
+            19 => Msg::EntriesSkipped {
+                indices: r.indices()?,
+            },
             17 => {
                 let index = r.u32()?;
                 let name = r.bytes(MAX_XATTR_NAME, "xattr.name")?;
@@ -656,9 +683,17 @@ impl<'a> Reader<'a> {
     fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtoError> {
         Ok(self.take(N)?.try_into().expect("N bytes"))
     }
+    /// 1..=[`MAX_OKS`] entry indices (`EntriesOk` and its kin).
+    fn indices(&mut self) -> Result<Vec<u32>, ProtoError> {
+        let n = self.u32()? as usize;
+        if n == 0 || n > MAX_OKS {
+            return Err(ProtoError::BadField("entries_ok.count"));
+        }
+        (0..n).map(|_| self.u32()).collect()
+    }
     fn flags(&mut self) -> Result<u32, ProtoError> {
         let f = self.u32()?;
-        if f & !flags::KNOWN != 0 {
+        if f & !flags::KNOWN != 0 || (f & flags::CHECKS).count_ones() > 1 {
             return Err(ProtoError::BadField("flags"));
         }
         Ok(f)
@@ -919,6 +954,10 @@ mod tests {
                 offset: 0,
                 piece: vec![],
             },
+            Msg::EntriesWanted {
+                indices: vec![3, 4],
+            },
+            Msg::EntriesSkipped { indices: vec![9] },
         ]
     }
 
@@ -1025,6 +1064,12 @@ mod tests {
             Msg::decode(&push(1 << 20, 1)),
             Err(ProtoError::BadField("flags"))
         );
+        // One way of comparing files at a time.
+        assert_eq!(
+            Msg::decode(&push(flags::QUICK_CHECK | flags::CHECKSUM, 1)),
+            Err(ProtoError::BadField("flags"))
+        );
+        assert!(Msg::decode(&push(flags::CHECKSUM | flags::UPDATE, 1)).is_ok());
         for streams in [0, MAX_STREAMS + 1] {
             assert_eq!(
                 Msg::decode(&push(0, streams)),
@@ -1111,13 +1156,23 @@ mod tests {
             Err(ProtoError::BadField("whole.kind"))
         );
         for n in [0, MAX_OKS + 1] {
-            let oks = Msg::EntriesOk {
-                indices: vec![1; n],
-            };
-            assert_eq!(
-                Msg::decode(&oks.encode()),
-                Err(ProtoError::BadField("entries_ok.count"))
-            );
+            let indices = vec![1; n];
+            for m in [
+                Msg::EntriesOk {
+                    indices: indices.clone(),
+                },
+                Msg::EntriesWanted {
+                    indices: indices.clone(),
+                },
+                Msg::EntriesSkipped {
+                    indices: indices.clone(),
+                },
+            ] {
+                assert_eq!(
+                    Msg::decode(&m.encode()),
+                    Err(ProtoError::BadField("entries_ok.count"))
+                );
+            }
         }
         let mut long = vec![4];
         long.extend_from_slice(&0u32.to_le_bytes());

@@ -8,6 +8,7 @@
 //! interrupted or corrupted copy never shows up under the final name.
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -22,7 +23,9 @@ use crate::digest::{self, Algorithm};
 use crate::exit::{Corrupted, Exit, PeerLost};
 use crate::proto::{Entry, EntryKind, FailKind, MAX_OKS, Msg, Verdict as EntryVerdict};
 use crate::report::{Failure, Progress, Stats};
+use crate::existing;
 use crate::resume::have_batches;
+use crate::resync::{Decision, Policy};
 use crate::streams::Merged;
 use crate::tree::{self, Base, DirSyncs, Fidelity, PartFile};
 use rfabric::storage::{Engine, Kind};
@@ -41,6 +44,8 @@ pub struct RecvOptions {
     pub digest: Algorithm,
     /// Keep what an interrupted copy left, tell the sender what is there.
     pub resume: bool,
+    /// Which files are sent again: the receiver answers each by it.
+    pub policy: Policy,
     /// The storage engine that writes the files.
     pub engine: Kind,
 }
@@ -61,6 +66,9 @@ struct File {
     known: Vec<Option<[u8; 32]>>,
     /// The file digest the sender gave with the file's end.
     digest: Option<[u8; 32]>,
+    /// `--checksum`: the file there, which `known` describes: the chunks
+    /// not sent are copied from it, or it stays if none was sent.
+    basis: Option<OwnedFd>,
 }
 
 /// What arrived.
@@ -73,8 +81,15 @@ pub struct Received {
     pub failed: Vec<Failure>,
 }
 
-/// A finished file's digest (verified copies), or what went wrong.
-type Verdict = Result<Option<(String, [u8; 32])>, Failure>;
+/// A finished file: its digest (verified copies), and whether it was
+/// there already (a comparison that found every chunk equal).
+struct Finished {
+    digest: Option<(String, [u8; 32])>,
+    unchanged: bool,
+}
+
+/// A finished file, or what went wrong.
+type Verdict = Result<Finished, Failure>;
 
 /// What kind of failure `e` is, from the types in it.
 fn kind_of(e: &anyhow::Error) -> FailKind {
@@ -130,6 +145,7 @@ pub async fn receive(
         how,
         answers: &answers,
         files: 0,
+        skipped: 0,
         dirs: Vec::new(),
         hard_links: Vec::new(),
         xattrs: XattrInbox::default(),
@@ -220,7 +236,10 @@ pub async fn receive(
     let mut failed = Vec::new();
     for f in finals {
         match f.await {
-            Ok(Ok(d)) => digests.extend(d),
+            Ok(Ok(f)) => {
+                digests.extend(f.digest);
+                new.skipped += u64::from(f.unchanged);
+            }
             Ok(Err(why)) => failed.push(why),
             Err(e) => failed.push(Failure {
                 path: "?".into(),
@@ -241,6 +260,7 @@ pub async fn receive(
     }
     result?;
     stats.files = new.files;
+    stats.skipped = new.skipped;
     // Other names of files once all files are in place (`-H`).
     for e in &new.hard_links {
         match base.make_hard_link(e) {
@@ -296,8 +316,10 @@ struct Creator<'a> {
     opts: RecvOptions,
     how: Fidelity,
     answers: &'a Answers,
-    /// Files created.
+    /// Files received (or found there already).
     files: u64,
+    /// Files there already: nothing of them was sent.
+    skipped: u64,
     /// Directories created, in order, with their extended attributes
     /// (their metadata, modes and times come last).
     dirs: Vec<(Entry, Vec<Xattr>)>,
@@ -319,14 +341,6 @@ impl Creator<'_> {
         e: Entry,
         end: Option<(u64, [u8; 32])>,
     ) -> anyhow::Result<Vec<Action<Chunk>>> {
-        let shape = match e.kind {
-            EntryKind::File => Shape::File {
-                size: e.size,
-                chunk: e.chunk,
-                sent: end.map(|(sent, _)| sent),
-            },
-            _ => Shape::Other,
-        };
         if e.meta.is_some() != self.opts.keep.any() {
             bail!("entry {} does not match the request's metadata", e.index);
         }
@@ -339,32 +353,60 @@ impl Creator<'_> {
             bail!("entry {} is of a kind the request did not ask for", e.index);
         }
         let xattrs = self.xattrs.take(e.index, e.meta.map_or(0, |m| m.xattrs))?;
+        let asks = self.opts.policy.asks() || self.opts.resume;
+        if asks && end.is_some() {
+            bail!("entry {} came with its data before it was answered", e.index);
+        }
+        // What to do with a file whose name is there already (re-sync).
+        let (decision, there) = match e.kind {
+            EntryKind::File if self.opts.policy.asks() => {
+                let (found, st) = existing::look(self.base, &e)?;
+                (self.opts.policy.decide(&e, found), st)
+            }
+            _ => (Decision::Send, None),
+        };
+        let shape = match (e.kind, decision) {
+            (EntryKind::File, Decision::Send | Decision::Compare) => Shape::File {
+                size: e.size,
+                chunk: e.chunk,
+                sent: end.map(|(sent, _)| sent),
+            },
+            _ => Shape::Other,
+        };
         let actions = arrivals.announce(e.index, shape)?;
         match e.kind {
-            EntryKind::File => match self.base.create_file(&e, self.opts.resume) {
-                Ok(out) => {
-                    self.files += 1;
-                    let out = Arc::new(out);
-                    let known = if self.opts.resume {
-                        tell_what_is_there(self.link, &e, &out, self.opts.digest).await?
-                    } else {
-                        Vec::new()
+            EntryKind::File => {
+                self.files += 1;
+                if let Decision::Skip { metadata } = decision {
+                    let r = match &there {
+                        Some(st) if metadata => {
+                            existing::refresh(self.base, &e, &xattrs, self.how, st)
+                        }
+                        _ => Ok(()),
                     };
-                    let file = File {
-                        entry: e,
-                        xattrs,
-                        out,
-                        writes: Vec::new(),
-                        known,
-                        digest: end.map(|(_, digest)| digest),
-                    };
-                    files.insert(file.entry.index, file);
+                    match r {
+                        Ok(()) => {
+                            self.skipped += 1;
+                            self.answers.skipped(e.index);
+                        }
+                        Err(err) => self.answers.send(e.index, Err(failed(&err))),
+                    }
+                    return Ok(actions);
                 }
-                Err(err) => {
-                    self.answers.send(e.index, Err(failed(&err)));
-                    bail!("{}: {err:#}", tree::show(&e.path));
+                // A basis that cannot be read is no basis: all is sent.
+                let basis = match decision {
+                    Decision::Compare if !self.opts.resume => {
+                        existing::open_regular(self.base, &e).ok()
+                    }
+                    _ => None,
+                };
+                let told = basis.is_some() || self.opts.resume;
+                let file = self.open_file(e, xattrs, end, basis).await?;
+                if asks && !told {
+                    self.answers.wanted(file.entry.index);
                 }
-            },
+                files.insert(file.entry.index, file);
+            }
             EntryKind::Dir => {
                 let r = self.base.make_dir(&e).map_err(|err| failed(&err));
                 let failed = r.is_err();
@@ -391,6 +433,59 @@ impl Creator<'_> {
             }
         }
         Ok(actions)
+    }
+}
+
+impl Creator<'_> {
+    /// The temporary file of entry `e`; with resume, or a `basis` to
+    /// compare with, the sender is told the digests of what is there.
+    async fn open_file(
+        &mut self,
+        e: Entry,
+        xattrs: Vec<Xattr>,
+        end: Option<(u64, [u8; 32])>,
+        basis: Option<OwnedFd>,
+    ) -> anyhow::Result<File> {
+        let out = match self.base.create_file(&e, self.opts.resume) {
+            Ok(out) => Arc::new(out),
+            Err(err) => {
+                self.answers.send(e.index, Err(failed(&err)));
+                bail!("{}: {err:#}", tree::show(&e.path));
+            }
+        };
+        let alg = self.opts.digest;
+        let (size, chunk) = (e.size, e.chunk);
+        let (basis, digests) = if self.opts.resume {
+            let o = Arc::clone(&out);
+            let d = tokio::task::spawn_blocking(move || o.existing_digests(size, chunk, alg));
+            (None, Some(d.await??))
+        } else if let Some(fd) = basis {
+            let d = tokio::task::spawn_blocking(move || {
+                existing::chunk_digests(&fd, size, chunk, alg).map(|d| (fd, d))
+            });
+            let (fd, d) = d.await??;
+            (Some(fd), Some(d))
+        } else {
+            (None, None)
+        };
+        let known = match digests {
+            Some(digests) => {
+                for msg in have_batches(e.index, &digests) {
+                    self.link.send_message(&msg.encode()).await?;
+                }
+                digests.into_iter().map(Some).collect()
+            }
+            None => Vec::new(),
+        };
+        Ok(File {
+            entry: e,
+            xattrs,
+            out,
+            writes: Vec::new(),
+            known,
+            digest: end.map(|(_, digest)| digest),
+            basis,
+        })
     }
 }
 
@@ -470,13 +565,17 @@ async fn finish_file(
         writes,
         known,
         digest,
+        basis,
     } = file;
     let digest = digest.expect("finished files have ended");
+    let from_basis = known.len();
     let mut chunks = known;
+    let mut received = Vec::new();
     let mut error: Option<(FailKind, String)> = None;
     for w in writes {
         match w.await {
             Ok(Ok((k, d))) => {
+                received.push(k);
                 if chunks.len() <= k as usize {
                     chunks.resize(k as usize + 1, None);
                 }
@@ -504,27 +603,61 @@ async fn finish_file(
             ));
         }
     }
-    let result = match error {
-        Some(e) => {
+    let count = entry.size.div_ceil(u64::from(entry.chunk.max(1)));
+    let mut unchanged = false;
+    let result = match (error, basis) {
+        (Some(e), _) => {
             out.discard();
             Err(e)
         }
-        None => {
+        (None, Some(basis)) => {
+            // Compared chunk by chunk: the old file stays if nothing was
+            // sent and nothing was missing; else the new one is the old
+            // one's equal chunks and the chunks sent.
+            let same = received.is_empty()
+                && from_basis as u64 == count
+                && rustix::fs::fstat(&basis).is_ok_and(|st| st.st_size as u64 == entry.size);
+            if same {
+                out.discard();
+                unchanged = true;
+                existing::refresh_fd(&basis, &entry, &xattrs, how).map_err(|e| failed(&e))
+            } else {
+                received.sort_unstable();
+                let keep: Vec<u64> = (0..from_basis as u64)
+                    .filter(|k| received.binary_search(k).is_err())
+                    .collect();
+                let filled = existing::fill_from(&basis, &out, &keep, entry.size, entry.chunk);
+                match filled {
+                    Ok(()) => out
+                        .commit(&entry, &xattrs, how, false, &engine)
+                        .await
+                        .map(|dir| syncs.lock().expect("dir lock").add(dir))
+                        .map_err(|e| failed(&e)),
+                    Err(e) => {
+                        out.discard();
+                        Err(failed(&e))
+                    }
+                }
+            }
+        }
+        (None, None) => {
             // Whether the last chunk was written (then the file ends where it
             // should; else its tail is a hole still to be sized).
-            let count = entry.size.div_ceil(u64::from(entry.chunk.max(1)));
             let sized = count == 0 || chunks.get(count as usize - 1).is_some_and(Option::is_some);
             out.commit(&entry, &xattrs, how, sized, &engine)
                 .await
+                // One open fd per distinct directory, not per file.
+                .map(|dir| syncs.lock().expect("dir lock").add(dir))
                 .map_err(|e| failed(&e))
         }
     };
-    // One open fd per distinct directory, not per file.
-    let result = result.map(|dir| syncs.lock().expect("dir lock").add(dir));
     match result {
         Ok(()) => {
             answers.send(entry.index, Ok(()));
-            Ok(opts.verify.then(|| (tree::show(&entry.path), digest)))
+            Ok(Finished {
+                digest: opts.verify.then(|| (tree::show(&entry.path), digest)),
+                unchanged,
+            })
         }
         Err((kind, reason)) => {
             answers.send(entry.index, Err((kind, reason.clone())));
@@ -537,42 +670,39 @@ async fn finish_file(
     }
 }
 
-/// Resume: hashes the whole chunks already in the temporary file and sends
-/// their digests; returns them as the file's known chunks.
-async fn tell_what_is_there(
-    link: &Link,
-    e: &Entry,
-    out: &Arc<PartFile>,
-    alg: Algorithm,
-) -> anyhow::Result<Vec<Option<[u8; 32]>>> {
-    let (o, size, chunk) = (Arc::clone(out), e.size, e.chunk);
-    let digests =
-        tokio::task::spawn_blocking(move || o.existing_digests(size, chunk, alg)).await??;
-    for msg in have_batches(e.index, &digests) {
-        link.send_message(&msg.encode()).await?;
-    }
-    Ok(digests.into_iter().map(Some).collect())
+/// What the receiver says of an entry.
+#[derive(Debug)]
+enum Answer {
+    /// In place, or why not.
+    Verdict(EntryVerdict),
+    /// Re-sync: send all of it.
+    Wanted,
+    /// Re-sync: it is there already.
+    Skipped,
 }
 
 /// The receiver's answers about entries, sent by a task of their own:
-/// successes that pile up while it sends go out together in one
-/// `EntriesOk`.
+/// answers of one kind that pile up while it sends go out together
+/// (`EntriesWanted`, `EntriesSkipped`, `EntriesOk`), the wanted first:
+/// the sender waits for those.
 #[derive(Debug, Clone)]
-struct Answers(mpsc::UnboundedSender<(u32, EntryVerdict)>);
+struct Answers(mpsc::UnboundedSender<(u32, Answer)>);
 
 impl Answers {
     fn start(link: Link) -> (Answers, JoinHandle<anyhow::Result<()>>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<(u32, EntryVerdict)>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Answer)>();
         let task = tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
                 // Let the finishing files that are running add theirs.
                 tokio::task::yield_now().await;
-                let mut oks = Vec::new();
+                let (mut oks, mut wanted, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
                 let mut next = Some(first);
-                while let Some((index, result)) = next {
-                    match result {
-                        Ok(()) => oks.push(index),
-                        Err((kind, reason)) => {
+                while let Some((index, answer)) = next {
+                    match answer {
+                        Answer::Verdict(Ok(())) => oks.push(index),
+                        Answer::Wanted => wanted.push(index),
+                        Answer::Skipped => skipped.push(index),
+                        Answer::Verdict(Err((kind, reason))) => {
                             let m = Msg::EntryFailed {
                                 index,
                                 kind,
@@ -581,13 +711,17 @@ impl Answers {
                             link.send_message(&m.encode()).await?;
                         }
                     }
-                    if oks.len() == MAX_OKS {
+                    if [&oks, &wanted, &skipped].iter().any(|v| v.len() == MAX_OKS) {
                         break;
                     }
                     next = rx.try_recv().ok();
                 }
-                if !oks.is_empty() {
-                    let m = Msg::EntriesOk { indices: oks };
+                let batches = [
+                    (!wanted.is_empty()).then_some(Msg::EntriesWanted { indices: wanted }),
+                    (!skipped.is_empty()).then_some(Msg::EntriesSkipped { indices: skipped }),
+                    (!oks.is_empty()).then_some(Msg::EntriesOk { indices: oks }),
+                ];
+                for m in batches.into_iter().flatten() {
                     link.send_message(&m.encode()).await?;
                 }
             }
@@ -597,7 +731,19 @@ impl Answers {
     }
 
     fn send(&self, index: u32, result: EntryVerdict) {
+        self.say(index, Answer::Verdict(result));
+    }
+
+    fn wanted(&self, index: u32) {
+        self.say(index, Answer::Wanted);
+    }
+
+    fn skipped(&self, index: u32) {
+        self.say(index, Answer::Skipped);
+    }
+
+    fn say(&self, index: u32, answer: Answer) {
         // The task outlives every sender; a failed link shows up there.
-        let _ = self.0.send((index, result));
+        let _ = self.0.send((index, answer));
     }
 }

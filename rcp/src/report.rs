@@ -15,6 +15,8 @@ use crate::proto::FailKind;
 pub struct Stats {
     pub bytes: u64,
     pub files: u64,
+    /// Files whose data was not sent: there already (re-sync).
+    pub skipped: u64,
     /// Data bytes carried by each stream (link) of the session.
     pub stream_bytes: Vec<u64>,
     /// Some entry failed.
@@ -112,6 +114,8 @@ pub struct Summary {
     /// nothing failed: a digest next to a failure would read as a promise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// Files whose data was not sent, as they were there already.
+    pub skipped: u64,
     /// Data bytes carried by each stream.
     pub stream_bytes: Vec<u64>,
     pub streams: usize,
@@ -138,6 +142,7 @@ impl Summary {
             ok,
             seconds: r.seconds,
             sha256: shown(Algorithm::Sha256),
+            skipped: r.stats.skipped,
             stream_bytes: r.stats.stream_bytes.clone(),
             streams: r.streams,
             transport: r.transport,
@@ -159,8 +164,12 @@ fn rate(r: &Report) -> f64 {
 
 /// The line a person reads on stderr at the end of a copy.
 pub fn human_line(r: &Report) -> String {
+    let skipped = match r.stats.skipped {
+        0 => String::new(),
+        n => format!(" ({n} there already)"),
+    };
     let line = format!(
-        "{} file(s), {} bytes in {:.2} s ({:.1} MB/s) over {}, {}",
+        "{} file(s){skipped}, {} bytes in {:.2} s ({:.1} MB/s) over {}, {}",
         r.stats.files,
         r.stats.bytes,
         r.seconds,
@@ -206,6 +215,7 @@ mod tests {
             stats: Stats {
                 bytes: 300_000,
                 files: 1,
+                skipped: 0,
                 stream_bytes: vec![200_000, 100_000],
                 failed: false,
             },
@@ -227,7 +237,7 @@ mod tests {
             concat!(
                 r#"{{"bytes":300000,"bytes_per_second":600000.0,"digest":"sha256","encrypted":true,"#,
                 r#""files":1,"#,
-                r#""io_engine":"threads","ok":true,"seconds":0.5,"sha256":"{}","#,
+                r#""io_engine":"threads","ok":true,"seconds":0.5,"sha256":"{}","skipped":0,"#,
                 r#""stream_bytes":[200000,100000],"streams":2,"transport":"tcp"}}"#
             ),
             "ab".repeat(32)
@@ -263,6 +273,7 @@ mod tests {
                 "io_engine",
                 "ok",
                 "seconds",
+                "skipped",
                 "stream_bytes",
                 "streams",
                 "transport"
@@ -282,8 +293,10 @@ mod tests {
         );
         let r = report(Some(Algorithm::Sha256), None, vec![]);
         assert!(human_line(&r).ends_with("over tcp, encrypted, verified with sha256"));
-        let r = report(None, None, vec![]);
+        let mut r = report(None, None, vec![]);
         assert!(human_line(&r).ends_with("over tcp, encrypted"));
+        r.stats.skipped = 1;
+        assert!(human_line(&r).starts_with("1 file(s) (1 there already), 300000 bytes"));
         let r = report(Some(Algorithm::Blake3), Some([0; 32]), vec![failure()]);
         assert_eq!(
             human_line(&r),

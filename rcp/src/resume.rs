@@ -54,6 +54,11 @@ impl Haves {
         self.asked.insert(index, Vec::new());
     }
 
+    /// Entry `index` was answered otherwise: no digests come for it.
+    pub fn forget(&mut self, index: u32) {
+        self.asked.remove(&index);
+    }
+
     /// Whether entry `index` was asked about and its digests are not all in.
     pub fn is_waiting(&self, index: u32) -> bool {
         self.asked.contains_key(&index)

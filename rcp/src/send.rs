@@ -23,6 +23,7 @@ use crate::exit::PeerLost;
 use crate::proto::{Entry, EntryKind, Msg, Verdict};
 use crate::report::{Failure, Progress, Stats};
 use crate::resume;
+use crate::resync::Policy;
 use crate::tree::{self, Item, Walker};
 use rfabric::storage::{Engine, Kind};
 
@@ -45,6 +46,8 @@ pub struct SendOptions {
     pub digest: Algorithm,
     /// Ask the receiver what it has of each file; send only what differs.
     pub resume: bool,
+    /// Which files are sent again (the receiver decides by it).
+    pub policy: Policy,
     pub chunk: usize,
     /// Buffers read ahead.
     pub buffers: usize,
@@ -57,6 +60,9 @@ pub struct SendOptions {
 const WALK_BATCH: usize = 32;
 const WALK_BATCHES: usize = 4;
 
+/// What the sender does next, in the order of the wire's message stream.
+/// With re-sync, entries go a window ahead of the data of earlier files,
+/// so a file's chunks and end are not next to its entry.
 enum Step {
     Msg(Msg),
     Chunk {
@@ -67,14 +73,37 @@ enum Step {
         /// A file of this one chunk, announced (with its end) once the
         /// chunk is read and hashed.
         whole: Option<Entry>,
+        /// The receiver has a chunk with this digest there: an equal one
+        /// is not sent.
+        there: Option<[u8; 32]>,
     },
     End {
         index: u32,
         size: u64,
         chunk: u32,
         path: Vec<u8>,
+        /// Its chunks were compared with the receiver's: none sent means
+        /// it was there already.
+        compared: bool,
     },
+    /// The receiver has this file already: nothing of it is sent.
+    Skipped,
 }
+
+/// The receiver's answer to a file announced ahead of its data.
+#[derive(Debug)]
+enum Wanted {
+    /// Every chunk.
+    All,
+    /// The chunks that differ from these (chunk `k`'s digest at `k`).
+    Except(Vec<[u8; 32]>),
+    /// Nothing: it is there already, or it failed there.
+    Nothing,
+}
+
+/// Files announced whose answer the sender may wait for at once: their
+/// open files and the receiver's temporary files are bounded by it.
+const ASK_AHEAD: usize = 64;
 
 /// What the receiver said about each entry.
 #[derive(Debug, Default)]
@@ -149,13 +178,49 @@ pub async fn send(
     let (steps_tx, mut steps) = mpsc::channel::<Step>(opts.buffers.max(2));
     // An xattr piece and its message's other fields fit one message.
     let xattr_piece = link.max_message().saturating_sub(300);
-    let planner = {
-        let pool = Arc::clone(&pool);
-        let engine = engine.clone();
+    let planner = Planner {
+        chunk,
+        xattr_piece,
+        opts,
+        pool: Arc::clone(&pool),
+        engine: engine.clone(),
+        steps: steps_tx,
+    };
+    let asking: Asking = Arc::default();
+    // Files announced ahead of their data, waiting for their answers.
+    let (ahead_tx, mut ahead) = mpsc::channel::<(FileToSend, Answer)>(ASK_AHEAD);
+    let feeder = {
+        let planner = planner.clone();
         tokio::spawn(async move {
+            while let Some((file, answer)) = ahead.recv().await {
+                // The answer goes missing only if the receiver went away.
+                let wanted = answer.await.unwrap_or(Wanted::Nothing);
+                planner.data(file, wanted).await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+    let planner = {
+        let asking = Arc::clone(&asking);
+        tokio::spawn(async move {
+            let asks = opts.policy.asks() || opts.resume;
             while let Some(batch) = items.recv().await {
                 for item in batch {
-                    plan(item?, chunk, xattr_piece, opts, &pool, &engine, &steps_tx).await?;
+                    let item = item?;
+                    if !asks {
+                        planner.plan(item).await?;
+                        continue;
+                    }
+                    // Waited for before the entry goes: the answer may
+                    // come right after.
+                    let answer = (item.file.is_some())
+                        .then(|| asking.lock().expect("asking lock").ask(item.entry.index));
+                    let file = planner.announce(item).await;
+                    if let (Some(file), Some(answer)) = (file, answer)
+                        && ahead_tx.send((file, answer)).await.is_err()
+                    {
+                        break;
+                    }
                 }
             }
             anyhow::Ok(())
@@ -163,13 +228,16 @@ pub async fn send(
     };
 
     // Answers from the receiver, concurrently.
-    let haves: Haves = Arc::default();
     let answers = {
         let link = link.clone();
-        let haves = Arc::clone(&haves);
-        tokio::spawn(async move { collect_answers(&link, &haves).await })
+        let asking = Arc::clone(&asking);
+        tokio::spawn(async move {
+            let r = collect_answers(&link, &asking).await;
+            // No answer comes any more: nothing waits for one.
+            asking.lock().expect("asking lock").answers.clear();
+            r
+        })
     };
-    let mut have: Vec<[u8; 32]> = Vec::new();
 
     let mut ledger = Ledger {
         verify: opts.verify,
@@ -177,40 +245,37 @@ pub async fn send(
     };
     let tamper = tamper_hook();
     let mut chunks_sent = 0u64;
+    // The file whose chunks come now (with re-sync, other files' entries
+    // come between them), its chunk digests, and how many of its chunks
+    // were handed to the stripers.
+    let mut current: Option<u32> = None;
     let mut digests: Vec<Option<[u8; 32]>> = Vec::new();
-    // Chunks of the current file handed to the stripers.
     let mut file_chunks = 0u64;
     while let Some(step) = steps.recv().await {
         match step {
             Step::Msg(m) => {
-                let mut waiting = None;
                 if let Msg::Whole { entry, digest, .. } = &m {
                     ledger.whole_file(entry, *digest);
                 }
                 if let Msg::Entry(e) = &m {
                     ledger.announce(e);
-                    digests.clear();
-                    file_chunks = 0;
-                    if e.kind == EntryKind::File && opts.resume {
-                        let (tx, rx) = tokio::sync::oneshot::channel();
-                        let mut r = haves.lock().expect("haves lock");
-                        r.haves.ask(e.index);
-                        r.waiting.insert(e.index, tx);
-                        waiting = Some(rx);
-                    }
                 }
                 link.send_message(&m.encode()).await?;
-                if let Some(rx) = waiting {
-                    have = rx.await.context("the receiver did not say what it has")?;
-                }
             }
+            Step::Skipped => ledger.stats.skipped += 1,
             Step::Chunk {
                 index,
                 k,
                 offset,
                 read,
                 whole,
+                there,
             } => {
+                if current != Some(index) {
+                    current = Some(index);
+                    digests.clear();
+                    file_chunks = 0;
+                }
                 let (mut buf, digest) = read.await??;
                 if let Some(entry) = whole {
                     let file = if opts.verify {
@@ -242,7 +307,7 @@ pub async fn send(
                     digests.resize(k as usize + 1, None);
                 }
                 digests[k as usize] = Some(digest);
-                if opts.resume && have.get(k as usize) == Some(&digest) {
+                if there == Some(digest) {
                     // Already there: nothing to send.
                     drop(buf);
                     continue;
@@ -265,7 +330,17 @@ pub async fn send(
                 size,
                 chunk,
                 path,
+                compared,
             } => {
+                if current != Some(index) {
+                    // No chunk of it was read (empty, or all holes).
+                    current = Some(index);
+                    digests.clear();
+                    file_chunks = 0;
+                }
+                if compared && file_chunks == 0 {
+                    ledger.stats.skipped += 1;
+                }
                 let digest = if opts.verify {
                     opts.digest.file_digest(size, chunk, &digests)
                 } else {
@@ -282,6 +357,7 @@ pub async fn send(
         }
     }
     planner.await??;
+    feeder.await??;
     walker.await?;
     let done = Msg::Done {
         entries: ledger.entries,
@@ -417,109 +493,192 @@ fn stripe(links: &[Link], pool: &Arc<BufferPool>) -> anyhow::Result<Stripers> {
     Ok((tx, tasks))
 }
 
-/// Steps for one walked item: its extended attributes, its entry, reads of its data chunks (holes
-/// are skipped: sparse files stay sparse), its end.
-async fn plan(
-    item: Item,
+/// What plans the steps of walked items.
+#[derive(Clone)]
+struct Planner {
     chunk: usize,
+    /// An xattr piece and its message's other fields fit one message.
     xattr_piece: usize,
     opts: SendOptions,
-    pool: &Arc<BufferPool>,
-    engine: &Engine,
-    steps: &mpsc::Sender<Step>,
-) -> anyhow::Result<()> {
-    let mut entry = item.entry;
-    // Extended attributes go ahead of their entry.
-    for m in archive::xattr_messages(entry.index, &item.xattrs, xattr_piece) {
-        let _ = steps.send(Step::Msg(m)).await;
-    }
-    let Some(file) = item.file else {
-        let _ = steps.send(Step::Msg(Msg::Entry(entry))).await;
-        return Ok(());
-    };
-    entry.chunk = chunk as u32;
-    let (index, size, path) = (entry.index, entry.size, entry.path.clone());
-    // Resuming compares every chunk (a hole now may be data at the other
-    // end); a file with storage for every byte has no holes to skip.
-    let chunks = if opts.resume || item.dense {
-        (0..size.div_ceil(chunk as u64)).collect()
-    } else {
-        data_chunks(&file, size, chunk as u64)?
-    };
-    // Small files go out as one message and their chunk: no separate end.
-    // (Resuming needs the receiver's answer between entry and data.)
-    let mut whole = None;
-    match chunks.len() {
-        0 if !opts.resume => {
-            let digest = if opts.verify {
-                opts.digest.file_digest(size, chunk as u32, &[])
-            } else {
-                [0; 32]
-            };
-            let m = Msg::Whole {
-                entry,
-                chunks: 0,
-                digest,
-            };
-            let _ = steps.send(Step::Msg(m)).await;
+    pool: Arc<BufferPool>,
+    engine: Engine,
+    steps: mpsc::Sender<Step>,
+}
+
+/// A file announced, its data still to be planned.
+struct FileToSend {
+    index: u32,
+    size: u64,
+    path: Vec<u8>,
+    file: OwnedFd,
+    dense: bool,
+}
+
+impl Planner {
+    /// Steps for one walked item, sent unasked: its extended attributes,
+    /// its entry, reads of its data chunks (holes are skipped: sparse files
+    /// stay sparse), its end. A file of at most one chunk goes as one
+    /// message (`Whole`) and its chunk.
+    async fn plan(&self, mut item: Item) -> anyhow::Result<()> {
+        self.send_xattrs(&item).await;
+        let Some(file) = item.file.take() else {
+            let _ = self.steps.send(Step::Msg(Msg::Entry(item.entry))).await;
             return Ok(());
-        }
-        1 if !opts.resume => whole = Some(entry),
-        _ => {
-            let _ = steps.send(Step::Msg(Msg::Entry(entry))).await;
-        }
-    }
-    let one_message = whole.is_some();
-    let file = Arc::new(file);
-    let hash = opts.verify || opts.resume;
-    for k in chunks {
-        let offset = k * chunk as u64;
-        let len = (size - offset).min(chunk as u64) as usize;
-        let buf = pool.acquire().await;
-        let (file, engine) = (Arc::clone(&file), engine.clone());
-        let shown = tree::show(&path);
-        let read = tokio::spawn(async move {
-            let buf = read_full(&engine, &file, offset, len, buf)
-                .await
-                .with_context(|| format!("reading {shown} at offset {offset}"))?;
-            let alg = opts.digest;
-            let digest = if hash && buf.len() <= crate::recv::INLINE_HASH {
-                let d = alg.chunk(buf.data());
-                (buf, d)
-            } else if hash {
-                tokio::task::spawn_blocking(move || {
-                    let d = alg.chunk(buf.data());
-                    (buf, d)
-                })
-                .await?
-            } else {
-                (buf, [0; 32])
-            };
-            Ok(digest)
-        });
-        let step = Step::Chunk {
-            index,
-            k,
-            offset,
-            read,
-            whole: whole.take(),
         };
-        if steps.send(step).await.is_err() {
-            return Ok(());
+        let mut entry = item.entry;
+        entry.chunk = self.chunk as u32;
+        let chunk = self.chunk as u64;
+        let chunks = if item.dense {
+            (0..entry.size.div_ceil(chunk)).collect()
+        } else {
+            data_chunks(&file, entry.size, chunk)?
+        };
+        let file = FileToSend {
+            index: entry.index,
+            size: entry.size,
+            path: entry.path.clone(),
+            file,
+            dense: item.dense,
+        };
+        match chunks.len() {
+            0 => {
+                let digest = if self.opts.verify {
+                    self.opts.digest.file_digest(entry.size, entry.chunk, &[])
+                } else {
+                    [0; 32]
+                };
+                let m = Msg::Whole {
+                    entry,
+                    chunks: 0,
+                    digest,
+                };
+                let _ = self.steps.send(Step::Msg(m)).await;
+                Ok(())
+            }
+            1 => self.reads(file, chunks, Some(entry), None).await,
+            _ => {
+                let _ = self.steps.send(Step::Msg(Msg::Entry(entry))).await;
+                self.reads(file, chunks, None, None).await
+            }
         }
     }
-    if one_message {
-        return Ok(());
+
+    /// An item's extended attributes and entry, to be answered by the
+    /// receiver before any data: the file, if it is one.
+    async fn announce(&self, mut item: Item) -> Option<FileToSend> {
+        self.send_xattrs(&item).await;
+        if item.file.is_some() {
+            item.entry.chunk = self.chunk as u32;
+        }
+        let file = item.file.take().map(|file| FileToSend {
+            index: item.entry.index,
+            size: item.entry.size,
+            path: item.entry.path.clone(),
+            file,
+            dense: item.dense,
+        });
+        let _ = self.steps.send(Step::Msg(Msg::Entry(item.entry))).await;
+        file
     }
-    let _ = steps
-        .send(Step::End {
+
+    /// Extended attributes go ahead of their entry.
+    async fn send_xattrs(&self, item: &Item) {
+        let index = item.entry.index;
+        for m in archive::xattr_messages(index, &item.xattrs, self.xattr_piece) {
+            let _ = self.steps.send(Step::Msg(m)).await;
+        }
+    }
+
+    /// The data of an announced file, as the receiver wants it.
+    async fn data(&self, file: FileToSend, wanted: Wanted) -> anyhow::Result<()> {
+        let chunk = self.chunk as u64;
+        let count = file.size.div_ceil(chunk);
+        let (chunks, there) = match wanted {
+            Wanted::Nothing => {
+                let _ = self.steps.send(Step::Skipped).await;
+                return Ok(());
+            }
+            Wanted::All if file.dense => ((0..count).collect(), None),
+            Wanted::All => (data_chunks(&file.file, file.size, chunk)?, None),
+            // Comparing means every chunk (a hole here may be data there).
+            Wanted::Except(digests) => ((0..count).collect(), Some(digests)),
+        };
+        self.reads(file, chunks, None, there).await
+    }
+
+    /// Reads (and hashes) `chunks` of `file`, then its end (unless `whole`
+    /// announces it with its one chunk). `there`: the receiver's digests
+    /// of the chunks it has.
+    async fn reads(
+        &self,
+        file: FileToSend,
+        chunks: Vec<u64>,
+        mut whole: Option<Entry>,
+        there: Option<Vec<[u8; 32]>>,
+    ) -> anyhow::Result<()> {
+        let FileToSend {
             index,
             size,
-            chunk: chunk as u32,
             path,
-        })
-        .await;
-    Ok(())
+            file,
+            ..
+        } = file;
+        let one_message = whole.is_some();
+        let compared = there.is_some();
+        let file = Arc::new(file);
+        let opts = self.opts;
+        let hash = opts.verify || opts.resume || compared;
+        let chunk = self.chunk as u64;
+        for k in chunks {
+            let offset = k * chunk;
+            let len = (size - offset).min(chunk) as usize;
+            let buf = self.pool.acquire().await;
+            let (file, engine) = (Arc::clone(&file), self.engine.clone());
+            let shown = tree::show(&path);
+            let read = tokio::spawn(async move {
+                let buf = read_full(&engine, &file, offset, len, buf)
+                    .await
+                    .with_context(|| format!("reading {shown} at offset {offset}"))?;
+                let alg = opts.digest;
+                let digest = if hash && buf.len() <= crate::recv::INLINE_HASH {
+                    let d = alg.chunk(buf.data());
+                    (buf, d)
+                } else if hash {
+                    tokio::task::spawn_blocking(move || {
+                        let d = alg.chunk(buf.data());
+                        (buf, d)
+                    })
+                    .await?
+                } else {
+                    (buf, [0; 32])
+                };
+                Ok(digest)
+            });
+            let step = Step::Chunk {
+                index,
+                k,
+                offset,
+                read,
+                whole: whole.take(),
+                there: there.as_ref().and_then(|d| d.get(k as usize).copied()),
+            };
+            if self.steps.send(step).await.is_err() {
+                return Ok(());
+            }
+        }
+        if one_message {
+            return Ok(());
+        }
+        let end = Step::End {
+            index,
+            size,
+            chunk: self.chunk as u32,
+            path,
+            compared,
+        };
+        let _ = self.steps.send(end).await;
+        Ok(())
+    }
 }
 
 /// Reads exactly `len` bytes at `offset` (a file that shrank meanwhile is
@@ -574,18 +733,44 @@ fn data_chunks(file: &OwnedFd, size: u64, chunk: u64) -> anyhow::Result<Vec<u64>
     Ok(out)
 }
 
-/// The files being resumed: the collection of the receiver's `Have`
-/// messages, and the sender waiting for each file's digests.
+/// The files announced ahead of their data: the receiver's `Have`
+/// messages as they are collected, and the sender waiting for each
+/// file's answer.
 #[derive(Default)]
-struct Resuming {
+struct Waiting {
     haves: resume::Haves,
-    waiting: HashMap<u32, tokio::sync::oneshot::Sender<Vec<[u8; 32]>>>,
+    answers: HashMap<u32, tokio::sync::oneshot::Sender<Wanted>>,
 }
 
-type Haves = Arc<std::sync::Mutex<Resuming>>;
+/// Where the sender waits for the receiver's answer to a file.
+type Answer = tokio::sync::oneshot::Receiver<Wanted>;
+
+impl Waiting {
+    fn ask(&mut self, index: u32) -> Answer {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // Its answer may be digests.
+        self.haves.ask(index);
+        self.answers.insert(index, tx);
+        rx
+    }
+
+    /// The answer to `index`, if it was waited for.
+    fn answer(&mut self, index: u32, wanted: Wanted) -> bool {
+        self.haves.forget(index);
+        match self.answers.remove(&index) {
+            Some(tx) => {
+                let _ = tx.send(wanted);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+type Asking = Arc<std::sync::Mutex<Waiting>>;
 
 /// Reads the receiver's answers until it says goodbye; every entry gets one.
-async fn collect_answers(link: &Link, haves: &Haves) -> anyhow::Result<Vec<(u32, Verdict)>> {
+async fn collect_answers(link: &Link, asking: &Asking) -> anyhow::Result<Vec<(u32, Verdict)>> {
     let mut answers = Vec::new();
     while let Some(item) = link.recv().await? {
         let Incoming::Message(bytes) = item else {
@@ -597,10 +782,26 @@ async fn collect_answers(link: &Link, haves: &Haves) -> anyhow::Result<Vec<(u32,
                 first,
                 digests,
             } => {
-                let mut r = haves.lock().expect("haves lock");
-                if let Some(all) = r.haves.on_have(index, first, digests)? {
-                    let tx = r.waiting.remove(&index).expect("a waiting sender");
-                    let _ = tx.send(all);
+                let mut a = asking.lock().expect("asking lock");
+                if let Some(all) = a.haves.on_have(index, first, digests)? {
+                    a.answer(index, Wanted::Except(all));
+                }
+            }
+            Msg::EntriesWanted { indices } => {
+                let mut a = asking.lock().expect("asking lock");
+                for index in indices {
+                    if !a.answer(index, Wanted::All) {
+                        bail!("the receiver wants entry {index}, which is not waiting");
+                    }
+                }
+            }
+            Msg::EntriesSkipped { indices } => {
+                let mut a = asking.lock().expect("asking lock");
+                for index in indices {
+                    if !a.answer(index, Wanted::Nothing) {
+                        bail!("the receiver skipped entry {index}, which is not waiting");
+                    }
+                    answers.push((index, Ok(())));
                 }
             }
             Msg::EntryOk { index } => answers.push((index, Ok(()))),
@@ -609,7 +810,11 @@ async fn collect_answers(link: &Link, haves: &Haves) -> anyhow::Result<Vec<(u32,
                 index,
                 kind,
                 reason,
-            } => answers.push((index, Err((kind, reason)))),
+            } => {
+                // A file that failed before its data: none is sent.
+                asking.lock().expect("asking lock").answer(index, Wanted::Nothing);
+                answers.push((index, Err((kind, reason))));
+            }
             Msg::Fail { reason } => bail!("the receiver gave up: {reason}"),
             other => bail!("unexpected {} from the receiver", other.name()),
         }

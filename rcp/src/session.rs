@@ -18,6 +18,7 @@ use crate::exit::{PeerLost, Refused};
 use crate::proto::{Msg, flags};
 use crate::recv::{self, RecvOptions};
 use crate::report::{Progress, Report, Stats};
+use crate::resync::Policy;
 use crate::send::{self, SendOptions, Source};
 use crate::streams::{self, Sessions};
 use crate::tree::{self, Base};
@@ -38,6 +39,8 @@ pub struct Params {
     pub owners_allowed: bool,
     pub verify: bool,
     pub resume: bool,
+    /// Which files are sent again (the client's choice).
+    pub policy: Policy,
     pub chunk: usize,
     /// Landing slots per stream.
     pub window: u32,
@@ -70,7 +73,7 @@ impl Params {
         if self.digest == Algorithm::Blake3 {
             f |= flags::BLAKE3;
         }
-        f | self.keep.flags()
+        f | self.keep.flags() | self.policy.flags()
     }
 
     /// The client's choices as the server applies them.
@@ -85,6 +88,7 @@ impl Params {
             keep: Keep::from_flags(f),
             verify: f & flags::NO_VERIFY == 0,
             resume: f & flags::RESUME != 0,
+            policy: Policy::from_flags(f),
             digest: if f & flags::BLAKE3 != 0 {
                 Algorithm::Blake3
             } else {
@@ -103,6 +107,7 @@ impl Params {
             verify: self.verify,
             digest: self.digest,
             resume: self.resume,
+            policy: self.policy,
             chunk: self.chunk,
             buffers: (self.window as usize * self.streams as usize).clamp(4, 64),
             engine: self.io_engine,
@@ -118,6 +123,7 @@ impl Params {
             verify: self.verify,
             digest: self.digest,
             resume: self.resume,
+            policy: self.policy,
             engine: self.io_engine,
         }
     }

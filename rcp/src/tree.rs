@@ -4,9 +4,10 @@
 //! during the copy) can lead outside it.
 //!
 //! * [`relative`] checks a peer-supplied relative path.
-//! * [`walk`] lists what to send (files, directories, symlinks as symlinks).
+//! * [`Walker`] lists what to send (files, directories, symlinks as symlinks).
 //! * [`Base`] is where received entries are created: under temporary names,
 //!   renamed into place only when complete.
+//! * What is there already (re-sync) is [`crate::existing`]'s.
 
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -387,7 +388,7 @@ impl Base {
     }
 
     /// Parent directory fd and final name for a peer's entry path.
-    fn place(&self, path: &[u8]) -> anyhow::Result<(Arc<DestDir>, CString)> {
+    pub(crate) fn place(&self, path: &[u8]) -> anyhow::Result<(Arc<DestDir>, CString)> {
         let mut parts = relative(path)?;
         if let Some(top) = &self.rename_top {
             parts[0] = top;
@@ -671,30 +672,7 @@ impl PartFile {
         chunk: u32,
         alg: crate::digest::Algorithm,
     ) -> anyhow::Result<Vec<[u8; 32]>> {
-        let have = (rustix::fs::fstat(&self.fd)?.st_size as u64).min(size);
-        let chunk = u64::from(chunk);
-        let mut out = Vec::new();
-        let mut buf = vec![0u8; chunk as usize];
-        let mut k = 0u64;
-        loop {
-            let start = k * chunk;
-            let len = (size - start.min(size)).min(chunk);
-            if len == 0 || start + len > have {
-                break;
-            }
-            let b = &mut buf[..len as usize];
-            let mut got = 0;
-            while got < b.len() {
-                let n = rustix::io::pread(&self.fd, &mut b[got..], start + got as u64)?;
-                if n == 0 {
-                    bail!("temporary file shrank");
-                }
-                got += n;
-            }
-            out.push(alg.chunk(b));
-            k += 1;
-        }
-        Ok(out)
+        crate::existing::chunk_digests(&self.fd, size, chunk, alg)
     }
 
     /// Size, durability, metadata, then the rename that makes it visible.
@@ -781,7 +759,7 @@ pub struct Fidelity {
 impl Fidelity {
     /// The mode a received entry gets: the source's exactly with `-p` (as
     /// far as the powers allow), else its permission bits under the umask.
-    fn mode_of(&self, e: &Entry) -> u32 {
+    pub(crate) fn mode_of(&self, e: &Entry) -> u32 {
         if self.preserve {
             self.powers.mode(e.mode)
         } else {
@@ -853,7 +831,12 @@ fn temp_name(name: &CString) -> anyhow::Result<CString> {
     cstr(&t)
 }
 
-fn times(e: &Entry) -> Timestamps {
+/// An entry's modification time, as a stat shows it.
+pub(crate) fn mtime(e: &Entry) -> (i64, u32) {
+    (e.mtime_sec, e.mtime_nsec)
+}
+
+pub(crate) fn times(e: &Entry) -> Timestamps {
     let t = Timespec {
         tv_sec: e.mtime_sec,
         tv_nsec: e.mtime_nsec.into(),

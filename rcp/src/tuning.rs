@@ -56,6 +56,7 @@ pub fn params(
         owners_allowed: true,
         verify,
         resume: false,
+        policy: crate::resync::Policy::default(),
         chunk: t.chunk_size,
         window: t.window,
         streams: 1,

@@ -1,0 +1,186 @@
+//! What a re-sync finds at the destination, confined as the rest of
+//! [`crate::tree`]: the file under an entry's name (looked at without
+//! following a symlink), its metadata brought up to date when its data is
+//! unchanged, and the old file as the basis of a chunk-by-chunk comparison
+//! (`--checksum`): the digests of its chunks, and the chunks that matched
+//! copied into the new file.
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use anyhow::{Context, bail};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
+
+use crate::archive::{self, Node};
+use crate::digest::Algorithm;
+use crate::proto::Entry;
+use crate::resync::Found;
+use crate::tree::{self, Base, Fidelity, PartFile};
+
+/// What is under `e`'s name, and its status when it is a regular file.
+pub fn look(base: &Base, e: &Entry) -> anyhow::Result<(Found, Option<Stat>)> {
+    let (parent, name) = base.place(&e.path)?;
+    match rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+            let mtime = (st.st_mtime, st.st_mtime_nsec as u32);
+            let size = st.st_size as u64;
+            Ok((Found::File { size, mtime }, Some(st)))
+        }
+        Ok(_) => Ok((Found::Other, None)),
+        Err(rustix::io::Errno::NOENT) => Ok((Found::Nothing, None)),
+        Err(err) => Err(err).with_context(|| format!("cannot look at {}", tree::show(&e.path))),
+    }
+}
+
+/// Brings the metadata of the file there (`st`, unchanged data) to what
+/// `e` says, as far as `how` asks: nothing is touched when it is right
+/// already (the usual case, and then the file is not even opened).
+pub fn refresh(
+    base: &Base,
+    e: &Entry,
+    xattrs: &[archive::Xattr],
+    how: Fidelity,
+    st: &Stat,
+) -> anyhow::Result<()> {
+    let mode_wrong = how.preserve && st.st_mode & 0o7777 != how.mode_of(e);
+    let times_wrong = how.preserve && (st.st_mtime, st.st_mtime_nsec as u32) != tree::mtime(e);
+    let (owner_wrong, attributes) = match &e.meta {
+        Some(m) => (
+            (how.keep.owner && how.powers.owners && st.st_uid != m.uid)
+                || (how.keep.group && st.st_gid != m.gid),
+            how.keep.xattrs || how.keep.acls,
+        ),
+        None => (false, false),
+    };
+    if !(mode_wrong || times_wrong || owner_wrong || attributes) {
+        return Ok(());
+    }
+    set_all(&open_regular(base, e)?, e, xattrs, how)
+}
+
+/// [`refresh`] for the file open as `fd` (the basis of a comparison that
+/// found it unchanged).
+pub fn refresh_fd(
+    fd: &OwnedFd,
+    e: &Entry,
+    xattrs: &[archive::Xattr],
+    how: Fidelity,
+) -> anyhow::Result<()> {
+    if how.preserve || e.meta.is_some() {
+        set_all(fd, e, xattrs, how)?;
+    }
+    Ok(())
+}
+
+/// Sets everything `how` asks of `e` on `fd`.
+fn set_all(fd: &OwnedFd, e: &Entry, xattrs: &[archive::Xattr], how: Fidelity) -> anyhow::Result<()> {
+    if let Some(meta) = &e.meta {
+        let node = Node::Fd(fd.as_fd());
+        archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers)?;
+    }
+    if how.preserve {
+        // (After the owner: a change of owner clears setuid bits.)
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(how.mode_of(e)))?;
+        rustix::fs::futimens(fd, &tree::times(e))?;
+    }
+    Ok(())
+}
+
+/// The file there, opened to read: the basis of a comparison.
+pub fn open_regular(base: &Base, e: &Entry) -> anyhow::Result<OwnedFd> {
+    let (parent, name) = base.place(&e.path)?;
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(&parent, name.as_c_str(), flags, Mode::empty())
+        .with_context(|| format!("cannot open {}", tree::show(&e.path)))?;
+    if FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != FileType::RegularFile {
+        bail!("{} is no longer a regular file", tree::show(&e.path));
+    }
+    Ok(fd)
+}
+
+/// Digests of the whole chunks of `fd` that a file of `size` bytes cut
+/// into `chunk`-byte chunks has there (the last one may be short, as the
+/// file's last chunk is), from its start.
+pub fn chunk_digests(
+    fd: &OwnedFd,
+    size: u64,
+    chunk: u32,
+    alg: Algorithm,
+) -> anyhow::Result<Vec<[u8; 32]>> {
+    let have = (rustix::fs::fstat(fd)?.st_size as u64).min(size);
+    let chunk = u64::from(chunk);
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; chunk as usize];
+    let mut k = 0u64;
+    loop {
+        let start = k * chunk;
+        let len = (size - start.min(size)).min(chunk);
+        if len == 0 || start + len > have {
+            break;
+        }
+        let b = &mut buf[..len as usize];
+        let mut got = 0;
+        while got < b.len() {
+            let n = rustix::io::pread(fd, &mut b[got..], start + got as u64)?;
+            if n == 0 {
+                bail!("the file shrank while it was read");
+            }
+            got += n;
+        }
+        out.push(alg.chunk(b));
+        k += 1;
+    }
+    Ok(out)
+}
+
+/// Copies the chunks `keep` of the basis into the new file at the same
+/// offsets (a kernel-side copy where the filesystem can): the chunks the
+/// comparison found equal, which were not sent.
+pub fn fill_from(
+    basis: &OwnedFd,
+    out: &PartFile,
+    keep: &[u64],
+    size: u64,
+    chunk: u32,
+) -> anyhow::Result<()> {
+    let chunk = u64::from(chunk);
+    for &k in keep {
+        let start = k * chunk;
+        let len = (size - start.min(size)).min(chunk);
+        copy_range(basis, &out.fd, start, len)
+            .with_context(|| format!("copying the unchanged chunk at offset {start}"))?;
+    }
+    Ok(())
+}
+
+fn copy_range(from: &OwnedFd, to: &OwnedFd, start: u64, len: u64) -> anyhow::Result<()> {
+    let (mut off_in, mut off_out) = (start, start);
+    let end = start + len;
+    while off_in < end {
+        let want = (end - off_in) as usize;
+        match rustix::fs::copy_file_range(from, Some(&mut off_in), to, Some(&mut off_out), want) {
+            Ok(0) => bail!("the old file shrank while it was copied"),
+            Ok(_) => {}
+            // Filesystems (and kernels) that cannot: by hand.
+            Err(
+                rustix::io::Errno::XDEV
+                | rustix::io::Errno::INVAL
+                | rustix::io::Errno::OPNOTSUPP
+                | rustix::io::Errno::NOSYS,
+            ) => {
+                let mut buf = vec![0u8; (end - off_in).min(1 << 20) as usize];
+                let n = rustix::io::pread(from, &mut buf, off_in)?;
+                if n == 0 {
+                    bail!("the old file shrank while it was copied");
+                }
+                let mut put = 0;
+                while put < n {
+                    put += rustix::io::pwrite(to, &buf[put..n], off_out + put as u64)?;
+                }
+                off_in += n as u64;
+                off_out += n as u64;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
