@@ -72,7 +72,12 @@ pub fn refresh_fd(
 }
 
 /// Sets everything `how` asks of `e` on `fd`.
-fn set_all(fd: &OwnedFd, e: &Entry, xattrs: &[archive::Xattr], how: Fidelity) -> anyhow::Result<()> {
+fn set_all(
+    fd: &OwnedFd,
+    e: &Entry,
+    xattrs: &[archive::Xattr],
+    how: Fidelity,
+) -> anyhow::Result<()> {
     if let Some(meta) = &e.meta {
         let node = Node::Fd(fd.as_fd());
         archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers)?;

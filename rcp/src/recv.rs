@@ -20,10 +20,10 @@ use tokio::task::JoinHandle;
 use crate::archive::{Keep, Powers, Xattr, XattrInbox};
 use crate::arrivals::{Action, Arrivals, Place, Shape};
 use crate::digest::{self, Algorithm};
+use crate::existing;
 use crate::exit::{Corrupted, Exit, PeerLost};
 use crate::proto::{Entry, EntryKind, FailKind, MAX_OKS, Msg, Verdict as EntryVerdict};
 use crate::report::{Failure, Progress, Stats};
-use crate::existing;
 use crate::resume::have_batches;
 use crate::resync::{Decision, Policy};
 use crate::streams::Merged;
@@ -355,7 +355,10 @@ impl Creator<'_> {
         let xattrs = self.xattrs.take(e.index, e.meta.map_or(0, |m| m.xattrs))?;
         let asks = self.opts.policy.asks() || self.opts.resume;
         if asks && end.is_some() {
-            bail!("entry {} came with its data before it was answered", e.index);
+            bail!(
+                "entry {} came with its data before it was answered",
+                e.index
+            );
         }
         // What to do with a file whose name is there already (re-sync).
         let (decision, there) = match e.kind {

@@ -49,7 +49,10 @@ pub enum Check {
 pub enum Found {
     Nothing,
     /// A regular file of `size` bytes, modified at `mtime`.
-    File { size: u64, mtime: (i64, u32) },
+    File {
+        size: u64,
+        mtime: (i64, u32),
+    },
     /// Something else (a directory, a symlink): replaced, or the rename
     /// fails and says why.
     Other,
@@ -223,7 +226,10 @@ mod tests {
             Decision::Skip { metadata: false }
         );
         // Older, or equal with another size: sent, as rsync does.
-        assert_eq!(update.decide(&file(10, T), at((T.0 - 1, 0))), Decision::Send);
+        assert_eq!(
+            update.decide(&file(10, T), at((T.0 - 1, 0))),
+            Decision::Send
+        );
         assert_eq!(update.decide(&file(10, T), at(T)), Decision::Send);
     }
 

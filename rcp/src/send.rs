@@ -812,7 +812,10 @@ async fn collect_answers(link: &Link, asking: &Asking) -> anyhow::Result<Vec<(u3
                 reason,
             } => {
                 // A file that failed before its data: none is sent.
-                asking.lock().expect("asking lock").answer(index, Wanted::Nothing);
+                asking
+                    .lock()
+                    .expect("asking lock")
+                    .answer(index, Wanted::Nothing);
                 answers.push((index, Err((kind, reason))));
             }
             Msg::Fail { reason } => bail!("the receiver gave up: {reason}"),

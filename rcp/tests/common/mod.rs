@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use test_support::{Scratch, free_port};
 
+pub mod trees;
+
 pub const RCP: &str = env!("CARGO_BIN_EXE_rcp");
 
 pub fn s(p: &Path) -> &str {

@@ -1,0 +1,338 @@
+//! Incremental re-sync against the oracle: a second run on an unchanged
+//! tree sends no data (in every mode), a run after some files changed
+//! sends exactly those, `--checksum` sends only the chunks that changed,
+//! and `--ignore-existing`, `-u`, `--size-only`, `-I` and `-c` leave the
+//! destination as rsync with the same flag leaves its own.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use test_support::{Scratch, pattern};
+
+mod common;
+use common::trees::*;
+use common::{Daemon, RCP, fake_rsh, s, secret};
+
+/// What one rcp run said in `--json`.
+#[derive(Debug)]
+struct Sent {
+    files: u64,
+    skipped: u64,
+    bytes: u64,
+}
+
+fn rcp_json(args: &[&OsStr], env_path: Option<&str>) -> Sent {
+    let mut cmd = Command::new(RCP);
+    cmd.args(["--json", "--chunk-size", "64K"]).args(args);
+    if let Some(p) = env_path {
+        cmd.env("PATH", p);
+    }
+    let out = cmd.output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
+    Sent {
+        files: n("files"),
+        skipped: n("skipped"),
+        bytes: n("bytes"),
+    }
+}
+
+/// rsync's run with `flags` from `src` into the directory `into`.
+fn rsync_into(flags: &[&str], src: &Path, into: &Path) {
+    let out = Command::new("rsync")
+        .args(flags)
+        .arg(src)
+        .arg(format!("{}/", into.display()))
+        .output()
+        .expect("rsync runs");
+    assert!(
+        out.status.success(),
+        "rsync failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn assert_same(what: &str, a: &Path, b: &Path) {
+    let diff = differences(a, b);
+    assert!(
+        diff.is_empty(),
+        "{what}: {} differences:\n{}",
+        diff.len(),
+        diff.join("\n")
+    );
+}
+
+/// A plain tree of `n` files (sizes around the chunk size, some empty)
+/// in a few directories, times in the past: returns the files.
+fn plain_tree(root: &Path, n: usize, seed: u64) -> Vec<PathBuf> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let dirs: Vec<PathBuf> = (0..5).map(|d| root.join(format!("d{d}"))).collect();
+    for d in &dirs {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let mut files = Vec::new();
+    for i in 0..n {
+        let p = dirs[rng.random_range(0..dirs.len())].join(format!("f{i}"));
+        let len = match rng.random_range(0..4) {
+            0 => 0,
+            1 => rng.random_range(1..100),
+            2 => CHUNK * rng.random_range(1..3),
+            _ => rng.random_range(1..3 * CHUNK),
+        };
+        std::fs::write(&p, pattern(len, rng.random())).unwrap();
+        set_times(&p, 1_600_000_000 + i as i64, 5000);
+        files.push(p);
+    }
+    for d in &dirs {
+        set_times(d, 1_500_000_000, 1);
+    }
+    set_times(root, 1_500_000_000, 2);
+    files
+}
+
+#[test]
+fn an_unchanged_tree_sends_nothing_the_second_time_in_every_mode() {
+    let t = Scratch::new("resync-modes");
+    let src = t.path("src");
+    let made = generate(&src, 0x2e5c);
+    assert!(made.files >= 10, "{made:?}");
+    let key = secret(&t, "key");
+    let daemon = Daemon::start_with(&[t.dir()], &key, &["--allow-owners"]);
+    let (rsh, path) = fake_rsh(&t);
+    let oracle = t.path("oracle");
+    std::fs::create_dir(&oracle).unwrap();
+    rsync_into(&["-aHAX"], &src, &oracle);
+
+    let secret_args = [OsStr::new("--secret-file"), key.as_os_str()];
+    for mode in ["local", "push", "pull", "remote shell"] {
+        let into = t.path(&format!("into-{}", mode.replace(' ', "-")));
+        std::fs::create_dir(&into).unwrap();
+        let (from, to, extra): (String, String, Vec<&OsStr>) = match mode {
+            "local" => (s(&src).into(), s(&into).into(), vec![]),
+            "push" => (s(&src).into(), daemon.url(&into), secret_args.to_vec()),
+            "pull" => (daemon.url(&src), s(&into).into(), secret_args.to_vec()),
+            _ => (
+                s(&src).into(),
+                format!("localhost:{}", into.display()),
+                vec![
+                    OsStr::new("--streams"),
+                    OsStr::new("2"),
+                    OsStr::new("--rsh"),
+                    rsh.as_os_str(),
+                ],
+            ),
+        };
+        let run = || {
+            let mut args: Vec<&OsStr> = vec![OsStr::new("-aHAX")];
+            args.extend(&extra);
+            args.push(OsStr::new(&from));
+            args.push(OsStr::new(&to));
+            rcp_json(&args, Some(&path))
+        };
+        let first = run();
+        assert!(first.bytes > 0 && first.skipped == 0, "{mode}: {first:?}");
+        assert_same(mode, &oracle, &into);
+        let again = run();
+        assert_eq!(
+            (again.bytes, again.skipped),
+            (0, again.files),
+            "{mode}: the second run sent data: {again:?}"
+        );
+        assert_eq!(again.files, first.files, "{mode}");
+        assert_same(&format!("{mode}, again"), &oracle, &into);
+    }
+}
+
+#[test]
+fn after_ten_files_change_exactly_those_are_sent() {
+    let t = Scratch::new("resync-ten");
+    let src = t.path("src");
+    let files = plain_tree(&src, 120, 7);
+    let (ours, oracle) = (t.path("ours"), t.path("oracle"));
+    for d in [&ours, &oracle] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let copy = || rcp_json(&[OsStr::new("-a"), src.as_os_str(), ours.as_os_str()], None);
+    assert_eq!(copy().skipped, 0);
+    rsync_into(&["-a"], &src, &oracle);
+
+    // Ten files change: new contents (some of another size), new times.
+    let mut rng = SmallRng::seed_from_u64(99);
+    let mut changed = Vec::new();
+    while changed.len() < 10 {
+        let p = &files[rng.random_range(0..files.len())];
+        if changed.contains(p) {
+            continue;
+        }
+        let len = if changed.len() % 2 == 0 {
+            std::fs::metadata(p).unwrap().len() as usize
+        } else {
+            rng.random_range(1..2 * CHUNK)
+        };
+        std::fs::write(p, pattern(len, rng.random())).unwrap();
+        set_times(p, 1_700_000_000, changed.len() as i64);
+        changed.push(p.clone());
+    }
+    // And three only in their metadata: sent no data, brought up to date.
+    for p in files.iter().filter(|p| !changed.contains(p)).take(3) {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    }
+    let bytes: u64 = changed
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    let again = copy();
+    assert_eq!(
+        (again.files, again.skipped, again.bytes),
+        (120, 110, bytes),
+        "exactly the ten changed files are sent"
+    );
+    rsync_into(&["-a"], &src, &oracle);
+    assert_same("after ten changes", &oracle, &ours);
+    // The comparison sees a mode left behind (it can fail).
+    let one = ours.join("src").join(files[0].strip_prefix(&src).unwrap());
+    let mode = std::fs::metadata(&one).unwrap();
+    std::fs::set_permissions(
+        &one,
+        std::os::unix::fs::PermissionsExt::from_mode(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) ^ 0o004,
+        ),
+    )
+    .unwrap();
+    assert_eq!(differences(&oracle, &ours).len(), 1);
+}
+
+#[test]
+fn checksum_sends_only_the_chunks_that_changed() {
+    let t = Scratch::new("resync-checksum");
+    let src = t.path("src");
+    std::fs::create_dir(&src).unwrap();
+    let big = src.join("big");
+    let data = pattern(20 * CHUNK + 123, 5);
+    std::fs::write(&big, &data).unwrap();
+    set_times(&big, 1_600_000_000, 77);
+    let into = t.path("into");
+    std::fs::create_dir(&into).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args: Vec<&OsStr> = vec![OsStr::new("-a")];
+        args.extend(extra.iter().map(OsStr::new));
+        args.extend([src.as_os_str(), into.as_os_str()]);
+        rcp_json(&args, None)
+    };
+    let copied = into.join("src/big");
+    assert_eq!(run(&[]).bytes, data.len() as u64);
+    // Two bytes in two chunks change; size and time stay.
+    let mut changed = data.clone();
+    changed[3 * CHUNK + 10] ^= 0xff;
+    changed[17 * CHUNK] ^= 0xff;
+    std::fs::write(&big, &changed).unwrap();
+    set_times(&big, 1_600_000_000, 77);
+    // The quick check cannot see it (as rsync's cannot).
+    assert_eq!(run(&[]).bytes, 0);
+    assert_eq!(std::fs::read(&copied).unwrap(), data);
+    let c = run(&["-c"]);
+    assert_eq!((c.bytes, c.skipped), (2 * CHUNK as u64, 0), "{c:?}");
+    assert_eq!(std::fs::read(&copied).unwrap(), changed);
+    // Equal contents: nothing sent, the file left as it is.
+    let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&copied).unwrap());
+    let c = run(&["-c"]);
+    assert_eq!((c.bytes, c.skipped), (0, 1), "{c:?}");
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&copied).unwrap()),
+        ino,
+        "an unchanged file is not replaced"
+    );
+    // A file that grew: its equal chunks stay, the rest is sent.
+    let mut grown = changed.clone();
+    grown.extend(pattern(CHUNK, 6));
+    std::fs::write(&big, &grown).unwrap();
+    let c = run(&["-c"]);
+    assert_eq!(c.bytes, (grown.len() - 20 * CHUNK) as u64, "{c:?}");
+    assert_eq!(std::fs::read(&copied).unwrap(), grown);
+    // A file that shrank: every chunk it has left is there already.
+    let shrunk = &grown[..5 * CHUNK + 7];
+    std::fs::write(&big, shrunk).unwrap();
+    let c = run(&["-c"]);
+    assert_eq!(c.bytes, 0, "{c:?}");
+    assert_eq!(std::fs::read(&copied).unwrap(), shrunk);
+    // And one whose short last chunk changed.
+    let mut last = shrunk.to_vec();
+    last[5 * CHUNK + 6] ^= 1;
+    std::fs::write(&big, &last).unwrap();
+    let c = run(&["-c"]);
+    assert_eq!(c.bytes, 7, "{c:?}");
+    assert_eq!(std::fs::read(&copied).unwrap(), last);
+}
+
+#[test]
+fn skipping_flags_leave_what_rsync_leaves() {
+    let t = Scratch::new("resync-flags");
+    // Source and an older copy of it, made alike for rcp and rsync.
+    let src = t.path("src");
+    std::fs::create_dir(&src).unwrap();
+    let put = |dir: &Path, name: &str, data: &[u8], sec: i64| {
+        let p = dir.join(name);
+        std::fs::write(&p, data).unwrap();
+        set_times(&p, sec, 0);
+    };
+    let base = 1_600_000_000;
+    put(&src, "newer-here", b"source, newer", base + 100);
+    put(&src, "newer-there", b"source, older", base);
+    put(&src, "same-size-other-time", b"1234", base);
+    put(&src, "same-size-and-time", b"abcd", base);
+    put(&src, "other-size", b"longer than there", base);
+    put(&src, "missing-there", b"new", base);
+    set_times(&src, base, 0);
+    let old = |into: &Path| {
+        let d = into.join("src");
+        std::fs::create_dir_all(&d).unwrap();
+        put(&d, "newer-here", b"there, older", base);
+        put(&d, "newer-there", b"there, newer", base + 100);
+        put(&d, "same-size-other-time", b"5678", base + 5);
+        put(&d, "same-size-and-time", b"wxyz", base);
+        put(&d, "other-size", b"short", base);
+        set_times(&d, base, 0);
+    };
+    for flags in [
+        vec![],
+        vec!["--ignore-existing"],
+        vec!["-u"],
+        vec!["--size-only"],
+        vec!["-I"],
+        vec!["-c"],
+        vec!["-u", "--size-only"],
+    ] {
+        let shown = format!("{flags:?}");
+        let (ours, oracle) = (
+            t.path(&format!("ours{shown}")),
+            t.path(&format!("rsync{shown}")),
+        );
+        old(&ours);
+        old(&oracle);
+        let mut rsync_flags = vec!["-a"];
+        rsync_flags.extend(&flags);
+        rsync_into(&rsync_flags, &src, &oracle);
+        let mut args: Vec<&OsStr> = vec![OsStr::new("-a")];
+        args.extend(flags.iter().map(OsStr::new));
+        args.extend([src.as_os_str(), ours.as_os_str()]);
+        rcp_json(&args, None);
+        assert_same(&shown, &oracle, &ours);
+    }
+    // The comparison tells the flags apart (it can fail).
+    let (plain, ignoring) = (t.path("rsync[]"), t.path("rsync[\"-I\"]"));
+    assert!(!differences(&plain, &ignoring).is_empty());
+    assert!(
+        differences(&plain, &ignoring)
+            .iter()
+            .any(|d| d.contains("same-size-and-time")),
+        "-I rewrites what the quick check skips"
+    );
+}
