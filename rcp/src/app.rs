@@ -14,8 +14,9 @@ use anyhow::{Context, bail};
 use rfabric::endpoint::{self, Listener, Transport};
 use rfabric::link::seal::EncryptChoice;
 
-use crate::cli::{Cli, Cmd, CopyArgs};
+use crate::cli::{Cli, Cmd, CopyArgs, RuleArg};
 use crate::exit::Exit;
+use crate::filter::{self, Filter, RuleText};
 use crate::operand::Operand;
 use crate::report::{self, Progress, Report};
 use crate::session::{self, Params, Request, ServeConfig, Target};
@@ -101,6 +102,27 @@ pub fn plan<'a>(sources: &'a [Operand], dest: &'a Operand) -> Result<Plan<'a>, P
     }
 }
 
+/// The filter of the command line's rules, in order (an --exclude-from
+/// file read here).
+fn filter_of(rules: &[RuleArg]) -> anyhow::Result<Filter> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut texts = Vec::new();
+    for r in rules {
+        match r {
+            RuleArg::Exclude(p) | RuleArg::Include(p) => texts.push(RuleText {
+                include: matches!(r, RuleArg::Include(_)),
+                pattern: p.as_bytes().to_vec(),
+            }),
+            RuleArg::ExcludeFrom(file) => {
+                let text = std::fs::read(file)
+                    .with_context(|| format!("cannot read --exclude-from {}", file.display()))?;
+                texts.extend(filter::parse_lines(&text));
+            }
+        }
+    }
+    Ok(Filter::new(texts)?)
+}
+
 /// `rcp SRC... DEST`: the copy, with its progress bar finished. What
 /// failed on the way is in the report; an error is a copy that could not
 /// run at all.
@@ -115,6 +137,8 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
     let p = Params {
         resume: a.resume,
         policy: a.policy(),
+        delete: a.delete,
+        filter: Arc::new(filter_of(&a.rules)?),
         streams: a.streams,
         keep: a.keep(),
         digest: a.digest.resolve(crate::digest::fips_mode())?,
@@ -227,7 +251,7 @@ async fn local_copy(
     let config = ServeConfig {
         roots: vec![PathBuf::from("/")],
         secret: secret.clone(),
-        params: p,
+        params: p.clone(),
         log: false,
         sessions: Arc::default(),
     };

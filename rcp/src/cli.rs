@@ -2,11 +2,12 @@
 //! page and the shell completions are generated from the same definitions
 //! (`packaging/docgen`).
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::digest::Choice as DigestChoice;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use rfabric::endpoint::Transport;
 use rfabric::link::seal::EncryptChoice;
 use rfabric::storage::EngineChoice;
@@ -88,6 +89,7 @@ pub struct Tuning {
 }
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("recursion").args(["recursive", "archive"]).multiple(true)))]
 pub struct CopyArgs {
     /// Sources, then the destination.
     #[arg(value_name = "SRC... DEST", num_args = 2.., required = true)]
@@ -162,6 +164,32 @@ pub struct CopyArgs {
     /// Leave a file that is newer at the destination as it is.
     #[arg(short = 'u', long)]
     pub update: bool,
+    /// Remove what the destination directories hold that the source does
+    /// not: only inside the directories copied, never through a symlink,
+    /// and only once the whole copy succeeded (a failed copy deletes
+    /// nothing). Needs -r or -a.
+    #[arg(long, requires = "recursion")]
+    pub delete: bool,
+    /// Leave out what PATTERN matches, with rsync's rules: `*` within a
+    /// name, `**` across directories, a leading `/` anchors at the top of
+    /// the copy (the source's own name), a trailing `/` matches only
+    /// directories, `dir/***` is dir and all in it. An excluded directory
+    /// is not descended into, and --delete leaves what is excluded. Repeat
+    /// it; with --include and --exclude-from, the first rule that matches,
+    /// in command-line order, decides.
+    #[arg(long, value_name = "PATTERN")]
+    pub exclude: Vec<OsString>,
+    /// Keep what PATTERN matches even if a later --exclude matches it.
+    #[arg(long, value_name = "PATTERN")]
+    pub include: Vec<OsString>,
+    /// Exclude patterns from FILE, one a line (`+ PATTERN` includes,
+    /// `- PATTERN` excludes; blank lines and lines starting with # or ;
+    /// are skipped).
+    #[arg(long, value_name = "FILE")]
+    pub exclude_from: Vec<PathBuf>,
+    /// The three above in command-line order (see [`parse`]).
+    #[arg(skip)]
+    pub rules: Vec<RuleArg>,
     /// Remote shell for host:path operands.
     #[arg(long, default_value = "ssh", value_name = "CMD")]
     pub rsh: String,
@@ -254,6 +282,53 @@ pub struct ServeArgs {
 pub struct ServerOnceArgs {
     #[command(flatten)]
     pub tuning: Tuning,
+}
+
+/// One filter option, as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleArg {
+    Exclude(OsString),
+    Include(OsString),
+    ExcludeFrom(PathBuf),
+}
+
+/// The command line of this process (clap exits on bad usage).
+pub fn parse() -> Cli {
+    parse_from(std::env::args_os())
+}
+
+/// `args` parsed, with the filter options kept in their order (the first
+/// matching rule decides, across --exclude, --include and --exclude-from),
+/// which clap's derived fields do not keep.
+pub fn parse_from(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> Cli {
+    let matches = Cli::command().get_matches_from(args);
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let c = &mut cli.copy;
+    let at = |id: &str| -> Vec<usize> {
+        matches
+            .indices_of(id)
+            .map(|i| i.collect())
+            .unwrap_or_default()
+    };
+    let mut rules: Vec<(usize, RuleArg)> = Vec::new();
+    rules.extend(
+        at("exclude")
+            .into_iter()
+            .zip(c.exclude.iter().cloned().map(RuleArg::Exclude)),
+    );
+    rules.extend(
+        at("include")
+            .into_iter()
+            .zip(c.include.iter().cloned().map(RuleArg::Include)),
+    );
+    rules.extend(
+        at("exclude_from")
+            .into_iter()
+            .zip(c.exclude_from.iter().cloned().map(RuleArg::ExcludeFrom)),
+    );
+    rules.sort_by_key(|(i, _)| *i);
+    c.rules = rules.into_iter().map(|(_, r)| r).collect();
+    cli
 }
 
 /// A chunk size (`--chunk-size`): between 4K and 64M.

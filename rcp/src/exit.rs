@@ -52,7 +52,9 @@ impl Exit {
     /// The status of a run stopped by `error`, from the typed errors in
     /// its chain.
     pub fn of_error(error: &anyhow::Error) -> Exit {
-        if has::<crate::digest::FipsRefusesBlake3>(error) {
+        if has::<crate::digest::FipsRefusesBlake3>(error)
+            || has::<crate::filter::FilterError>(error)
+        {
             Exit::Usage
         } else if has::<Refused>(error) {
             Exit::Refused

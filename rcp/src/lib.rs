@@ -19,7 +19,9 @@
 //! may arrive when, sans I/O) and [`resume`] (the `Have` exchange, sans
 //! I/O), [`resync`] (which files are sent again: the quick check and its
 //! variants, sans I/O) and [`existing`] (what a re-sync finds at the
-//! destination), [`session`] (auth, request, pipelines),
+//! destination), [`delete`] (`--delete`, after the copy), [`filter`]
+//! (rsync's include and exclude rules, sans I/O),
+//! [`session`] (auth, request, pipelines),
 //! [`streams`] (striping a session over several links), [`connect`]
 //! (transport choice), [`shell`] (remote-shell mode), [`report`] (progress,
 //! the summary and the `--json` object, the outcome), [`digest`] (the
@@ -35,9 +37,11 @@ pub mod arrivals;
 pub mod cli;
 pub mod connect;
 pub mod daemon;
+pub mod delete;
 pub mod digest;
 pub mod existing;
 pub mod exit;
+pub mod filter;
 pub mod operand;
 pub mod proto;
 pub mod recv;

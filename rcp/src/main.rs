@@ -6,13 +6,11 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use rcp::cli::Cli;
 use rcp::exit::Exit;
 use rcp::tuning;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = rcp::cli::parse();
     let cores = tuning::cores();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(tuning::workers(cores))

@@ -7,6 +7,8 @@
 
 use thiserror::Error;
 
+use crate::filter::{MAX_PATTERN, MAX_RULES, RuleText};
+
 /// Longest path or symlink target carried (Linux's PATH_MAX).
 pub const MAX_PATH: usize = 4096;
 /// Most source operands in one pull request.
@@ -51,7 +53,16 @@ pub mod flags {
     pub const UPDATE: u32 = 1 << 15;
     pub const CHECKS: u32 = QUICK_CHECK | SIZE_ONLY | CHECKSUM;
     pub const RESYNC: u32 = CHECKS | IGNORE_EXISTING | UPDATE;
-    pub const KNOWN: u32 = RECURSIVE | PRESERVE | RESUME | NO_VERIFY | BLAKE3 | ARCHIVE | RESYNC;
+    /// `--delete`: once the whole copy succeeded, the receiver removes
+    /// what the directories sent hold that the sender did not send, and
+    /// names each in a `Removed`.
+    pub const DELETE: u32 = 1 << 16;
+    /// Filter rules (`--exclude`, `--include`) follow the request in
+    /// `Rules` messages: the sender walks by them, and `--delete` leaves
+    /// what they exclude.
+    pub const FILTERS: u32 = 1 << 17;
+    pub const KNOWN: u32 =
+        RECURSIVE | PRESERVE | RESUME | NO_VERIFY | BLAKE3 | ARCHIVE | RESYNC | DELETE | FILTERS;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -268,6 +279,17 @@ pub enum Msg {
     EntriesSkipped {
         indices: Vec<u32>,
     },
+    /// Receiver → sender, `--delete`: this path (relative, as entries')
+    /// was removed from the destination.
+    Removed {
+        path: Vec<u8>,
+    },
+    /// Client → server, right after a request with the `FILTERS` flag:
+    /// filter rules in order; `more`: another `Rules` follows.
+    Rules {
+        rules: Vec<RuleText>,
+        more: bool,
+    },
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -284,7 +306,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 19] = [
+const TAGS: [&str; 21] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -304,6 +326,8 @@ const TAGS: [&str; 19] = [
     "Xattr",
     "EntriesWanted",
     "EntriesSkipped",
+    "Removed",
+    "Rules",
 ];
 
 impl Msg {
@@ -328,6 +352,8 @@ impl Msg {
             Msg::Xattr { .. } => 17,
             Msg::EntriesWanted { .. } => 18,
             Msg::EntriesSkipped { .. } => 19,
+            Msg::Removed { .. } => 20,
+            Msg::Rules { .. } => 21,
         }
     }
 
@@ -452,6 +478,15 @@ impl Msg {
             }
             Msg::Done { entries } => put_u32(&mut w, *entries),
             Msg::Fail { reason } => put_bytes(&mut w, truncate(reason).as_bytes()),
+            Msg::Removed { path } => put_bytes(&mut w, path),
+            Msg::Rules { rules, more } => {
+                w.push(u8::from(*more));
+                w.extend_from_slice(&(rules.len() as u16).to_le_bytes());
+                for r in rules {
+                    w.push(u8::from(r.include));
+                    put_bytes(&mut w, &r.pattern);
+                }
+            }
         }
         w
     }
@@ -537,6 +572,27 @@ impl Msg {
             }
             12 => Msg::Done { entries: r.u32()? },
             13 => Msg::Fail { reason: r.text()? },
+            20 => Msg::Removed {
+                path: r.bytes(MAX_PATH, "removed.path")?,
+            },
+            21 => {
+                let more = r.u8()? != 0;
+                let n = u16::from_le_bytes(r.array()?) as usize;
+                if n > MAX_RULES {
+                    return Err(ProtoError::BadField("rules.count"));
+                }
+                let mut rules = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let include = match r.u8()? {
+                        0 => false,
+                        1 => true,
+                        _ => return Err(ProtoError::BadField("rules.include")),
+                    };
+                    let pattern = r.bytes(MAX_PATTERN, "rules.pattern")?;
+                    rules.push(RuleText { include, pattern });
+                }
+                Msg::Rules { rules, more }
+            }
             15 => {
                 let entry = r.entry(WHOLE_END_LEN)?;
                 if entry.kind != EntryKind::File {
@@ -958,6 +1014,22 @@ mod tests {
                 indices: vec![3, 4],
             },
             Msg::EntriesSkipped { indices: vec![9] },
+            Msg::Removed {
+                path: b"top/gone".to_vec(),
+            },
+            Msg::Rules {
+                rules: vec![
+                    RuleText {
+                        include: true,
+                        pattern: b"*.c".to_vec(),
+                    },
+                    RuleText {
+                        include: false,
+                        pattern: b"/top/**".to_vec(),
+                    },
+                ],
+                more: true,
+            },
         ]
     }
 

@@ -19,9 +19,11 @@ use tokio::task::JoinHandle;
 
 use crate::archive::{Keep, Powers, Xattr, XattrInbox};
 use crate::arrivals::{Action, Arrivals, Place, Shape};
+use crate::delete;
 use crate::digest::{self, Algorithm};
 use crate::existing;
 use crate::exit::{Corrupted, Exit, PeerLost};
+use crate::filter::Filter;
 use crate::proto::{Entry, EntryKind, FailKind, MAX_OKS, Msg, Verdict as EntryVerdict};
 use crate::report::{Failure, Progress, Stats};
 use crate::resume::have_batches;
@@ -46,6 +48,8 @@ pub struct RecvOptions {
     pub resume: bool,
     /// Which files are sent again: the receiver answers each by it.
     pub policy: Policy,
+    /// `--delete`: once all arrived, remove what the sender did not send.
+    pub delete: bool,
     /// The storage engine that writes the files.
     pub engine: Kind,
 }
@@ -112,6 +116,7 @@ pub async fn receive(
     links: &[Link],
     base: Base,
     opts: RecvOptions,
+    filter: &Filter,
     progress: &Progress,
 ) -> anyhow::Result<Received> {
     let link = &links[0];
@@ -146,6 +151,7 @@ pub async fn receive(
         answers: &answers,
         files: 0,
         skipped: 0,
+        sent: opts.delete.then(delete::Sent::default),
         dirs: Vec::new(),
         hard_links: Vec::new(),
         xattrs: XattrInbox::default(),
@@ -280,12 +286,37 @@ pub async fn receive(
             }
         }
     }
+    // What the destination has that the source does not, once all of the
+    // copy succeeded (and before directory times are set: removing
+    // changes them).
+    if let Some(sent) = new.sent.as_ref().filter(|_| ok) {
+        let dirs = new.dirs.iter().map(|(d, _)| (d.index, d.path.clone()));
+        // What the rules exclude is not the copy's to delete.
+        let keep = |path: &[u8], is_dir| filter.excludes(path, is_dir);
+        let deleted = delete::extraneous(&base, sent, dirs, &keep);
+        stats.deleted = deleted.removed.len() as u64;
+        for path in deleted.removed {
+            answers.removed(path);
+        }
+        for (index, path, e) in deleted.failed {
+            let (kind, reason) = self::failed(&e);
+            answers.send(index, Err((kind, reason.clone())));
+            failed.push(Failure {
+                path: tree::show(&path),
+                kind,
+                reason,
+            });
+            ok = false;
+        }
+    }
     // Directory metadata, modes and times last (deepest first), so that
     // writing into them was possible, their times are not bumped
     // afterwards, and a default ACL does not pass on to what arrived.
     for (d, xattrs) in new.dirs.iter().rev() {
         if let Err(e) = base.finish_dir(d, xattrs, how) {
             let (kind, reason) = self::failed(&e);
+            // (A second answer for it: the sender counts the failure.)
+            answers.send(d.index, Err((kind, reason.clone())));
             failed.push(Failure {
                 path: tree::show(&d.path),
                 kind,
@@ -320,6 +351,8 @@ struct Creator<'a> {
     files: u64,
     /// Files there already: nothing of them was sent.
     skipped: u64,
+    /// `--delete`: every name the sender sent.
+    sent: Option<delete::Sent>,
     /// Directories created, in order, with their extended attributes
     /// (their metadata, modes and times come last).
     dirs: Vec<(Entry, Vec<Xattr>)>,
@@ -353,6 +386,9 @@ impl Creator<'_> {
             bail!("entry {} is of a kind the request did not ask for", e.index);
         }
         let xattrs = self.xattrs.take(e.index, e.meta.map_or(0, |m| m.xattrs))?;
+        if let Some(sent) = &mut self.sent {
+            sent.entry(&e.path);
+        }
         let asks = self.opts.policy.asks() || self.opts.resume;
         if asks && end.is_some() {
             bail!(
@@ -682,6 +718,8 @@ enum Answer {
     Wanted,
     /// Re-sync: it is there already.
     Skipped,
+    /// `--delete`: this path is gone from the destination.
+    Removed(Vec<u8>),
 }
 
 /// The receiver's answers about entries, sent by a task of their own:
@@ -705,6 +743,9 @@ impl Answers {
                         Answer::Verdict(Ok(())) => oks.push(index),
                         Answer::Wanted => wanted.push(index),
                         Answer::Skipped => skipped.push(index),
+                        Answer::Removed(path) => {
+                            link.send_message(&Msg::Removed { path }.encode()).await?;
+                        }
                         Answer::Verdict(Err((kind, reason))) => {
                             let m = Msg::EntryFailed {
                                 index,
@@ -743,6 +784,10 @@ impl Answers {
 
     fn skipped(&self, index: u32) {
         self.say(index, Answer::Skipped);
+    }
+
+    fn removed(&self, path: Vec<u8>) {
+        self.say(0, Answer::Removed(path));
     }
 
     fn say(&self, index: u32, answer: Answer) {

@@ -17,6 +17,8 @@ pub struct Stats {
     pub files: u64,
     /// Files whose data was not sent: there already (re-sync).
     pub skipped: u64,
+    /// Entries removed from the destination (`--delete`).
+    pub deleted: u64,
     /// Data bytes carried by each stream (link) of the session.
     pub stream_bytes: Vec<u64>,
     /// Some entry failed.
@@ -101,6 +103,8 @@ pub struct Summary {
     pub blake3: Option<String>,
     pub bytes: u64,
     pub bytes_per_second: f64,
+    /// Entries removed from the destination (`--delete`).
+    pub deleted: u64,
     /// What the data was verified with: "blake3", "sha256" or "none".
     pub digest: &'static str,
     /// Whether the session was encrypted (it was authenticated in any
@@ -135,6 +139,7 @@ impl Summary {
             blake3: shown(Algorithm::Blake3),
             bytes: r.stats.bytes,
             bytes_per_second: rate(r),
+            deleted: r.stats.deleted,
             digest: r.algorithm.map_or("none", Algorithm::name),
             encrypted: r.protection == Protection::Encrypt,
             files: r.stats.files,
@@ -164,9 +169,11 @@ fn rate(r: &Report) -> f64 {
 
 /// The line a person reads on stderr at the end of a copy.
 pub fn human_line(r: &Report) -> String {
-    let skipped = match r.stats.skipped {
-        0 => String::new(),
-        n => format!(" ({n} there already)"),
+    let skipped = match (r.stats.skipped, r.stats.deleted) {
+        (0, 0) => String::new(),
+        (n, 0) => format!(" ({n} there already)"),
+        (0, d) => format!(" ({d} deleted)"),
+        (n, d) => format!(" ({n} there already, {d} deleted)"),
     };
     let line = format!(
         "{} file(s){skipped}, {} bytes in {:.2} s ({:.1} MB/s) over {}, {}",
@@ -216,6 +223,7 @@ mod tests {
                 bytes: 300_000,
                 files: 1,
                 skipped: 0,
+                deleted: 0,
                 stream_bytes: vec![200_000, 100_000],
                 failed: false,
             },
@@ -235,7 +243,7 @@ mod tests {
         let r = report(Some(Algorithm::Sha256), Some([0xab; 32]), vec![]);
         let expected = format!(
             concat!(
-                r#"{{"bytes":300000,"bytes_per_second":600000.0,"digest":"sha256","encrypted":true,"#,
+                r#"{{"bytes":300000,"bytes_per_second":600000.0,"deleted":0,"digest":"sha256","encrypted":true,"#,
                 r#""files":1,"#,
                 r#""io_engine":"threads","ok":true,"seconds":0.5,"sha256":"{}","skipped":0,"#,
                 r#""stream_bytes":[200000,100000],"streams":2,"transport":"tcp"}}"#
@@ -267,6 +275,7 @@ mod tests {
             [
                 "bytes",
                 "bytes_per_second",
+                "deleted",
                 "digest",
                 "encrypted",
                 "files",
@@ -297,6 +306,8 @@ mod tests {
         assert!(human_line(&r).ends_with("over tcp, encrypted"));
         r.stats.skipped = 1;
         assert!(human_line(&r).starts_with("1 file(s) (1 there already), 300000 bytes"));
+        r.stats.deleted = 2;
+        assert!(human_line(&r).starts_with("1 file(s) (1 there already, 2 deleted), 300000"));
         let r = report(Some(Algorithm::Blake3), Some([0; 32]), vec![failure()]);
         assert_eq!(
             human_line(&r),

@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 use crate::archive::{self, Keep};
 use crate::digest::Algorithm;
 use crate::exit::PeerLost;
+use crate::filter::Filter;
 use crate::proto::{Entry, EntryKind, Msg, Verdict};
 use crate::report::{Failure, Progress, Stats};
 use crate::resume;
@@ -120,6 +121,7 @@ pub async fn send(
     links: &[Link],
     sources: Vec<Source>,
     opts: SendOptions,
+    filter: &Arc<Filter>,
     progress: &Progress,
 ) -> anyhow::Result<(Stats, Outcome)> {
     let link = &links[0];
@@ -139,7 +141,7 @@ pub async fn send(
     // files) ahead. Items go over in batches when the planner is behind, so
     // that the two threads do not wake each other for every file.
     let (items_tx, mut items) = mpsc::channel::<Vec<anyhow::Result<Item>>>(WALK_BATCHES);
-    let mut walk = Walker::new(opts.recursive, opts.keep);
+    let mut walk = Walker::new(opts.recursive, opts.keep, Arc::clone(filter));
     let walker = tokio::task::spawn_blocking(move || {
         let mut batch = Vec::new();
         for s in sources {
@@ -373,7 +375,9 @@ pub async fn send(
     for s in stripers {
         stats.stream_bytes.push(s.await??);
     }
-    for (index, verdict) in answers.await?? {
+    let (verdicts, removed) = answers.await??;
+    stats.deleted = removed.len() as u64;
+    for (index, verdict) in verdicts {
         if let Err((kind, reason)) = verdict {
             let path = names.get(&index).map(|p| tree::show(p)).unwrap_or_default();
             outcome.failed.push(Failure { path, kind, reason });
@@ -770,8 +774,13 @@ impl Waiting {
 type Asking = Arc<std::sync::Mutex<Waiting>>;
 
 /// Reads the receiver's answers until it says goodbye; every entry gets one.
-async fn collect_answers(link: &Link, asking: &Asking) -> anyhow::Result<Vec<(u32, Verdict)>> {
+/// What the receiver said: a verdict on every entry, and what it removed
+/// from the destination (`--delete`).
+type Said = (Vec<(u32, Verdict)>, Vec<Vec<u8>>);
+
+async fn collect_answers(link: &Link, asking: &Asking) -> anyhow::Result<Said> {
     let mut answers = Vec::new();
+    let mut removed = Vec::new();
     while let Some(item) = link.recv().await? {
         let Incoming::Message(bytes) = item else {
             bail!("the receiver sent data during a push");
@@ -804,6 +813,7 @@ async fn collect_answers(link: &Link, asking: &Asking) -> anyhow::Result<Vec<(u3
                     answers.push((index, Ok(())));
                 }
             }
+            Msg::Removed { path } => removed.push(path),
             Msg::EntryOk { index } => answers.push((index, Ok(()))),
             Msg::EntriesOk { indices } => answers.extend(indices.into_iter().map(|i| (i, Ok(())))),
             Msg::EntryFailed {
@@ -822,5 +832,5 @@ async fn collect_answers(link: &Link, asking: &Asking) -> anyhow::Result<Vec<(u3
             other => bail!("unexpected {} from the receiver", other.name()),
         }
     }
-    Ok(answers)
+    Ok((answers, removed))
 }

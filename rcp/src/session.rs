@@ -15,6 +15,7 @@ use crate::archive::Keep;
 use crate::connect::link_config;
 use crate::digest::Algorithm;
 use crate::exit::{PeerLost, Refused};
+use crate::filter::{Filter, RuleText};
 use crate::proto::{Msg, flags};
 use crate::recv::{self, RecvOptions};
 use crate::report::{Progress, Report, Stats};
@@ -28,7 +29,7 @@ use rfabric::link::seal::{Before, EncryptChoice, Protection};
 use rfabric::storage::Kind;
 
 /// How to copy.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Params {
     pub recursive: bool,
     pub preserve: bool,
@@ -41,6 +42,10 @@ pub struct Params {
     pub resume: bool,
     /// Which files are sent again (the client's choice).
     pub policy: Policy,
+    /// `--delete` (the client's choice).
+    pub delete: bool,
+    /// `--exclude`, `--include` (the client's, sent after the request).
+    pub filter: Arc<Filter>,
     pub chunk: usize,
     /// Landing slots per stream.
     pub window: u32,
@@ -73,12 +78,18 @@ impl Params {
         if self.digest == Algorithm::Blake3 {
             f |= flags::BLAKE3;
         }
+        if self.delete {
+            f |= flags::DELETE;
+        }
+        if !self.filter.is_empty() {
+            f |= flags::FILTERS;
+        }
         f | self.keep.flags() | self.policy.flags()
     }
 
     /// The client's choices as the server applies them.
     /// (A FIPS-mode host refuses a request for BLAKE3.)
-    fn with_request(self, f: u32, streams: u32) -> anyhow::Result<Params> {
+    fn with_request(&self, f: u32, streams: u32, filter: Arc<Filter>) -> anyhow::Result<Params> {
         if f & flags::BLAKE3 != 0 && crate::digest::fips_mode() {
             return Err(crate::digest::FipsRefusesBlake3.into());
         }
@@ -89,13 +100,15 @@ impl Params {
             verify: f & flags::NO_VERIFY == 0,
             resume: f & flags::RESUME != 0,
             policy: Policy::from_flags(f),
+            delete: f & flags::DELETE != 0,
             digest: if f & flags::BLAKE3 != 0 {
                 Algorithm::Blake3
             } else {
                 Algorithm::Sha256
             },
             streams,
-            ..self
+            filter,
+            ..self.clone()
         })
     }
 
@@ -124,6 +137,7 @@ impl Params {
             digest: self.digest,
             resume: self.resume,
             policy: self.policy,
+            delete: self.delete,
             engine: self.io_engine,
         }
     }
@@ -208,6 +222,7 @@ pub async fn client(
     let transport = first.backend().name();
     let protection = first.protection().expect("an authenticated link is sealed");
     let mut links = vec![first];
+    let (io_engine, algorithm) = (params.io_engine, params.verify.then_some(params.digest));
     let result = client_session(target, &mut links, secret, request, params, progress).await;
     if result.is_err() {
         streams::abort_all(&links, "client gave up");
@@ -223,9 +238,9 @@ pub async fn client(
         seconds,
         transport,
         protection,
-        io_engine: params.io_engine,
+        io_engine,
         streams,
-        algorithm: params.verify.then_some(params.digest),
+        algorithm,
         digest,
         failed: outcome.failed,
     })
@@ -287,6 +302,7 @@ async fn join_streams(
     let opening: Vec<_> = (1..params.streams)
         .map(|stream| {
             let secret = secret.to_vec();
+            let params = params.clone();
             tokio::spawn(async move {
                 let link = target.open(&secret, &params).await?;
                 let join = Msg::Join { session, stream };
@@ -330,10 +346,17 @@ async fn client_session(
                 dest,
             };
             control.send_message(&push.encode()).await?;
+            send_rules(&control, &params.filter).await?;
             let session = expect_ready(&control).await?;
-            join_streams(target, links, secret, session, params).await?;
-            let (stats, outcome) =
-                send::send(links, local, params.send_options(), progress).await?;
+            join_streams(target, links, secret, session, params.clone()).await?;
+            let (stats, outcome) = send::send(
+                links,
+                local,
+                params.send_options(),
+                &params.filter,
+                progress,
+            )
+            .await?;
             streams::finish_all(links).await?;
             (stats, outcome)
         }
@@ -345,9 +368,11 @@ async fn client_session(
                 sources,
             };
             control.send_message(&pull.encode()).await?;
+            send_rules(&control, &params.filter).await?;
             let session = expect_ready(&control).await?;
-            join_streams(target, links, secret, session, params).await?;
-            let got = recv::receive(links, base, params.recv_options(), progress).await?;
+            join_streams(target, links, secret, session, params.clone()).await?;
+            let got =
+                recv::receive(links, base, params.recv_options(), &params.filter, progress).await?;
             streams::finish_all(links).await?;
             let outcome = send::Outcome {
                 digests: got.digests,
@@ -357,6 +382,58 @@ async fn client_session(
         }
     };
     Ok((stats, outcome, started.elapsed().as_secs_f64()))
+}
+
+/// The filter rules after a request, as `Rules` messages that fit the
+/// link's.
+async fn send_rules(link: &Link, filter: &Filter) -> anyhow::Result<()> {
+    let texts = filter.texts();
+    if texts.is_empty() {
+        return Ok(());
+    }
+    let room = link.max_message().saturating_sub(16);
+    let mut batches: Vec<Vec<RuleText>> = vec![Vec::new()];
+    let mut size = 0;
+    for t in texts {
+        let len = t.pattern.len() + 3;
+        if size + len > room && !batches.last().expect("one").is_empty() {
+            batches.push(Vec::new());
+            size = 0;
+        }
+        size += len;
+        batches.last_mut().expect("one").push(t.clone());
+    }
+    let last = batches.len() - 1;
+    for (i, rules) in batches.into_iter().enumerate() {
+        let m = Msg::Rules {
+            rules,
+            more: i < last,
+        };
+        link.send_message(&m.encode()).await?;
+    }
+    Ok(())
+}
+
+/// The filter rules that follow a request with the `FILTERS` flag.
+async fn receive_rules(link: &Link, flags: u32) -> anyhow::Result<Arc<Filter>> {
+    let mut texts = Vec::new();
+    if flags & flags::FILTERS != 0 {
+        loop {
+            let Msg::Rules { rules, more } = setup_msg(link).await? else {
+                bail!("the request's filter rules did not follow it");
+            };
+            texts.extend(rules);
+            if texts.len() > crate::filter::MAX_RULES {
+                bail!("more than {} filter rules", crate::filter::MAX_RULES);
+            }
+            if !more {
+                break;
+            }
+        }
+    }
+    Ok(Arc::new(
+        Filter::new(texts).map_err(|e| refused(&e.to_string()))?,
+    ))
 }
 
 /// Waits for the server's `Ready`; returns the session id in it.
@@ -437,7 +514,7 @@ pub enum Served {
 
 /// The server side of one connection: a session, or a stream joining one.
 pub async fn server(conn: Arc<dyn Connection>, config: &ServeConfig) -> anyhow::Result<Served> {
-    let p = config.params;
+    let p = &config.params;
     let shape = link_config(Role::Server, p.window, p.chunk, &conn.limits());
     let link = tokio::time::timeout(SETUP_TIME, Link::establish(conn, shape))
         .await
@@ -465,7 +542,7 @@ pub async fn server(conn: Arc<dyn Connection>, config: &ServeConfig) -> anyhow::
 /// Turns a connection away with `reason` (the client sees it), within a
 /// few seconds whatever the client does.
 pub async fn refuse(conn: Arc<dyn Connection>, config: &ServeConfig, reason: String) {
-    let p = config.params;
+    let p = &config.params;
     let shape = link_config(Role::Server, p.window, p.chunk, &conn.limits());
     let within = std::time::Duration::from_secs(5);
     let Ok(Ok(link)) = tokio::time::timeout(within, Link::establish(conn, shape)).await else {
@@ -520,10 +597,18 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             sources,
             dest,
         } => {
-            let params = config.params.with_request(flags, streams)?;
+            let filter = receive_rules(&link, flags).await?;
+            let params = config.params.with_request(flags, streams, filter)?;
             let base = confined_base(&config.roots, &dest, sources as usize)?;
             *links = ready(&link, config, true, streams).await?;
-            let got = recv::receive(links, base, params.recv_options(), &progress).await?;
+            let got = recv::receive(
+                links,
+                base,
+                params.recv_options(),
+                &params.filter,
+                &progress,
+            )
+            .await?;
             if config.log {
                 for f in &got.failed {
                     tracing::warn!(path = f.path, kind = ?f.kind, "{}: {}", f.path, f.reason);
@@ -537,14 +622,15 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             streams,
             sources,
         } => {
-            let params = config.params.with_request(flags, streams)?;
+            let filter = receive_rules(&link, flags).await?;
+            let params = config.params.with_request(flags, streams, filter)?;
             let local = sources
                 .iter()
                 .map(|s| confined_source(&config.roots, s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
             *links = ready(&link, config, false, streams).await?;
             let options = params.send_options();
-            let (stats, _) = send::send(links, local, options, &progress).await?;
+            let (stats, _) = send::send(links, local, options, &params.filter, &progress).await?;
             streams::finish_all(links).await?;
             stats
         }

@@ -21,6 +21,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 
 use crate::archive::{self, Keep, Node, Powers, Xattr};
 use crate::digest;
+use crate::filter::Filter;
 use crate::proto::{Entry, EntryKind, Meta};
 
 /// Splits a peer's relative path into checked components: not empty, not
@@ -167,15 +168,18 @@ fn entry_for(
 pub struct Walker {
     recursive: bool,
     keep: Keep,
+    /// What is left out (and not descended into, for a directory).
+    filter: Arc<Filter>,
     next_index: u32,
     first_names: std::collections::HashMap<(u64, u64), Vec<u8>>,
 }
 
 impl Walker {
-    pub fn new(recursive: bool, keep: Keep) -> Walker {
+    pub fn new(recursive: bool, keep: Keep, filter: Arc<Filter>) -> Walker {
         Walker {
             recursive,
             keep,
+            filter,
             next_index: 0,
             first_names: Default::default(),
         }
@@ -206,6 +210,10 @@ impl Walker {
         emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
         shown: &str,
     ) -> anyhow::Result<()> {
+        let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
+        if self.filter.excludes(&path, is_dir) {
+            return Ok(());
+        }
         let cname = cstr(name)?;
         let target = if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink {
             rustix::fs::readlinkat(parent, cname.as_c_str(), Vec::new())

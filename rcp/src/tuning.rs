@@ -57,6 +57,8 @@ pub fn params(
         verify,
         resume: false,
         policy: crate::resync::Policy::default(),
+        delete: false,
+        filter: std::sync::Arc::default(),
         chunk: t.chunk_size,
         window: t.window,
         streams: 1,
