@@ -11,8 +11,9 @@
 //! - A pattern ending with `/` matches only directories.
 //! - `*` matches within one component, `**` across components, `?` one
 //!   character other than `/`, `[...]` a class (`[!...]` or `[^...]`
-//!   negated), `\` quotes the next character; `dir/***` matches `dir`
-//!   and everything beneath it.
+//!   negated), `\` quotes the next character (in a pattern with a
+//!   wildcard; one without is literal throughout); `dir/***` matches
+//!   `dir` and everything beneath it.
 //! - An excluded directory is not descended into.
 //!
 //! Patterns become anchored regular expressions (the `regex` crate, on
@@ -136,7 +137,12 @@ fn compile(t: &RuleText) -> Result<Rule, FilterError> {
         None => (p, false),
     };
     let mut re = String::from(if anchored { "(?s-u)^" } else { "(?s-u)(?:^|/)" });
-    re.push_str(&wildcards(p).ok_or_else(|| FilterError::UnclosedClass { pattern: shown() })?);
+    // As rsync: without a wildcard a pattern is literal, backslashes too.
+    if p.iter().any(|b| matches!(b, b'*' | b'?' | b'[')) {
+        re.push_str(&wildcards(p).ok_or_else(|| FilterError::UnclosedClass { pattern: shown() })?);
+    } else {
+        re.extend(p.iter().map(|&b| byte(b)));
+    }
     if and_beneath {
         re.push_str("(?:/.*)?");
     }
@@ -306,11 +312,13 @@ mod tests {
         assert!(ex("[[:digit:]]z").excludes(b"3z", false));
         assert!(!ex("a[!x]b").excludes(b"a/b", false), "a class is never /");
         assert!(ex(r"\*").excludes(b"*", false));
+        assert!(ex(r"a\]").excludes(br"a\]", false), "no wildcard: literal");
+        assert!(!ex(r"a\]").excludes(b"a]", false));
         assert!(!ex(r"\*").excludes(b"x", false));
         assert!(ex("a.b").excludes(b"a.b", false));
         assert!(!ex("a.b").excludes(b"axb", false), "a dot is a dot");
         assert!(ex("\u{fc}*").excludes("\u{fc}ber".as_bytes(), false));
-        assert!(ex("b\\xff").excludes(b"bxff", false));
+        assert!(ex("b\\x*").excludes(b"bxff", false), "a quoted x is an x");
         assert!(
             ex("b?").excludes(b"b\xff", false),
             "names need not be UTF-8"

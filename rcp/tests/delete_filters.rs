@@ -1,0 +1,349 @@
+//! `--delete` and the filter rules against the oracle: the same command
+//! line through rcp and through rsync, into destinations made alike, then
+//! compared entry by entry. A `--delete` run whose copy fails deletes
+//! nothing, and deleting never follows a symlink out of the destination.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::Command;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use test_support::{Scratch, pattern};
+
+mod common;
+use common::trees::*;
+use common::{Daemon, RCP, fake_rsh, s, secret};
+
+fn rcp(args: &[&OsStr], path: &str) -> std::process::Output {
+    Command::new(RCP)
+        .args(["-q", "--chunk-size", "64K"])
+        .args(args)
+        .env("PATH", path)
+        .output()
+        .expect("rcp runs")
+}
+
+fn rcp_ok(args: &[&OsStr], path: &str) {
+    let out = rcp(args, path);
+    assert!(
+        out.status.success(),
+        "rcp {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn rsync_into(flags: &[&OsStr], src: &Path, into: &Path) {
+    let out = Command::new("rsync")
+        .args(flags)
+        .arg(src)
+        .arg(format!("{}/", into.display()))
+        .output()
+        .expect("rsync runs");
+    assert!(
+        out.status.success(),
+        "rsync {flags:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn assert_same(what: &str, a: &Path, b: &Path) {
+    let diff = differences(a, b);
+    assert!(
+        diff.is_empty(),
+        "{what}: {} differences:\n{}",
+        diff.len(),
+        diff.join("\n")
+    );
+}
+
+fn write(p: &Path, data: &[u8], sec: i64) {
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, data).unwrap();
+    set_times(p, sec, 0);
+}
+
+/// A source tree with names the rules below tell apart.
+fn source(root: &Path) {
+    let names = [
+        "a.c",
+        "a.o",
+        "b.c",
+        "core",
+        "notes.txt",
+        "x1",
+        "x22",
+        "]odd",
+        "sp ace.o",
+    ];
+    for (i, dir) in ["", "d0", "d0/sub", "d1", "cache", "d1/cache", "keep"]
+        .iter()
+        .enumerate()
+    {
+        for (j, n) in names.iter().enumerate() {
+            if (i + j) % 3 != 2 {
+                let p = root.join(dir).join(n);
+                write(
+                    &p,
+                    &pattern(10 + i * 7 + j, (i * 31 + j) as u64),
+                    1_600_000_000,
+                );
+            }
+        }
+    }
+    // A file named like a directory rule, to tell `cache/` from `cache`.
+    write(&root.join("d0/cache"), b"a file", 1_600_000_000);
+    for d in ["d0/sub", "d0", "d1/cache", "d1", "cache", "keep"] {
+        set_times(&root.join(d), 1_500_000_000, 0);
+    }
+    set_times(root, 1_500_000_000, 0);
+}
+
+/// A destination as a previous copy left it, with what the source no
+/// longer has: files, a directory tree, a symlink to a directory outside
+/// the destination (whose contents must survive), files the rules protect.
+fn stale(into: &Path, outside: &Path) {
+    let top = into.join("src");
+    write(&top.join("gone.txt"), b"gone", 1_500_000_000);
+    write(&top.join("d0/gone.o"), b"gone", 1_500_000_000);
+    write(&top.join("old/deeper/file"), b"gone", 1_500_000_000);
+    write(&top.join("cache/stale"), b"kept by cache/", 1_500_000_000);
+    write(&top.join("d1/protected.o"), b"kept by *.o", 1_500_000_000);
+    std::os::unix::fs::symlink(outside, top.join("escape")).unwrap();
+    std::os::unix::fs::symlink(outside, top.join("d1/escape2")).unwrap();
+    // (Directories the copy leaves alone keep these times in both.)
+    for d in ["d0", "old/deeper", "old", "cache", "d1", ""] {
+        set_times(&top.join(d), 1_400_000_000, 0);
+    }
+}
+
+#[test]
+fn delete_leaves_what_rsync_delete_leaves_in_every_mode() {
+    let t = Scratch::new("delete-modes");
+    let src = t.path("src");
+    source(&src);
+    let outside = t.path("outside");
+    write(&outside.join("precious"), b"never deleted", 1_500_000_000);
+    let key = secret(&t, "key");
+    let daemon = Daemon::start(&[t.dir()], &key);
+    let (rsh, path) = fake_rsh(&t);
+    let rules = ["--exclude", "*.o", "--exclude", "cache/"];
+
+    let oracle = t.path("oracle");
+    stale(&oracle, &outside);
+    let mut flags: Vec<&OsStr> = vec![OsStr::new("-a"), OsStr::new("--delete")];
+    flags.extend(rules.iter().map(OsStr::new));
+    rsync_into(&flags, &src, &oracle);
+    // rsync removed the stale entries and the symlinks, and kept what the
+    // rules protect (else the comparison proves little).
+    assert!(!oracle.join("src/old").exists() && !oracle.join("src/gone.txt").exists());
+    assert!(oracle.join("src/cache/stale").exists() && oracle.join("src/d1/protected.o").exists());
+    assert!(std::fs::symlink_metadata(oracle.join("src/escape")).is_err());
+
+    for mode in ["local", "push", "pull", "remote shell"] {
+        let into = t.path(&format!("into-{}", mode.replace(' ', "-")));
+        stale(&into, &outside);
+        let mut args: Vec<&OsStr> = flags.clone();
+        let (from, to);
+        match mode {
+            "local" => (from, to) = (s(&src).to_string(), s(&into).to_string()),
+            "push" => (from, to) = (s(&src).to_string(), daemon.url(&into)),
+            "pull" => (from, to) = (daemon.url(&src), s(&into).to_string()),
+            _ => {
+                (from, to) = (s(&src).to_string(), format!("localhost:{}", into.display()));
+                args.extend([OsStr::new("--rsh"), rsh.as_os_str()]);
+            }
+        }
+        if mode == "push" || mode == "pull" {
+            args.extend([OsStr::new("--secret-file"), key.as_os_str()]);
+        }
+        args.extend([OsStr::new(&from), OsStr::new(&to)]);
+        rcp_ok(&args, &path);
+        assert_same(mode, &oracle, &into);
+        assert_eq!(
+            std::fs::read(outside.join("precious")).unwrap(),
+            b"never deleted",
+            "{mode}: deleting followed a symlink out"
+        );
+    }
+}
+
+#[test]
+fn a_delete_run_whose_copy_fails_deletes_nothing() {
+    let t = Scratch::new("delete-fails");
+    let src = t.path("src");
+    source(&src);
+    let into = t.path("into");
+    let outside = t.path("outside");
+    stale(&into, &outside);
+    // Where the source has a file, the destination has a directory with
+    // something in it: that file cannot be put in place.
+    write(
+        &into.join("src/notes.txt/inside"),
+        b"in the way",
+        1_500_000_000,
+    );
+    let out = rcp(
+        &[
+            OsStr::new("-a"),
+            OsStr::new("--delete"),
+            src.as_os_str(),
+            into.as_os_str(),
+        ],
+        "",
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("notes.txt"));
+    for stale in ["gone.txt", "d0/gone.o", "old/deeper/file", "escape"] {
+        assert!(
+            std::fs::symlink_metadata(into.join("src").join(stale)).is_ok(),
+            "{stale} was deleted by a copy that failed"
+        );
+    }
+    // Once the obstacle is gone, the same command deletes them.
+    std::fs::remove_dir_all(into.join("src/notes.txt")).unwrap();
+    let out = rcp(
+        &[
+            OsStr::new("-a"),
+            OsStr::new("--delete"),
+            src.as_os_str(),
+            into.as_os_str(),
+        ],
+        "",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::symlink_metadata(into.join("src/gone.txt")).is_err());
+    assert!(std::fs::symlink_metadata(into.join("src/escape")).is_err());
+}
+
+/// Rule lists: each is (option, value) pairs in order.
+fn rule_sets(rng: &mut SmallRng, exclude_from: &Path) -> Vec<Vec<(&'static str, String)>> {
+    let ex = |p: &str| ("--exclude", p.to_string());
+    let inc = |p: &str| ("--include", p.to_string());
+    let mut sets = vec![
+        vec![ex("*.o")],
+        vec![ex("/src/d0")],
+        vec![ex("d0")],
+        vec![ex("cache/")],
+        vec![ex("cache")],
+        vec![ex("src/d1/cache")],
+        vec![ex("/src/d1/**")],
+        vec![ex("d0/***")],
+        vec![ex("x?")],
+        vec![ex("x*")],
+        vec![ex("[a-b].*")],
+        vec![ex("[!a-c]*")],
+        vec![ex("\\]odd")],
+        vec![ex("sp ace.o")],
+        vec![ex("**/sub/*")],
+        vec![ex("*ore")],
+        vec![inc("*/"), inc("*.c"), ex("*")],
+        vec![inc("a.o"), ex("*.o")],
+        vec![ex("*.o"), inc("a.o")],
+        vec![inc("/src/keep/***"), ex("/src/*")],
+        vec![("--exclude-from", exclude_from.display().to_string())],
+    ];
+    // And random lists from a pool of patterns, in random order.
+    let pool = [
+        "*.c",
+        "*.o",
+        "core",
+        "d0/",
+        "d1",
+        "/src/cache",
+        "**/x*",
+        "sub/",
+        "[ax]*",
+        "*.txt",
+        "keep/***",
+        "/src/d0/sub/*",
+        "?.c",
+        "**1",
+    ];
+    for _ in 0..15 {
+        let n = rng.random_range(1..5);
+        let set = (0..n)
+            .map(|_| {
+                let p = pool[rng.random_range(0..pool.len())];
+                if rng.random_bool(0.3) { inc(p) } else { ex(p) }
+            })
+            .collect();
+        sets.push(set);
+    }
+    sets
+}
+
+#[test]
+fn filters_select_what_rsync_selects() {
+    let t = Scratch::new("filters");
+    let src = t.path("src");
+    source(&src);
+    let list = t.path("rules.list");
+    std::fs::write(
+        &list,
+        "# a comment\n; another\n\n+ *.c\n+ */\n- /src/d1/**\n- *.o\nx22\n",
+    )
+    .unwrap();
+    let mut rng = SmallRng::seed_from_u64(0xf117);
+    let mut told_apart = 0;
+    let everything = t.path("everything");
+    std::fs::create_dir(&everything).unwrap();
+    rsync_into(&[OsStr::new("-a")], &src, &everything);
+    for (i, set) in rule_sets(&mut rng, &list).into_iter().enumerate() {
+        let (ours, oracle) = (t.path(&format!("ours{i}")), t.path(&format!("rsync{i}")));
+        std::fs::create_dir(&ours).unwrap();
+        std::fs::create_dir(&oracle).unwrap();
+        let mut flags: Vec<&OsStr> = vec![OsStr::new("-a")];
+        for (opt, value) in &set {
+            flags.extend([OsStr::new(opt), OsStr::new(value)]);
+        }
+        rsync_into(&flags, &src, &oracle);
+        let mut args = flags.clone();
+        args.extend([src.as_os_str(), ours.as_os_str()]);
+        rcp_ok(&args, "");
+        assert_same(&format!("rules {set:?}"), &oracle, &ours);
+        told_apart += usize::from(!differences(&everything, &oracle).is_empty());
+    }
+    // Most rule sets leave something out (the comparisons are not of
+    // whole copies only).
+    assert!(
+        told_apart >= 30,
+        "only {told_apart} rule sets left anything out"
+    );
+}
+
+#[test]
+fn bad_rules_are_refused_clearly() {
+    let t = Scratch::new("filters-bad");
+    let src = t.path("src");
+    write(&src.join("f"), b"x", 1_600_000_000);
+    let dest = t.path("out");
+    for (args, says) in [
+        (vec!["--exclude", "a[bc"], "unclosed [ class"),
+        (vec!["--exclude", ""], "empty pattern"),
+        (
+            vec!["--exclude-from", "/nonexistent/list"],
+            "cannot read --exclude-from",
+        ),
+    ] {
+        let mut a: Vec<&OsStr> = vec![OsStr::new("-r")];
+        a.extend(args.iter().map(OsStr::new));
+        a.extend([src.as_os_str(), dest.as_os_str()]);
+        let out = rcp(&a, "");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+        assert!(!dest.exists(), "{args:?}: copied anyway");
+    }
+}
