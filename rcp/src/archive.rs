@@ -144,6 +144,50 @@ fn proc_path(dir: BorrowedFd<'_>, name: &CStr) -> CString {
     CString::new(p).expect("a C name has no NUL")
 }
 
+/// How attributes of a node are read: through its descriptor, or by the
+/// `/proc/self/fd` path of its name (never following a symlink).
+enum Reach<'a> {
+    Fd(BorrowedFd<'a>),
+    Path(CString),
+}
+
+impl Reach<'_> {
+    fn of(node: Node<'_>) -> Reach<'_> {
+        match node {
+            Node::Fd(fd) => Reach::Fd(fd),
+            Node::At(dir, name) => Reach::Path(proc_path(dir, name)),
+        }
+    }
+
+    fn list_query(&self) -> rustix::io::Result<usize> {
+        match self {
+            Reach::Fd(fd) => rustix::fs::flistxattr_query(fd),
+            Reach::Path(p) => rustix::fs::llistxattr_query(p.as_c_str()),
+        }
+    }
+
+    fn list(&self, b: &mut [u8]) -> rustix::io::Result<usize> {
+        match self {
+            Reach::Fd(fd) => rustix::fs::flistxattr(fd, b),
+            Reach::Path(p) => rustix::fs::llistxattr(p.as_c_str(), b),
+        }
+    }
+
+    fn get_query(&self, name: &CStr) -> rustix::io::Result<usize> {
+        match self {
+            Reach::Fd(fd) => rustix::fs::fgetxattr_query(fd, name),
+            Reach::Path(p) => rustix::fs::lgetxattr_query(p.as_c_str(), name),
+        }
+    }
+
+    fn get(&self, name: &CStr, b: &mut [u8]) -> rustix::io::Result<usize> {
+        match self {
+            Reach::Fd(fd) => rustix::fs::fgetxattr(fd, name, b),
+            Reach::Path(p) => rustix::fs::lgetxattr(p.as_c_str(), name, b),
+        }
+    }
+}
+
 /// Calls `get` with a buffer of the size `query` says it needs (sizes can
 /// grow between the two: tried again on ERANGE).
 fn sized(
@@ -167,18 +211,19 @@ fn sized(
     }
 }
 
-/// The attributes of `name` in `dir` that `keep` carries, never following
-/// a symlink. A filesystem without attributes has none.
-pub fn read_xattrs(dir: BorrowedFd<'_>, name: &CStr, keep: Keep) -> anyhow::Result<Vec<Xattr>> {
+/// The attributes of `node` that `keep` carries, never following a
+/// symlink (a node by name is reached through `/proc/self/fd`; one that is
+/// open costs no path walk). A filesystem without attributes has none.
+pub fn read_xattrs(node: Node<'_>, keep: Keep) -> anyhow::Result<Vec<Xattr>> {
     if !(keep.xattrs || keep.acls) {
         return Ok(Vec::new());
     }
-    let path = proc_path(dir, name);
-    let shown = || name.to_string_lossy().into_owned();
-    let list = match sized(
-        || rustix::fs::llistxattr_query(path.as_c_str()),
-        |b| rustix::fs::llistxattr(path.as_c_str(), b),
-    ) {
+    let reach = Reach::of(node);
+    let shown = || match node {
+        Node::At(_, name) => name.to_string_lossy().into_owned(),
+        Node::Fd(_) => "the file".to_string(),
+    };
+    let list = match sized(|| reach.list_query(), |b| reach.list(b)) {
         Ok(l) => l,
         Err(Errno::NOTSUP) => return Ok(Vec::new()),
         Err(e) => {
@@ -193,10 +238,7 @@ pub fn read_xattrs(dir: BorrowedFd<'_>, name: &CStr, keep: Keep) -> anyhow::Resu
             continue;
         }
         let attr_c = CString::new(attr).expect("split at NUL");
-        let value = match sized(
-            || rustix::fs::lgetxattr_query(path.as_c_str(), attr_c.as_c_str()),
-            |b| rustix::fs::lgetxattr(path.as_c_str(), attr_c.as_c_str(), b),
-        ) {
+        let value = match sized(|| reach.get_query(&attr_c), |b| reach.get(&attr_c, b)) {
             Ok(v) => v,
             // Removed since the listing.
             Err(Errno::NODATA) => continue,
@@ -403,6 +445,34 @@ pub fn apply(
     Ok(())
 }
 
+/// Whether a node with attributes `there` has what [`apply`] would give it
+/// from `wanted` (then applying can be skipped: a re-sync of unchanged
+/// files touches nothing).
+pub fn same_xattrs(
+    there: &[Xattr],
+    wanted: &[Xattr],
+    kind: EntryKind,
+    keep: Keep,
+    powers: Powers,
+) -> bool {
+    let applied = |x: &&Xattr| {
+        let privileged = x.name.starts_with(b"trusted.") || x.name.starts_with(b"security.");
+        !privileged || powers.owners
+    };
+    let value_there = |name: &[u8]| there.iter().find(|t| t.name == name).map(|t| &t.value);
+    let all_there = wanted
+        .iter()
+        .filter(applied)
+        .all(|w| value_there(&w.name) == Some(&w.value));
+    // The ACLs apply removes when the source has none.
+    let has = |n: &[u8]| wanted.iter().any(|x| x.name == n);
+    let no_extra_acl = !keep.acls
+        || kind == EntryKind::Symlink
+        || ((has(ACL_ACCESS) || value_there(ACL_ACCESS).is_none())
+            && (kind != EntryKind::Dir || has(ACL_DEFAULT) || value_there(ACL_DEFAULT).is_none()));
+    all_there && no_extra_acl
+}
+
 fn set_owner(node: Node<'_>, meta: &Meta, keep: Keep, powers: Powers) -> anyhow::Result<()> {
     let uid = (keep.owner && powers.owners).then(|| rustix::fs::Uid::from_raw(meta.uid));
     let gid = (keep.group && (powers.owners || powers.own_groups))
@@ -564,8 +634,11 @@ mod tests {
             xattrs: true,
             ..Keep::default()
         };
-        assert_eq!(read_xattrs(d.as_fd(), name, only_acls).unwrap(), vec![]);
-        let got = read_xattrs(d.as_fd(), name, xattrs).unwrap();
+        assert_eq!(
+            read_xattrs(Node::At(d.as_fd(), name), only_acls).unwrap(),
+            vec![]
+        );
+        let got = read_xattrs(Node::At(d.as_fd(), name), xattrs).unwrap();
         assert_eq!(
             got,
             vec![Xattr {
@@ -590,10 +663,13 @@ mod tests {
             powers,
         )
         .unwrap();
-        assert_eq!(read_xattrs(d.as_fd(), c"g", xattrs).unwrap(), got);
+        assert_eq!(read_xattrs(Node::At(d.as_fd(), c"g"), xattrs).unwrap(), got);
         set_xattr(Node::At(d.as_fd(), c"g"), b"user.rcp-test", None).unwrap();
         set_xattr(Node::At(d.as_fd(), c"g"), b"user.rcp-test", None).unwrap();
-        assert_eq!(read_xattrs(d.as_fd(), c"g", xattrs).unwrap(), vec![]);
+        assert_eq!(
+            read_xattrs(Node::At(d.as_fd(), c"g"), xattrs).unwrap(),
+            vec![]
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -43,18 +43,26 @@ pub fn refresh(
 ) -> anyhow::Result<()> {
     let mode_wrong = how.preserve && st.st_mode & 0o7777 != how.mode_of(e);
     let times_wrong = how.preserve && (st.st_mtime, st.st_mtime_nsec as u32) != tree::mtime(e);
-    let (owner_wrong, attributes) = match &e.meta {
-        Some(m) => (
-            (how.keep.owner && how.powers.owners && st.st_uid != m.uid)
-                || (how.keep.group && st.st_gid != m.gid),
-            how.keep.xattrs || how.keep.acls,
-        ),
-        None => (false, false),
+    let owner_wrong = e.meta.is_some_and(|m| {
+        (how.keep.owner && how.powers.owners && st.st_uid != m.uid)
+            || (how.keep.group && st.st_gid != m.gid)
+    });
+    // Attributes are compared through the file opened (no path walk),
+    // and set through it if they differ.
+    let mut open = None;
+    let attributes_wrong = e.meta.is_some() && (how.keep.xattrs || how.keep.acls) && {
+        let fd = open.insert(open_regular(base, e)?);
+        let there = archive::read_xattrs(Node::Fd(fd.as_fd()), how.keep)?;
+        !archive::same_xattrs(&there, xattrs, e.kind, how.keep, how.powers)
     };
-    if !(mode_wrong || times_wrong || owner_wrong || attributes) {
+    if !(mode_wrong || times_wrong || owner_wrong || attributes_wrong) {
         return Ok(());
     }
-    set_all(&open_regular(base, e)?, e, xattrs, how)
+    let fd = match open {
+        Some(fd) => fd,
+        None => open_regular(base, e)?,
+    };
+    set_all(&fd, e, xattrs, how)
 }
 
 /// [`refresh`] for the file open as `fd` (the basis of a comparison that

@@ -290,6 +290,12 @@ pub enum Msg {
         rules: Vec<RuleText>,
         more: bool,
     },
+    /// Sender → receiver: several messages (encoded, none a `Batch`) in
+    /// one, in order: a tree of small files costs a message per batch, not
+    /// per entry.
+    Batch {
+        messages: Vec<Vec<u8>>,
+    },
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -306,7 +312,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 21] = [
+const TAGS: [&str; 22] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -328,6 +334,7 @@ const TAGS: [&str; 21] = [
     "EntriesSkipped",
     "Removed",
     "Rules",
+    "Batch",
 ];
 
 impl Msg {
@@ -354,6 +361,15 @@ impl Msg {
             Msg::EntriesSkipped { .. } => 19,
             Msg::Removed { .. } => 20,
             Msg::Rules { .. } => 21,
+            Msg::Batch { .. } => 22,
+        }
+    }
+
+    /// The messages in a `Batch` (decoded), or this one alone.
+    pub fn unbatched(self) -> Result<Vec<Msg>, ProtoError> {
+        match self {
+            Msg::Batch { messages } => messages.iter().map(|m| Msg::decode(m)).collect(),
+            m => Ok(vec![m]),
         }
     }
 
@@ -479,6 +495,12 @@ impl Msg {
             Msg::Done { entries } => put_u32(&mut w, *entries),
             Msg::Fail { reason } => put_bytes(&mut w, truncate(reason).as_bytes()),
             Msg::Removed { path } => put_bytes(&mut w, path),
+            Msg::Batch { messages } => {
+                w.extend_from_slice(&(messages.len() as u16).to_le_bytes());
+                for m in messages {
+                    put_bytes(&mut w, m);
+                }
+            }
             Msg::Rules { rules, more } => {
                 w.push(u8::from(*more));
                 w.extend_from_slice(&(rules.len() as u16).to_le_bytes());
@@ -575,6 +597,18 @@ impl Msg {
             20 => Msg::Removed {
                 path: r.bytes(MAX_PATH, "removed.path")?,
             },
+            22 => {
+                let n = u16::from_le_bytes(r.array()?) as usize;
+                let mut messages = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    let m = r.bytes(u16::MAX as usize, "batch.message")?;
+                    if m.first().is_none_or(|&tag| tag == 22) {
+                        return Err(ProtoError::BadField("batch.message"));
+                    }
+                    messages.push(m);
+                }
+                Msg::Batch { messages }
+            }
             21 => {
                 let more = r.u8()? != 0;
                 let n = u16::from_le_bytes(r.array()?) as usize;
@@ -1029,6 +1063,12 @@ mod tests {
                     },
                 ],
                 more: true,
+            },
+            Msg::Batch {
+                messages: vec![
+                    Msg::Done { entries: 3 }.encode(),
+                    Msg::EntryOk { index: 1 }.encode(),
+                ],
             },
         ]
     }

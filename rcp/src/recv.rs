@@ -175,42 +175,48 @@ pub async fn receive(
                 LinkIncoming::Message(_) if stream != 0 => {
                     bail!("a message arrived on data stream {stream}")
                 }
-                LinkIncoming::Message(bytes) => match Msg::decode(&bytes)? {
-                    Msg::Entry(e) => new.create(&mut arrivals, &mut files, e, None).await?,
-                    Msg::Whole {
-                        entry,
-                        chunks,
-                        digest,
-                    } => {
-                        new.create(&mut arrivals, &mut files, entry, Some((chunks, digest)))
-                            .await?
+                LinkIncoming::Message(bytes) => {
+                    let mut actions = Vec::new();
+                    for m in Msg::decode(&bytes)?.unbatched()? {
+                        actions.extend(match m {
+                            Msg::Entry(e) => new.create(&mut arrivals, &mut files, e, None).await?,
+                            Msg::Whole {
+                                entry,
+                                chunks,
+                                digest,
+                            } => {
+                                new.create(&mut arrivals, &mut files, entry, Some((chunks, digest)))
+                                    .await?
+                            }
+                            Msg::Xattr {
+                                index,
+                                name,
+                                total,
+                                offset,
+                                piece,
+                            } if opts.keep.xattrs || opts.keep.acls => {
+                                new.xattrs.piece(index, name, total, offset, piece)?;
+                                Vec::new()
+                            }
+                            Msg::EntryEnd {
+                                index,
+                                chunks,
+                                digest,
+                            } => {
+                                let finish = arrivals.end(index, chunks)?;
+                                files.get_mut(&index).expect("an open file").digest = Some(digest);
+                                finish.into_iter().collect()
+                            }
+                            Msg::Done { .. } => {
+                                arrivals.done()?;
+                                Vec::new()
+                            }
+                            Msg::Fail { reason } => bail!("the sender gave up: {reason}"),
+                            other => bail!("unexpected {} from the sender", other.name()),
+                        });
                     }
-                    Msg::Xattr {
-                        index,
-                        name,
-                        total,
-                        offset,
-                        piece,
-                    } if opts.keep.xattrs || opts.keep.acls => {
-                        new.xattrs.piece(index, name, total, offset, piece)?;
-                        Vec::new()
-                    }
-                    Msg::EntryEnd {
-                        index,
-                        chunks,
-                        digest,
-                    } => {
-                        let finish = arrivals.end(index, chunks)?;
-                        files.get_mut(&index).expect("an open file").digest = Some(digest);
-                        finish.into_iter().collect()
-                    }
-                    Msg::Done { .. } => {
-                        arrivals.done()?;
-                        Vec::new()
-                    }
-                    Msg::Fail { reason } => bail!("the sender gave up: {reason}"),
-                    other => bail!("unexpected {} from the sender", other.name()),
-                },
+                    actions
+                }
             };
             for action in actions {
                 match action {

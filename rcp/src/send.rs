@@ -253,16 +253,40 @@ pub async fn send(
     let mut current: Option<u32> = None;
     let mut digests: Vec<Option<[u8; 32]>> = Vec::new();
     let mut file_chunks = 0u64;
-    while let Some(step) = steps.recv().await {
+    // A step taken from the queue that did not go into a batch.
+    let mut next: Option<Step> = None;
+    let room = link.max_message();
+    loop {
+        let step = match next.take() {
+            Some(step) => step,
+            None => match steps.recv().await {
+                Some(step) => step,
+                None => break,
+            },
+        };
         match step {
             Step::Msg(m) => {
-                if let Msg::Whole { entry, digest, .. } = &m {
-                    ledger.whole_file(entry, *digest);
+                // The messages queued behind it go in the same one.
+                let mut batch = Batch::new(room);
+                ledger.note(&m);
+                batch.push(m.encode());
+                while let Ok(step) = steps.try_recv() {
+                    match step {
+                        Step::Msg(m) => {
+                            let encoded = m.encode();
+                            if !batch.fits(&encoded) {
+                                batch.send(link).await?;
+                            }
+                            ledger.note(&m);
+                            batch.push(encoded);
+                        }
+                        other => {
+                            next = Some(other);
+                            break;
+                        }
+                    }
                 }
-                if let Msg::Entry(e) = &m {
-                    ledger.announce(e);
-                }
-                link.send_message(&m.encode()).await?;
+                batch.send(link).await?;
             }
             Step::Skipped => ledger.stats.skipped += 1,
             Step::Chunk {
@@ -399,6 +423,15 @@ struct Ledger {
 }
 
 impl Ledger {
+    /// A message about to go.
+    fn note(&mut self, m: &Msg) {
+        match m {
+            Msg::Whole { entry, digest, .. } => self.whole_file(entry, *digest),
+            Msg::Entry(e) => self.announce(e),
+            _ => {}
+        }
+    }
+
     fn announce(&mut self, e: &Entry) {
         self.entries += 1;
         self.names.insert(e.index, e.path.clone());
@@ -417,6 +450,44 @@ impl Ledger {
         if self.verify {
             self.outcome.digests.push((tree::show(path), digest));
         }
+    }
+}
+
+/// Messages that go out as one (`Batch`), up to the link's message size.
+struct Batch {
+    room: usize,
+    size: usize,
+    messages: Vec<Vec<u8>>,
+}
+
+impl Batch {
+    fn new(room: usize) -> Batch {
+        Batch {
+            room,
+            size: 3,
+            messages: Vec::new(),
+        }
+    }
+
+    fn fits(&self, encoded: &[u8]) -> bool {
+        self.size + 2 + encoded.len() <= self.room
+    }
+
+    fn push(&mut self, encoded: Vec<u8>) {
+        self.size += 2 + encoded.len();
+        self.messages.push(encoded);
+    }
+
+    /// Sends what it holds (one message alone as itself) and empties.
+    async fn send(&mut self, link: &Link) -> anyhow::Result<()> {
+        let mut messages = std::mem::take(&mut self.messages);
+        self.size = 3;
+        match messages.len() {
+            0 => {}
+            1 => link.send_message(&messages.pop().expect("one")).await?,
+            _ => link.send_message(&Msg::Batch { messages }.encode()).await?,
+        }
+        Ok(())
     }
 }
 
@@ -514,8 +585,16 @@ struct FileToSend {
     index: u32,
     size: u64,
     path: Vec<u8>,
-    file: OwnedFd,
+    file: tree::FileAt,
     dense: bool,
+}
+
+/// A file whose data is being read.
+struct OpenFile {
+    index: u32,
+    size: u64,
+    path: Vec<u8>,
+    fd: OwnedFd,
 }
 
 impl Planner {
@@ -525,24 +604,23 @@ impl Planner {
     /// message (`Whole`) and its chunk.
     async fn plan(&self, mut item: Item) -> anyhow::Result<()> {
         self.send_xattrs(&item).await;
-        let Some(file) = item.file.take() else {
+        let Some(at) = item.file.take() else {
             let _ = self.steps.send(Step::Msg(Msg::Entry(item.entry))).await;
             return Ok(());
         };
         let mut entry = item.entry;
         entry.chunk = self.chunk as u32;
         let chunk = self.chunk as u64;
-        let chunks = if item.dense {
-            (0..entry.size.div_ceil(chunk)).collect()
-        } else {
-            data_chunks(&file, entry.size, chunk)?
-        };
-        let file = FileToSend {
+        let file = OpenFile {
             index: entry.index,
             size: entry.size,
             path: entry.path.clone(),
-            file,
-            dense: item.dense,
+            fd: at.open()?,
+        };
+        let chunks = if item.dense {
+            (0..entry.size.div_ceil(chunk)).collect()
+        } else {
+            data_chunks(&file.fd, entry.size, chunk)?
         };
         match chunks.len() {
             0 => {
@@ -597,15 +675,35 @@ impl Planner {
     async fn data(&self, file: FileToSend, wanted: Wanted) -> anyhow::Result<()> {
         let chunk = self.chunk as u64;
         let count = file.size.div_ceil(chunk);
-        let (chunks, there) = match wanted {
+        let there = match wanted {
             Wanted::Nothing => {
                 let _ = self.steps.send(Step::Skipped).await;
                 return Ok(());
             }
-            Wanted::All if file.dense => ((0..count).collect(), None),
-            Wanted::All => (data_chunks(&file.file, file.size, chunk)?, None),
-            // Comparing means every chunk (a hole here may be data there).
-            Wanted::Except(digests) => ((0..count).collect(), Some(digests)),
+            Wanted::All => None,
+            Wanted::Except(digests) => Some(digests),
+        };
+        let FileToSend {
+            index,
+            size,
+            path,
+            file,
+            dense,
+        } = file;
+        let fd = file
+            .open()
+            .with_context(|| format!("cannot read {}", tree::show(&path)))?;
+        // Comparing means every chunk (a hole here may be data there).
+        let chunks = if there.is_some() || dense {
+            (0..count).collect()
+        } else {
+            data_chunks(&fd, size, chunk)?
+        };
+        let file = OpenFile {
+            index,
+            size,
+            path,
+            fd,
         };
         self.reads(file, chunks, None, there).await
     }
@@ -615,21 +713,20 @@ impl Planner {
     /// of the chunks it has.
     async fn reads(
         &self,
-        file: FileToSend,
+        file: OpenFile,
         chunks: Vec<u64>,
         mut whole: Option<Entry>,
         there: Option<Vec<[u8; 32]>>,
     ) -> anyhow::Result<()> {
-        let FileToSend {
+        let OpenFile {
             index,
             size,
             path,
-            file,
-            ..
+            fd,
         } = file;
         let one_message = whole.is_some();
         let compared = there.is_some();
-        let file = Arc::new(file);
+        let file = Arc::new(fd);
         let opts = self.opts;
         let hash = opts.verify || opts.resume || compared;
         let chunk = self.chunk as u64;

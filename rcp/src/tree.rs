@@ -109,12 +109,47 @@ pub fn open_root(path: &Path) -> anyhow::Result<OwnedFd> {
 #[derive(Debug)]
 pub struct Item {
     pub entry: Entry,
-    /// Open file (files only).
-    pub file: Option<OwnedFd>,
+    /// Where the file is (files only), opened once its data is wanted.
+    pub file: Option<FileAt>,
     /// Every byte of the file has storage: it has no holes to look for.
     pub dense: bool,
     /// Extended attributes carried (`-X`, `-A`), sent ahead of the entry.
     pub xattrs: Vec<Xattr>,
+}
+
+/// A walked file, by its directory and name: opened when its data is
+/// wanted (a re-sync of an unchanged tree opens none, unless its
+/// attributes were read), and then only if it is still the file that was
+/// walked.
+#[derive(Debug)]
+pub struct FileAt {
+    dir: Arc<OwnedFd>,
+    name: CString,
+    /// Device and inode when walked.
+    id: (u64, u64),
+    /// Open already (its attributes were read through it).
+    open: Option<OwnedFd>,
+}
+
+impl FileAt {
+    pub fn open(self) -> anyhow::Result<OwnedFd> {
+        if let Some(fd) = self.open {
+            return Ok(fd);
+        }
+        let shown = || self.name.to_string_lossy().into_owned();
+        let fd = rustix::fs::openat(
+            &*self.dir,
+            self.name.as_c_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .with_context(|| format!("cannot open {}", shown()))?;
+        let st = rustix::fs::fstat(&fd)?;
+        if (st.st_dev, st.st_ino) != self.id {
+            bail!("{} was replaced while it was being copied", shown());
+        }
+        Ok(fd)
+    }
 }
 
 /// The entry for what `stat` describes, or `None` for what is not copied
@@ -198,12 +233,13 @@ impl Walker {
         let shown = String::from_utf8_lossy(name).into_owned();
         let stat = rustix::fs::statat(parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
             .with_context(|| format!("cannot stat {shown}"))?;
-        self.visit(parent, name, top.to_vec(), &stat, emit, &shown)
+        let parent = Arc::new(rustix::io::dup(parent)?);
+        self.visit(&parent, name, top.to_vec(), &stat, emit, &shown)
     }
 
     fn visit(
         &mut self,
-        parent: &OwnedFd,
+        parent: &Arc<OwnedFd>,
         name: &[u8],
         path: Vec<u8>,
         stat: &rustix::fs::Stat,
@@ -250,24 +286,45 @@ impl Walker {
             }
             self.first_names.insert(id, path.clone());
         }
-        let xattrs = archive::read_xattrs(parent.as_fd(), cname.as_c_str(), self.keep)?;
+        let attributes = self.keep.xattrs || self.keep.acls;
+        // Open already when its attributes are read: through the
+        // descriptor that costs no path walk.
+        let open = match entry.kind {
+            EntryKind::Dir => Some(open_dir_beneath(&**parent, &[name])?),
+            EntryKind::File if attributes => rustix::fs::openat(
+                &**parent,
+                cname.as_c_str(),
+                OFlags::RDONLY
+                    | OFlags::NOFOLLOW
+                    | OFlags::NONBLOCK
+                    | OFlags::NOCTTY
+                    | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .ok(),
+            _ => None,
+        };
+        let node = match &open {
+            Some(fd) => Node::Fd(fd.as_fd()),
+            None => Node::At(parent.as_fd(), cname.as_c_str()),
+        };
+        let xattrs = archive::read_xattrs(node, self.keep)?;
         if let Some(meta) = &mut entry.meta {
             meta.xattrs = xattrs.len() as u16;
         }
         self.next_index += 1;
         match entry.kind {
             EntryKind::File => {
-                let fd = rustix::fs::openat(
-                    parent,
-                    cname.as_c_str(),
-                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .with_context(|| format!("cannot open {shown}"))?;
                 let dense = stat.st_blocks as u64 * 512 >= entry.size;
+                let file = FileAt {
+                    dir: Arc::clone(parent),
+                    name: cname,
+                    id: (stat.st_dev, stat.st_ino),
+                    open,
+                };
                 emit(Item {
                     entry,
-                    file: Some(fd),
+                    file: Some(file),
                     dense,
                     xattrs,
                 })
@@ -279,9 +336,9 @@ impl Walker {
                     dense: true,
                     xattrs,
                 })?;
-                let dir = open_dir_beneath(parent, &[name])?;
+                let dir = Arc::new(open.expect("a directory is open"));
                 let mut names: Vec<Vec<u8>> = Vec::new();
-                for d in rustix::fs::Dir::read_from(&dir)
+                for d in rustix::fs::Dir::read_from(&*dir)
                     .with_context(|| format!("cannot list {shown}"))?
                 {
                     let d = d.with_context(|| format!("cannot list {shown}"))?;
@@ -294,10 +351,10 @@ impl Walker {
                 names.sort();
                 for n in names {
                     let st =
-                        rustix::fs::statat(&dir, cstr(&n)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+                        rustix::fs::statat(&*dir, cstr(&n)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
                             .with_context(|| {
-                            format!("cannot stat {shown}/{}", String::from_utf8_lossy(&n))
-                        })?;
+                                format!("cannot stat {shown}/{}", String::from_utf8_lossy(&n))
+                            })?;
                     let mut child = path.clone();
                     child.push(b'/');
                     child.extend_from_slice(&n);
