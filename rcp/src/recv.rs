@@ -126,7 +126,7 @@ pub async fn receive(
     tree::umask();
     let base = Arc::new(base);
     let mut files: HashMap<u32, File> = HashMap::new();
-    let mut finals: Vec<JoinHandle<Verdict>> = Vec::new();
+    let mut finals = Finals::default();
     let dirs_to_sync = Arc::new(std::sync::Mutex::new(DirSyncs::default()));
     let mut stats = Stats {
         stream_bytes: vec![0; links.len()],
@@ -226,14 +226,14 @@ pub async fn receive(
                     }
                     Action::Finish { entry } => {
                         let file = files.remove(&entry).expect("an open file");
-                        finals.push(tokio::spawn(finish_file(
+                        finals.spawn(finish_file(
                             answers.clone(),
                             engine.clone(),
                             file,
                             opts,
                             how,
                             Arc::clone(&dirs_to_sync),
-                        )));
+                        ));
                     }
                 }
             }
@@ -244,22 +244,13 @@ pub async fn receive(
     drop(incoming);
     drop(arrivals);
     let mut ok = result.is_ok();
-    let mut digests = Vec::new();
-    let mut failed = Vec::new();
-    for f in finals {
-        match f.await {
-            Ok(Ok(f)) => {
-                digests.extend(f.digest);
-                new.skipped += u64::from(f.unchanged);
-            }
-            Ok(Err(why)) => failed.push(why),
-            Err(e) => failed.push(Failure {
-                path: "?".into(),
-                kind: FailKind::Other,
-                reason: e.to_string(),
-            }),
-        }
-    }
+    let Finals {
+        digests,
+        mut failed,
+        unchanged,
+        ..
+    } = finals.all().await;
+    new.skipped += unchanged;
     ok &= failed.is_empty();
     // Files still open were never finished: nothing of them stays.
     for (_, file) in files.drain() {
@@ -344,6 +335,53 @@ pub async fn receive(
         digests,
         failed,
     })
+}
+
+/// The files being finished (digest check, commit), and what the finished
+/// ones came to: reaped as they end, so that a tree of a million files
+/// holds only the few in flight.
+#[derive(Default)]
+struct Finals {
+    running: tokio::task::JoinSet<Verdict>,
+    /// Digests of verified files: the first two (a summary shows the
+    /// digest only of a copy of one file).
+    digests: Vec<(String, [u8; 32])>,
+    failed: Vec<Failure>,
+    /// Files a comparison found unchanged.
+    unchanged: u64,
+}
+
+impl Finals {
+    fn spawn(&mut self, finish: impl Future<Output = Verdict> + Send + 'static) {
+        self.running.spawn(finish);
+        while let Some(done) = self.running.try_join_next() {
+            self.take(done);
+        }
+    }
+
+    async fn all(mut self) -> Finals {
+        while let Some(done) = self.running.join_next().await {
+            self.take(done);
+        }
+        self
+    }
+
+    fn take(&mut self, done: Result<Verdict, tokio::task::JoinError>) {
+        match done {
+            Ok(Ok(f)) => {
+                if self.digests.len() < 2 {
+                    self.digests.extend(f.digest);
+                }
+                self.unchanged += u64::from(f.unchanged);
+            }
+            Ok(Err(why)) => self.failed.push(why),
+            Err(e) => self.failed.push(Failure {
+                path: "?".into(),
+                kind: FailKind::Other,
+                reason: e.to_string(),
+            }),
+        }
+    }
 }
 
 /// What creates the entries the rules accepted, and what it created.

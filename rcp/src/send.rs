@@ -21,7 +21,7 @@ use crate::archive::{self, Keep};
 use crate::digest::Algorithm;
 use crate::exit::PeerLost;
 use crate::filter::Filter;
-use crate::proto::{Entry, EntryKind, Msg, Verdict};
+use crate::proto::{Entry, EntryKind, Msg};
 use crate::report::{Failure, Progress, Stats};
 use crate::resume;
 use crate::resync::Policy;
@@ -229,22 +229,23 @@ pub async fn send(
         })
     };
 
+    let mut ledger = Ledger {
+        verify: opts.verify,
+        ..Ledger::default()
+    };
     // Answers from the receiver, concurrently.
     let answers = {
         let link = link.clone();
         let asking = Arc::clone(&asking);
+        let names = Arc::clone(&ledger.names);
         tokio::spawn(async move {
-            let r = collect_answers(&link, &asking).await;
+            let r = collect_answers(&link, &asking, &names).await;
             // No answer comes any more: nothing waits for one.
             asking.lock().expect("asking lock").answers.clear();
             r
         })
     };
 
-    let mut ledger = Ledger {
-        verify: opts.verify,
-        ..Ledger::default()
-    };
     let tamper = tamper_hook();
     let mut chunks_sent = 0u64;
     // The file whose chunks come now (with re-sync, other files' entries
@@ -393,31 +394,31 @@ pub async fn send(
     let Ledger {
         mut stats,
         mut outcome,
-        names,
         ..
     } = ledger;
     for s in stripers {
         stats.stream_bytes.push(s.await??);
     }
-    let (verdicts, removed) = answers.await??;
+    let (failed, removed) = answers.await??;
     stats.deleted = removed.len() as u64;
-    for (index, verdict) in verdicts {
-        if let Err((kind, reason)) = verdict {
-            let path = names.get(&index).map(|p| tree::show(p)).unwrap_or_default();
-            outcome.failed.push(Failure { path, kind, reason });
-        }
-    }
+    outcome.failed.extend(failed);
     Ok((stats, outcome))
 }
 
+/// The names of the entries announced and not yet answered (the
+/// receiver's verdicts come by index), and whether each is a directory
+/// (whose name stays: its metadata, set last, may still fail). Answered
+/// names go, so that a tree of a million files holds only those in flight.
+type Names = Arc<std::sync::Mutex<HashMap<u32, (Vec<u8>, bool)>>>;
+
 /// What the sender keeps of the entries it announced: their count, their
-/// names (the receiver's verdicts come by index), the totals, and the
-/// digests of verified files.
+/// names until answered, the totals, and the digests of verified files
+/// (the first two: a summary shows the digest only of a copy of one file).
 #[derive(Default)]
 struct Ledger {
     verify: bool,
     entries: u32,
-    names: HashMap<u32, Vec<u8>>,
+    names: Names,
     stats: Stats,
     outcome: Outcome,
 }
@@ -434,7 +435,10 @@ impl Ledger {
 
     fn announce(&mut self, e: &Entry) {
         self.entries += 1;
-        self.names.insert(e.index, e.path.clone());
+        let is_dir = e.kind == EntryKind::Dir;
+        let mut names = self.names.lock().expect("names lock");
+        names.insert(e.index, (e.path.clone(), is_dir));
+        drop(names);
         if e.kind == EntryKind::File {
             self.stats.files += 1;
         }
@@ -447,7 +451,7 @@ impl Ledger {
     }
 
     fn file_digest(&mut self, path: &[u8], digest: [u8; 32]) {
-        if self.verify {
+        if self.verify && self.outcome.digests.len() < 2 {
             self.outcome.digests.push((tree::show(path), digest));
         }
     }
@@ -870,14 +874,21 @@ impl Waiting {
 
 type Asking = Arc<std::sync::Mutex<Waiting>>;
 
-/// Reads the receiver's answers until it says goodbye; every entry gets one.
-/// What the receiver said: a verdict on every entry, and what it removed
+/// What the receiver said: the entries that failed, and what it removed
 /// from the destination (`--delete`).
-type Said = (Vec<(u32, Verdict)>, Vec<Vec<u8>>);
+type Said = (Vec<Failure>, Vec<Vec<u8>>);
 
-async fn collect_answers(link: &Link, asking: &Asking) -> anyhow::Result<Said> {
-    let mut answers = Vec::new();
+/// Reads the receiver's answers until it says goodbye; every entry gets
+/// one. An entry answered in place is forgotten.
+async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow::Result<Said> {
+    let mut failed = Vec::new();
     let mut removed = Vec::new();
+    let done = |index: u32| {
+        let mut names = names.lock().expect("names lock");
+        if names.get(&index).is_some_and(|(_, is_dir)| !is_dir) {
+            names.remove(&index);
+        }
+    };
     while let Some(item) = link.recv().await? {
         let Incoming::Message(bytes) = item else {
             bail!("the receiver sent data during a push");
@@ -907,12 +918,12 @@ async fn collect_answers(link: &Link, asking: &Asking) -> anyhow::Result<Said> {
                     if !a.answer(index, Wanted::Nothing) {
                         bail!("the receiver skipped entry {index}, which is not waiting");
                     }
-                    answers.push((index, Ok(())));
+                    done(index);
                 }
             }
             Msg::Removed { path } => removed.push(path),
-            Msg::EntryOk { index } => answers.push((index, Ok(()))),
-            Msg::EntriesOk { indices } => answers.extend(indices.into_iter().map(|i| (i, Ok(())))),
+            Msg::EntryOk { index } => done(index),
+            Msg::EntriesOk { indices } => indices.into_iter().for_each(done),
             Msg::EntryFailed {
                 index,
                 kind,
@@ -923,11 +934,16 @@ async fn collect_answers(link: &Link, asking: &Asking) -> anyhow::Result<Said> {
                     .lock()
                     .expect("asking lock")
                     .answer(index, Wanted::Nothing);
-                answers.push((index, Err((kind, reason))));
+                let names = names.lock().expect("names lock");
+                let path = names
+                    .get(&index)
+                    .map(|(p, _)| tree::show(p))
+                    .unwrap_or_default();
+                failed.push(Failure { path, kind, reason });
             }
             Msg::Fail { reason } => bail!("the receiver gave up: {reason}"),
             other => bail!("unexpected {} from the receiver", other.name()),
         }
     }
-    Ok((answers, removed))
+    Ok((failed, removed))
 }
