@@ -138,6 +138,8 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         resume: a.resume,
         policy: a.policy(),
         delete: a.delete,
+        dry_run: a.dry_run,
+        itemize: a.itemize_changes,
         filter: Arc::new(filter_of(&a.rules)?),
         streams: a.streams,
         keep: a.keep(),

@@ -170,6 +170,16 @@ pub struct CopyArgs {
     /// nothing). Needs -r or -a.
     #[arg(long, requires = "recursion")]
     pub delete: bool,
+    /// Show what would be done and do nothing: no data is sent and the
+    /// destination is not touched (with -i, each change is named).
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// Name each change on stdout with rsync's 11-letter code (`>f+++++++++
+    /// path` for a new file, `>f.st......` for one sent again, `.f...p.....`
+    /// for a mode set, `cd+++++++++` for a new directory, `*deleting` for
+    /// what --delete removes).
+    #[arg(short = 'i', long, conflicts_with = "json")]
+    pub itemize_changes: bool,
     /// Leave out what PATTERN matches, with rsync's rules: `*` within a
     /// name, `**` across directories, a leading `/` anchors at the top of
     /// the copy (the source's own name), a trailing `/` matches only

@@ -61,16 +61,18 @@ pub struct Deleted {
 
 /// Removes, from each directory the sender sent (`dirs`: entry index and
 /// path), the entries it did not send, unless `keep` (the filter rules)
-/// protects them (given the path and whether it is a directory).
+/// protects them (given the path and whether it is a directory). `dry`
+/// (`-n`): only says what it would remove.
 pub fn extraneous(
     base: &Base,
     sent: &Sent,
     dirs: impl Iterator<Item = (u32, Vec<u8>)>,
     keep: &dyn Fn(&[u8], bool) -> bool,
+    dry: bool,
 ) -> Deleted {
     let mut done = Deleted::default();
     for (index, dir_path) in dirs {
-        if let Err(e) = clean(base, sent, &dir_path, keep, &mut done.removed) {
+        if let Err(e) = clean(base, sent, &dir_path, keep, dry, &mut done.removed) {
             done.failed.push((index, dir_path, e));
         }
     }
@@ -82,10 +84,18 @@ fn clean(
     sent: &Sent,
     dir_path: &[u8],
     keep: &dyn Fn(&[u8], bool) -> bool,
+    dry: bool,
     removed: &mut Vec<Vec<u8>>,
 ) -> anyhow::Result<()> {
-    let (parent, name) = base.place(dir_path)?;
-    let dir = tree::open_dir_beneath(&parent, &[name.as_bytes()])?;
+    let opened = base
+        .place(dir_path)
+        .and_then(|(parent, name)| tree::open_dir_beneath(&parent, &[name.as_bytes()]));
+    let dir = match opened {
+        Ok(dir) => dir,
+        // A dry run made no directory: nothing in it to remove.
+        Err(_) if dry => return Ok(()),
+        Err(e) => return Err(e),
+    };
     for (name, is_dir) in names(&dir)? {
         if sent.has(dir_path, &name) {
             continue;
@@ -96,8 +106,10 @@ fn clean(
         if keep(&path, is_dir) {
             continue;
         }
-        remove(&dir, &name, is_dir)
-            .with_context(|| format!("cannot delete {}", tree::show(&path)))?;
+        if !dry {
+            remove(&dir, &name, is_dir)
+                .with_context(|| format!("cannot delete {}", tree::show(&path)))?;
+        }
         removed.push(path);
     }
     Ok(())

@@ -13,7 +13,8 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 use crate::archive::{self, Node};
 use crate::digest::Algorithm;
 use crate::proto::Entry;
-use crate::resync::Found;
+use crate::proto::EntryKind;
+use crate::resync::{Found, There};
 use crate::tree::{self, Base, Fidelity, PartFile};
 
 /// What is under `e`'s name, and its status when it is a regular file.
@@ -29,6 +30,31 @@ pub fn look(base: &Base, e: &Entry) -> anyhow::Result<(Found, Option<Stat>)> {
         Err(rustix::io::Errno::NOENT) => Ok((Found::Nothing, None)),
         Err(err) => Err(err).with_context(|| format!("cannot look at {}", tree::show(&e.path))),
     }
+}
+
+/// What is under `e`'s name, for `-i` (nothing when it cannot be looked
+/// at: a directory not made, in a dry run).
+pub fn there(base: &Base, e: &Entry) -> Option<There> {
+    let (parent, name) = base.place(&e.path).ok()?;
+    let st = rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => EntryKind::File,
+        FileType::Directory => EntryKind::Dir,
+        FileType::Symlink => EntryKind::Symlink,
+        FileType::Fifo => EntryKind::Fifo,
+        FileType::Socket => EntryKind::Socket,
+        FileType::CharacterDevice => EntryKind::CharDevice,
+        FileType::BlockDevice => EntryKind::BlockDevice,
+        FileType::Unknown => return None,
+    };
+    Some(There {
+        kind,
+        size: st.st_size as u64,
+        mtime: (st.st_mtime, st.st_mtime_nsec as u32),
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+    })
 }
 
 /// Brings the metadata of the file there (`st`, unchanged data) to what

@@ -61,8 +61,22 @@ pub mod flags {
     /// `Rules` messages: the sender walks by them, and `--delete` leaves
     /// what they exclude.
     pub const FILTERS: u32 = 1 << 17;
-    pub const KNOWN: u32 =
-        RECURSIVE | PRESERVE | RESUME | NO_VERIFY | BLAKE3 | ARCHIVE | RESYNC | DELETE | FILTERS;
+    /// `-n`: the receiver decides and reports, and changes nothing (no
+    /// data is sent: every file is answered as skipped).
+    pub const DRY_RUN: u32 = 1 << 18;
+    /// `-i`: the receiver names what changes (`Itemized`).
+    pub const ITEMIZE: u32 = 1 << 19;
+    pub const KNOWN: u32 = RECURSIVE
+        | PRESERVE
+        | RESUME
+        | NO_VERIFY
+        | BLAKE3
+        | ARCHIVE
+        | RESYNC
+        | DELETE
+        | FILTERS
+        | DRY_RUN
+        | ITEMIZE;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -296,6 +310,12 @@ pub enum Msg {
     Batch {
         messages: Vec<Vec<u8>>,
     },
+    /// Receiver → sender, `-i`: what changes at `path` (rsync's 11-letter
+    /// code, or `*deleting  `).
+    Itemized {
+        code: [u8; 11],
+        path: Vec<u8>,
+    },
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -312,7 +332,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 22] = [
+const TAGS: [&str; 23] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -335,6 +355,7 @@ const TAGS: [&str; 22] = [
     "Removed",
     "Rules",
     "Batch",
+    "Itemized",
 ];
 
 impl Msg {
@@ -362,6 +383,7 @@ impl Msg {
             Msg::Removed { .. } => 20,
             Msg::Rules { .. } => 21,
             Msg::Batch { .. } => 22,
+            Msg::Itemized { .. } => 23,
         }
     }
 
@@ -495,6 +517,10 @@ impl Msg {
             Msg::Done { entries } => put_u32(&mut w, *entries),
             Msg::Fail { reason } => put_bytes(&mut w, truncate(reason).as_bytes()),
             Msg::Removed { path } => put_bytes(&mut w, path),
+            Msg::Itemized { code, path } => {
+                w.extend_from_slice(code);
+                put_bytes(&mut w, path);
+            }
             Msg::Batch { messages } => {
                 w.extend_from_slice(&(messages.len() as u16).to_le_bytes());
                 for m in messages {
@@ -597,6 +623,16 @@ impl Msg {
             20 => Msg::Removed {
                 path: r.bytes(MAX_PATH, "removed.path")?,
             },
+            23 => {
+                let code: [u8; 11] = r.array()?;
+                if !code.iter().all(|c| c.is_ascii_graphic() || *c == b' ') {
+                    return Err(ProtoError::BadField("itemized.code"));
+                }
+                Msg::Itemized {
+                    code,
+                    path: r.bytes(MAX_PATH, "itemized.path")?,
+                }
+            }
             22 => {
                 let n = u16::from_le_bytes(r.array()?) as usize;
                 let mut messages = Vec::with_capacity(n.min(1024));
@@ -1069,6 +1105,10 @@ mod tests {
                     Msg::Done { entries: 3 }.encode(),
                     Msg::EntryOk { index: 1 }.encode(),
                 ],
+            },
+            Msg::Itemized {
+                code: *b">f.st......",
+                path: b"top/f".to_vec(),
             },
         ]
     }

@@ -27,7 +27,7 @@ use crate::filter::Filter;
 use crate::proto::{Entry, EntryKind, FailKind, MAX_OKS, Msg, Verdict as EntryVerdict};
 use crate::report::{Failure, Progress, Stats};
 use crate::resume::have_batches;
-use crate::resync::{Decision, Policy};
+use crate::resync::{self, Decision, Found, Kept, Policy, There};
 use crate::streams::Merged;
 use crate::tree::{self, Base, DirSyncs, Fidelity, PartFile};
 use rfabric::storage::{Engine, Kind};
@@ -50,8 +50,30 @@ pub struct RecvOptions {
     pub policy: Policy,
     /// `--delete`: once all arrived, remove what the sender did not send.
     pub delete: bool,
+    /// `-n`: decide and report, change nothing.
+    pub dry_run: bool,
+    /// `-i`: name what changes.
+    pub itemize: Itemize,
     /// The storage engine that writes the files.
     pub engine: Kind,
+}
+
+/// Where `-i`'s lines go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Itemize {
+    Off,
+    /// On stdout here: this side is the client.
+    Print,
+    /// To the sender (`Itemized`), the client.
+    Tell,
+}
+
+/// One `-i` line on stdout, as rsync prints it (a closed stdout, as when
+/// piped into `head`, is no error of the copy's).
+pub fn print_itemized(code: &[u8; 11], path: &[u8]) {
+    use std::io::Write;
+    let line = format!("{} {}", String::from_utf8_lossy(code), tree::show(path));
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
 /// Chunks up to this size are hashed in place: a hand-off to a worker
@@ -73,6 +95,8 @@ struct File {
     /// `--checksum`: the file there, which `known` describes: the chunks
     /// not sent are copied from it, or it stays if none was sent.
     basis: Option<OwnedFd>,
+    /// `-i` of a file compared: what was there, named when finished.
+    itemize: Option<(Option<There>, Kept)>,
 }
 
 /// What arrived.
@@ -137,7 +161,7 @@ pub async fn receive(
     // their entry's announcement on another stream: they hold their
     // slots, so the window bounds them).
     let mut arrivals: Arrivals<Chunk> = Arrivals::new();
-    let (answers, answerer) = Answers::start(link.clone());
+    let (answers, answerer) = Answers::start(link.clone(), opts.itemize);
     let how = Fidelity {
         preserve: opts.preserve,
         keep: opts.keep,
@@ -290,9 +314,12 @@ pub async fn receive(
         let dirs = new.dirs.iter().map(|(d, _)| (d.index, d.path.clone()));
         // What the rules exclude is not the copy's to delete.
         let keep = |path: &[u8], is_dir| filter.excludes(path, is_dir);
-        let deleted = delete::extraneous(&base, sent, dirs, &keep);
+        let deleted = delete::extraneous(&base, sent, dirs, &keep, opts.dry_run);
         stats.deleted = deleted.removed.len() as u64;
         for path in deleted.removed {
+            if opts.itemize != Itemize::Off {
+                answers.itemized(*b"*deleting  ", path.clone());
+            }
             answers.removed(path);
         }
         for (index, path, e) in deleted.failed {
@@ -308,8 +335,10 @@ pub async fn receive(
     }
     // Directory metadata, modes and times last (deepest first), so that
     // writing into them was possible, their times are not bumped
-    // afterwards, and a default ACL does not pass on to what arrived.
-    for (d, xattrs) in new.dirs.iter().rev() {
+    // afterwards, and a default ACL does not pass on to what arrived. (A
+    // dry run made none.)
+    let finishing = if opts.dry_run { &[][..] } else { &new.dirs[..] };
+    for (d, xattrs) in finishing.iter().rev() {
         if let Err(e) = base.finish_dir(d, xattrs, how) {
             let (kind, reason) = self::failed(&e);
             // (A second answer for it: the sender counts the failure.)
@@ -433,12 +462,19 @@ impl Creator<'_> {
         if let Some(sent) = &mut self.sent {
             sent.entry(&e.path);
         }
-        let asks = self.opts.policy.asks() || self.opts.resume;
+        let asks = self.opts.policy.asks() || self.opts.resume || self.opts.dry_run;
         if asks && end.is_some() {
             bail!(
                 "entry {} came with its data before it was answered",
                 e.index
             );
+        }
+        if self.opts.dry_run {
+            return self.dry(arrivals, e);
+        }
+        if self.opts.itemize != Itemize::Off && e.kind != EntryKind::File {
+            let there = existing::there(self.base, &e);
+            self.item(&e, there.as_ref(), false);
         }
         // What to do with a file whose name is there already (re-sync).
         let (decision, there) = match e.kind {
@@ -448,6 +484,17 @@ impl Creator<'_> {
             }
             _ => (Decision::Send, None),
         };
+        // A file compared chunk by chunk is named once it is known to
+        // differ (when it is finished).
+        let mut there_itemized = None;
+        if self.opts.itemize != Itemize::Off && e.kind == EntryKind::File {
+            let there = existing::there(self.base, &e);
+            match decision {
+                Decision::Compare => there_itemized = Some(there),
+                Decision::Skip { metadata: false } => {}
+                d => self.item(&e, there.as_ref(), d == Decision::Send),
+            }
+        }
         let shape = match (e.kind, decision) {
             (EntryKind::File, Decision::Send | Decision::Compare) => Shape::File {
                 size: e.size,
@@ -484,7 +531,8 @@ impl Creator<'_> {
                     _ => None,
                 };
                 let told = basis.is_some() || self.opts.resume;
-                let file = self.open_file(e, xattrs, end, basis).await?;
+                let mut file = self.open_file(e, xattrs, end, basis).await?;
+                file.itemize = there_itemized.map(|there| (there, self.kept()));
                 if asks && !told {
                     self.answers.wanted(file.entry.index);
                 }
@@ -520,6 +568,70 @@ impl Creator<'_> {
 }
 
 impl Creator<'_> {
+    /// What `-i` compares.
+    fn kept(&self) -> Kept {
+        Kept {
+            times: self.opts.preserve,
+            perms: self.opts.preserve,
+            owner: self.opts.keep.owner,
+            group: self.opts.keep.group,
+        }
+    }
+
+    /// `-i`: names entry `e` if something changes (`sent`: its data).
+    fn item(&self, e: &Entry, there: Option<&There>, sent: bool) {
+        if self.opts.itemize == Itemize::Off {
+            return;
+        }
+        if let Some(code) = resync::itemize(e, there, sent, self.kept()) {
+            let mut path = e.path.clone();
+            if e.kind == EntryKind::Dir {
+                // (As rsync names directories.)
+                path.push(b'/');
+            }
+            self.answers.itemized(code, path);
+        }
+    }
+
+    /// `-n`: what would be done with `e`, reported, and nothing done: a
+    /// file is answered as skipped (no data comes), anything else as in
+    /// place; directories are kept to list what `--delete` would remove.
+    fn dry(
+        &mut self,
+        arrivals: &mut Arrivals<Chunk>,
+        e: Entry,
+    ) -> anyhow::Result<Vec<Action<Chunk>>> {
+        let actions = arrivals.announce(e.index, Shape::Other)?;
+        let there = existing::there(self.base, &e);
+        match e.kind {
+            EntryKind::File => {
+                self.files += 1;
+                let found = match &there {
+                    None => Found::Nothing,
+                    Some(t) if t.kind == EntryKind::File => Found::File {
+                        size: t.size,
+                        mtime: t.mtime,
+                    },
+                    Some(_) => Found::Other,
+                };
+                match self.opts.policy.decide(&e, found) {
+                    Decision::Skip { metadata: false } => {}
+                    Decision::Skip { metadata: true } => self.item(&e, there.as_ref(), false),
+                    Decision::Send | Decision::Compare => self.item(&e, there.as_ref(), true),
+                }
+                self.answers.skipped(e.index);
+            }
+            kind => {
+                self.item(&e, there.as_ref(), false);
+                self.answers.send(e.index, Ok(()));
+                if kind == EntryKind::Dir {
+                    self.dirs.push((e, Vec::new()));
+                }
+            }
+        }
+        Ok(actions)
+    }
+
     /// The temporary file of entry `e`; with resume, or a `basis` to
     /// compare with, the sender is told the digests of what is there.
     async fn open_file(
@@ -568,6 +680,7 @@ impl Creator<'_> {
             known,
             digest: end.map(|(_, digest)| digest),
             basis,
+            itemize: None,
         })
     }
 }
@@ -649,6 +762,7 @@ async fn finish_file(
         known,
         digest,
         basis,
+        itemize,
     } = file;
     let digest = digest.expect("finished files have ended");
     let from_basis = known.len();
@@ -700,6 +814,12 @@ async fn finish_file(
             let same = received.is_empty()
                 && from_basis as u64 == count
                 && rustix::fs::fstat(&basis).is_ok_and(|st| st.st_size as u64 == entry.size);
+            if let Some((there, kept)) = &itemize {
+                let code = resync::itemize(&entry, there.as_ref(), !same, *kept);
+                if let Some(code) = code {
+                    answers.itemized(code, entry.path.clone());
+                }
+            }
             if same {
                 out.discard();
                 unchanged = true;
@@ -764,6 +884,8 @@ enum Answer {
     Skipped,
     /// `--delete`: this path is gone from the destination.
     Removed(Vec<u8>),
+    /// `-i`: what changes at this path.
+    Itemized([u8; 11], Vec<u8>),
 }
 
 /// The receiver's answers about entries, sent by a task of their own:
@@ -774,7 +896,7 @@ enum Answer {
 struct Answers(mpsc::UnboundedSender<(u32, Answer)>);
 
 impl Answers {
-    fn start(link: Link) -> (Answers, JoinHandle<anyhow::Result<()>>) {
+    fn start(link: Link, itemize: Itemize) -> (Answers, JoinHandle<anyhow::Result<()>>) {
         let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Answer)>();
         let task = tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
@@ -789,6 +911,13 @@ impl Answers {
                         Answer::Skipped => skipped.push(index),
                         Answer::Removed(path) => {
                             link.send_message(&Msg::Removed { path }.encode()).await?;
+                        }
+                        Answer::Itemized(code, path) if itemize == Itemize::Print => {
+                            print_itemized(&code, &path);
+                        }
+                        Answer::Itemized(code, path) => {
+                            let m = Msg::Itemized { code, path };
+                            link.send_message(&m.encode()).await?;
                         }
                         Answer::Verdict(Err((kind, reason))) => {
                             let m = Msg::EntryFailed {
@@ -832,6 +961,10 @@ impl Answers {
 
     fn removed(&self, path: Vec<u8>) {
         self.say(0, Answer::Removed(path));
+    }
+
+    fn itemized(&self, code: [u8; 11], path: Vec<u8>) {
+        self.say(0, Answer::Itemized(code, path));
     }
 
     fn say(&self, index: u32, answer: Answer) {

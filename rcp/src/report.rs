@@ -202,7 +202,9 @@ pub fn summarize(r: &Report, json: bool, quiet: bool) -> Exit {
         eprintln!("rcp: {}: {}", f.path, f.reason);
     }
     if json {
-        println!("{}", Summary::new(r).to_json());
+        // (A closed stdout is no reason to fail a copy that is done.)
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout().lock(), "{}", Summary::new(r).to_json());
     } else if !quiet {
         eprintln!("{}", human_line(r));
     }

@@ -16,7 +16,7 @@
 //!   the new one, which replaces it. A file whose chunks all match is left
 //!   in place (its metadata applied).
 
-use crate::proto::{Entry, flags};
+use crate::proto::{Entry, EntryKind, flags};
 
 /// Which files are sent again, from the command line (and the request's
 /// flags on the other side).
@@ -130,10 +130,75 @@ impl Policy {
     }
 }
 
+/// What is under an entry's name, as `-i` compares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct There {
+    pub kind: EntryKind,
+    pub size: u64,
+    pub mtime: (i64, u32),
+    /// Permission bits (and setuid, setgid, sticky).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// What a copy keeps, as far as `-i` reports differences of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kept {
+    pub times: bool,
+    pub perms: bool,
+    pub owner: bool,
+    pub group: bool,
+}
+
+/// rsync's `--itemize-changes` code of entry `e`: `YXcstpoguax`, where Y
+/// is `>` (data is sent), `c` (created here, not a file), `h` (a hard
+/// link), `.` (only metadata); X the kind (`f d L D S`); then one letter a
+/// difference (`+` each for a new entry), `.` for none. `None`: nothing
+/// changes, no line (as rsync's single `-i`). The `c`, `u`, `a` and `x`
+/// letters are not reported (always `.`).
+pub fn itemize(e: &Entry, there: Option<&There>, sent: bool, kept: Kept) -> Option<[u8; 11]> {
+    let x = match e.kind {
+        EntryKind::File | EntryKind::HardLink => b'f',
+        EntryKind::Dir => b'd',
+        EntryKind::Symlink => b'L',
+        EntryKind::CharDevice | EntryKind::BlockDevice => b'D',
+        EntryKind::Fifo | EntryKind::Socket => b'S',
+    };
+    let y = match e.kind {
+        EntryKind::HardLink => b'h',
+        EntryKind::File if sent => b'>',
+        _ => b'c',
+    };
+    let same_kind = |t: &There| {
+        t.kind == e.kind || (e.kind == EntryKind::HardLink && t.kind == EntryKind::File)
+    };
+    let Some(t) = there.filter(|t| same_kind(t)) else {
+        let mut code = [b'+'; 11];
+        code[0] = y;
+        code[1] = x;
+        return Some(code);
+    };
+    if e.kind == EntryKind::HardLink {
+        // Linked already or not: rcp does not tell (no line).
+        return None;
+    }
+    let differs = |yes: bool, letter: u8| if yes { letter } else { b'.' };
+    let mut code = [b'.'; 11];
+    code[0] = if sent { b'>' } else { b'.' };
+    code[1] = x;
+    code[3] = differs(e.kind == EntryKind::File && t.size != e.size, b's');
+    code[4] = differs(kept.times && t.mtime != (e.mtime_sec, e.mtime_nsec), b't');
+    code[5] = differs(kept.perms && t.mode & 0o7777 != e.mode, b'p');
+    let meta = e.meta.as_ref();
+    code[6] = differs(kept.owner && meta.is_some_and(|m| m.uid != t.uid), b'o');
+    code[7] = differs(kept.group && meta.is_some_and(|m| m.gid != t.gid), b'g');
+    (code[0] != b'.' || code[2..].iter().any(|&c| c != b'.')).then_some(code)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::EntryKind;
     use proptest::prelude::*;
 
     fn file(size: u64, mtime: (i64, u32)) -> Entry {
@@ -244,6 +309,71 @@ mod tests {
             }
             .asks()
         );
+    }
+
+    #[test]
+    fn itemized_codes_are_rsyncs() {
+        let kept = Kept {
+            times: true,
+            perms: true,
+            owner: true,
+            group: true,
+        };
+        let e = file(10, T);
+        let shown = |there: Option<There>, sent| {
+            itemize(&e, there.as_ref(), sent, kept).map(|c| String::from_utf8(c.to_vec()).unwrap())
+        };
+        assert_eq!(shown(None, true).as_deref(), Some(">f+++++++++"));
+        let same = There {
+            kind: EntryKind::File,
+            size: 10,
+            mtime: T,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+        };
+        assert_eq!(shown(Some(same), false), None, "nothing changes: no line");
+        let changed = There {
+            size: 11,
+            mtime: (1, 0),
+            ..same
+        };
+        assert_eq!(shown(Some(changed), true).as_deref(), Some(">f.st......"));
+        let perms = There {
+            mode: 0o600,
+            ..same
+        };
+        assert_eq!(shown(Some(perms), false).as_deref(), Some(".f...p....."));
+        // Something else there is replaced: new.
+        let dir = There {
+            kind: EntryKind::Dir,
+            ..same
+        };
+        assert_eq!(shown(Some(dir), true).as_deref(), Some(">f+++++++++"));
+        let d = Entry {
+            kind: EntryKind::Dir,
+            chunk: 0,
+            size: 0,
+            ..file(0, T)
+        };
+        let code = itemize(&d, None, false, kept).unwrap();
+        assert_eq!(&code, b"cd+++++++++");
+        let later = There {
+            kind: EntryKind::Dir,
+            mtime: (T.0 + 1, 0),
+            ..same
+        };
+        assert_eq!(
+            &itemize(&d, Some(&later), false, kept).unwrap(),
+            b".d..t......"
+        );
+        // Without -p, neither times nor modes are differences.
+        let plain = Kept {
+            times: false,
+            perms: false,
+            ..kept
+        };
+        assert_eq!(itemize(&d, Some(&later), false, plain), None);
     }
 
     proptest! {

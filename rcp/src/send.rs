@@ -49,6 +49,8 @@ pub struct SendOptions {
     pub resume: bool,
     /// Which files are sent again (the receiver decides by it).
     pub policy: Policy,
+    /// `-n`: the receiver answers every file, and sends for none.
+    pub dry_run: bool,
     pub chunk: usize,
     /// Buffers read ahead.
     pub buffers: usize,
@@ -205,7 +207,7 @@ pub async fn send(
     let planner = {
         let asking = Arc::clone(&asking);
         tokio::spawn(async move {
-            let asks = opts.policy.asks() || opts.resume;
+            let asks = opts.policy.asks() || opts.resume || opts.dry_run;
             while let Some(batch) = items.recv().await {
                 for item in batch {
                     let item = item?;
@@ -922,6 +924,10 @@ async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow:
                 }
             }
             Msg::Removed { path } => removed.push(path),
+            // `-i` from a receiver that is not the client: printed here.
+            Msg::Itemized { code, path } => {
+                crate::recv::print_itemized(&code, &path);
+            }
             Msg::EntryOk { index } => done(index),
             Msg::EntriesOk { indices } => indices.into_iter().for_each(done),
             Msg::EntryFailed {

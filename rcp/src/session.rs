@@ -17,7 +17,7 @@ use crate::digest::Algorithm;
 use crate::exit::{PeerLost, Refused};
 use crate::filter::{Filter, RuleText};
 use crate::proto::{Msg, flags};
-use crate::recv::{self, RecvOptions};
+use crate::recv::{self, Itemize, RecvOptions};
 use crate::report::{Progress, Report, Stats};
 use crate::resync::Policy;
 use crate::send::{self, SendOptions, Source};
@@ -44,6 +44,9 @@ pub struct Params {
     pub policy: Policy,
     /// `--delete` (the client's choice).
     pub delete: bool,
+    /// `-n`, `-i` (the client's choice).
+    pub dry_run: bool,
+    pub itemize: bool,
     /// `--exclude`, `--include` (the client's, sent after the request).
     pub filter: Arc<Filter>,
     pub chunk: usize,
@@ -84,6 +87,12 @@ impl Params {
         if !self.filter.is_empty() {
             f |= flags::FILTERS;
         }
+        if self.dry_run {
+            f |= flags::DRY_RUN;
+        }
+        if self.itemize {
+            f |= flags::ITEMIZE;
+        }
         f | self.keep.flags() | self.policy.flags()
     }
 
@@ -101,6 +110,8 @@ impl Params {
             resume: f & flags::RESUME != 0,
             policy: Policy::from_flags(f),
             delete: f & flags::DELETE != 0,
+            dry_run: f & flags::DRY_RUN != 0,
+            itemize: f & flags::ITEMIZE != 0,
             digest: if f & flags::BLAKE3 != 0 {
                 Algorithm::Blake3
             } else {
@@ -121,14 +132,16 @@ impl Params {
             digest: self.digest,
             resume: self.resume,
             policy: self.policy,
+            dry_run: self.dry_run,
             chunk: self.chunk,
             buffers: (self.window as usize * self.streams as usize).clamp(4, 64),
             engine: self.io_engine,
         }
     }
 
-    /// The receiver's options.
-    fn recv_options(&self) -> RecvOptions {
+    /// The receiver's options; `client`: this side is the one the user
+    /// started (it prints `-i`'s lines; a server tells them).
+    fn recv_options(&self, client: bool) -> RecvOptions {
         RecvOptions {
             preserve: self.preserve,
             keep: self.keep,
@@ -138,6 +151,12 @@ impl Params {
             resume: self.resume,
             policy: self.policy,
             delete: self.delete,
+            dry_run: self.dry_run,
+            itemize: match (self.itemize, client) {
+                (false, _) => Itemize::Off,
+                (true, true) => Itemize::Print,
+                (true, false) => Itemize::Tell,
+            },
             engine: self.io_engine,
         }
     }
@@ -371,8 +390,14 @@ async fn client_session(
             send_rules(&control, &params.filter).await?;
             let session = expect_ready(&control).await?;
             join_streams(target, links, secret, session, params.clone()).await?;
-            let got =
-                recv::receive(links, base, params.recv_options(), &params.filter, progress).await?;
+            let got = recv::receive(
+                links,
+                base,
+                params.recv_options(true),
+                &params.filter,
+                progress,
+            )
+            .await?;
             streams::finish_all(links).await?;
             let outcome = send::Outcome {
                 digests: got.digests,
@@ -604,7 +629,7 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             let got = recv::receive(
                 links,
                 base,
-                params.recv_options(),
+                params.recv_options(false),
                 &params.filter,
                 &progress,
             )

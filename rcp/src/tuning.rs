@@ -58,6 +58,8 @@ pub fn params(
         resume: false,
         policy: crate::resync::Policy::default(),
         delete: false,
+        dry_run: false,
+        itemize: false,
         filter: std::sync::Arc::default(),
         chunk: t.chunk_size,
         window: t.window,

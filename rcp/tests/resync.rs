@@ -336,3 +336,117 @@ fn skipping_flags_leave_what_rsync_leaves() {
         "-I rewrites what the quick check skips"
     );
 }
+
+#[test]
+fn dry_run_and_itemize_say_what_rsync_says_and_change_nothing() {
+    let t = Scratch::new("resync-itemize");
+    let src = t.path("src");
+    let files = plain_tree(&src, 40, 11);
+    let modes = ["local", "push", "pull", "remote shell"];
+    let ours: Vec<PathBuf> = modes
+        .iter()
+        .map(|m| t.path(&format!("ours-{}", m.replace(' ', "-"))))
+        .collect();
+    let theirs = t.path("theirs");
+    for d in ours.iter().chain([&theirs]) {
+        std::fs::create_dir(d).unwrap();
+        rsync_into(&["-a"], &src, d);
+    }
+    // Changes of every kind: contents and time, mode only, a new file, a
+    // new directory, and an extraneous file for --delete.
+    std::fs::write(&files[0], b"new contents").unwrap();
+    set_times(&files[0], 1_650_000_000, 0);
+    std::fs::set_permissions(
+        &files[1],
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::write(src.join("d0/brand-new"), b"x").unwrap();
+    set_times(&src.join("d0/brand-new"), 1_650_000_000, 0);
+    std::fs::create_dir(src.join("fresh-dir")).unwrap();
+    set_times(&src.join("fresh-dir"), 1_650_000_000, 0);
+    for d in ours.iter().chain([&theirs]) {
+        std::fs::write(d.join("src/d1/extra"), b"x").unwrap();
+        set_times(&d.join("src/d1/extra"), 1_650_000_000, 0);
+        // (In the past: rsync leaves a time of the current second alone.)
+        set_times(&d.join("src/d1"), 1_500_000_000, 0);
+    }
+    let before = t.path("before");
+    std::fs::create_dir(&before).unwrap();
+    rsync_into(&["-a"], &theirs, &before);
+    let before = before.join("theirs");
+
+    let rsync_lines = Command::new("rsync")
+        .args(["-ain", "--delete"])
+        .arg(&src)
+        .arg(format!("{}/", theirs.display()))
+        .output()
+        .unwrap();
+    // rsync leaves out a directory whose time differs when its contents
+    // change too; rcp names it (`.d..t......`): those lines aside, the
+    // same lines.
+    let lines = |out: &[u8]| {
+        let mut l: Vec<String> = String::from_utf8_lossy(out)
+            .lines()
+            .filter(|l| !l.starts_with(".d"))
+            .map(str::to_string)
+            .collect();
+        l.sort();
+        l
+    };
+    let rsyncs = lines(&rsync_lines.stdout);
+    for want in [">f.st", ".f...p", ">f+++++++++", "cd+++++++++", "*deleting"] {
+        assert!(
+            rsyncs.iter().any(|l| l.starts_with(want)),
+            "the oracle has no {want} line: {rsyncs:?}"
+        );
+    }
+
+    let key = secret(&t, "key");
+    let daemon = Daemon::start(&[t.dir()], &key);
+    let (rsh, path) = fake_rsh(&t);
+    for (mode, ours) in modes.iter().zip(&ours) {
+        // In every mode the lines are printed where the user typed rcp,
+        // whichever side compares.
+        let mut cmd = Command::new(RCP);
+        cmd.args(["-ain", "--delete"]).env("PATH", &path);
+        match *mode {
+            "local" => cmd.arg(&src).arg(ours),
+            "push" => cmd
+                .arg("--secret-file")
+                .arg(&key)
+                .arg(&src)
+                .arg(daemon.url(ours)),
+            "pull" => cmd
+                .arg("--secret-file")
+                .arg(&key)
+                .arg(daemon.url(&src))
+                .arg(ours),
+            _ => cmd
+                .arg("--rsh")
+                .arg(&rsh)
+                .arg(&src)
+                .arg(format!("localhost:{}", ours.display())),
+        };
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(lines(&out.stdout), rsyncs, "{mode}");
+        // Nothing changed, nothing was sent.
+        assert_same(&format!("{mode}, after -n"), &before, ours);
+    }
+    let n = rcp_json(
+        &[
+            OsStr::new("-an"),
+            OsStr::new("--delete"),
+            src.as_os_str(),
+            ours[0].as_os_str(),
+        ],
+        None,
+    );
+    assert_eq!(n.bytes, 0);
+    assert_same("after -n --json", &before, &ours[0]);
+}
