@@ -17,6 +17,7 @@ use rfabric::link::seal::EncryptChoice;
 use crate::cli::{Cli, Cmd, CopyArgs, RuleArg};
 use crate::exit::Exit;
 use crate::filter::{self, Filter, RuleText};
+use crate::listed;
 use crate::operand::Operand;
 use crate::report::{self, Progress, Report};
 use crate::session::{self, Params, Request, ServeConfig, Target};
@@ -123,6 +124,23 @@ fn filter_of(rules: &[RuleArg]) -> anyhow::Result<Filter> {
     Ok(Filter::new(texts)?)
 }
 
+/// The names of a `--files-from` list (`-`: read from stdin).
+fn list_of(file: &Path, from0: bool) -> anyhow::Result<Vec<Vec<u8>>> {
+    use std::io::Read;
+    let text = if file == Path::new("-") {
+        let mut t = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut t)
+            .context("cannot read the --files-from list from stdin")?;
+        t
+    } else {
+        std::fs::read(file)
+            .with_context(|| format!("cannot read --files-from {}", file.display()))?
+    };
+    listed::parse(&text, from0, crate::proto::MAX_PATH)
+        .with_context(|| format!("--files-from {}", file.display()))
+}
+
 /// `rcp SRC... DEST`: the copy, with its progress bar finished. What
 /// failed on the way is in the report; an error is a copy that could not
 /// run at all.
@@ -141,6 +159,10 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         dry_run: a.dry_run,
         itemize: a.itemize_changes,
         filter: Arc::new(filter_of(&a.rules)?),
+        listed: match &a.files_from {
+            Some(file) => Some(Arc::new(list_of(file, a.from0)?)),
+            None => None,
+        },
         streams: a.streams,
         keep: a.keep(),
         digest: a.digest.resolve(crate::digest::fips_mode())?,

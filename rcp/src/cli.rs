@@ -197,6 +197,18 @@ pub struct CopyArgs {
     /// are skipped).
     #[arg(long, value_name = "FILE")]
     pub exclude_from: Vec<PathBuf>,
+    /// Send the names listed in FILE (one a line, `-` for stdin), relative
+    /// to the one source directory, each under its own name at the
+    /// destination (made if missing), the directories above it made with
+    /// their metadata: rsync's --files-from. A listed directory brings its
+    /// contents only with an explicit -r (-a alone does not recurse here).
+    /// Blank lines and lines starting with # or ; are skipped.
+    #[arg(long, value_name = "FILE", conflicts_with = "delete")]
+    pub files_from: Option<PathBuf>,
+    /// The --files-from list is separated by NUL bytes, not lines (as
+    /// `find -print0` writes it); no comment lines.
+    #[arg(long = "from0", short = '0', requires = "files_from")]
+    pub from0: bool,
     /// The three above in command-line order (see [`parse`]).
     #[arg(skip)]
     pub rules: Vec<RuleArg>,
@@ -255,8 +267,9 @@ impl CopyArgs {
         }
     }
 
+    /// `-r`, or `-a` (not with --files-from, as rsync's).
     pub fn recursive(&self) -> bool {
-        self.recursive || self.archive
+        self.recursive || (self.archive && self.files_from.is_none())
     }
 
     pub fn preserve(&self) -> bool {

@@ -54,6 +54,7 @@ impl Exit {
     pub fn of_error(error: &anyhow::Error) -> Exit {
         if has::<crate::digest::FipsRefusesBlake3>(error)
             || has::<crate::filter::FilterError>(error)
+            || has::<crate::listed::ListError>(error)
         {
             Exit::Usage
         } else if has::<Refused>(error) {

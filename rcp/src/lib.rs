@@ -20,7 +20,8 @@
 //! I/O), [`resync`] (which files are sent again: the quick check and its
 //! variants, sans I/O) and [`existing`] (what a re-sync finds at the
 //! destination), [`delete`] (`--delete`, after the copy), [`filter`]
-//! (rsync's include and exclude rules, sans I/O),
+//! (rsync's include and exclude rules, sans I/O), [`listed`]
+//! (`--files-from` lists, sans I/O),
 //! [`session`] (auth, request, pipelines),
 //! [`streams`] (striping a session over several links), [`connect`]
 //! (transport choice), [`shell`] (remote-shell mode), [`report`] (progress,
@@ -42,6 +43,7 @@ pub mod digest;
 pub mod existing;
 pub mod exit;
 pub mod filter;
+pub mod listed;
 pub mod operand;
 pub mod proto;
 pub mod recv;

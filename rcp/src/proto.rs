@@ -66,6 +66,10 @@ pub mod flags {
     pub const DRY_RUN: u32 = 1 << 18;
     /// `-i`: the receiver names what changes (`Itemized`).
     pub const ITEMIZE: u32 = 1 << 19;
+    /// `--files-from`: the one source is a directory and the names listed
+    /// in it are sent (a pull's follow the request in `Names` messages);
+    /// the destination is a directory, made if missing.
+    pub const FILES_FROM: u32 = 1 << 20;
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
         | RESUME
@@ -76,7 +80,8 @@ pub mod flags {
         | DELETE
         | FILTERS
         | DRY_RUN
-        | ITEMIZE;
+        | ITEMIZE
+        | FILES_FROM;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -316,7 +321,17 @@ pub enum Msg {
         code: [u8; 11],
         path: Vec<u8>,
     },
+    /// Client → server, after a pull's request (and its rules) with the
+    /// `FILES_FROM` flag: names to send from the source directory, in
+    /// order; `more`: another `Names` follows.
+    Names {
+        names: Vec<Vec<u8>>,
+        more: bool,
+    },
 }
+
+/// The most names one `Names` message holds.
+pub const MAX_NAMES: usize = 4096;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum ProtoError {
@@ -332,7 +347,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 23] = [
+const TAGS: [&str; 24] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -356,6 +371,7 @@ const TAGS: [&str; 23] = [
     "Rules",
     "Batch",
     "Itemized",
+    "Names",
 ];
 
 impl Msg {
@@ -384,6 +400,7 @@ impl Msg {
             Msg::Rules { .. } => 21,
             Msg::Batch { .. } => 22,
             Msg::Itemized { .. } => 23,
+            Msg::Names { .. } => 24,
         }
     }
 
@@ -527,6 +544,13 @@ impl Msg {
                     put_bytes(&mut w, m);
                 }
             }
+            Msg::Names { names, more } => {
+                w.push(u8::from(*more));
+                w.extend_from_slice(&(names.len() as u16).to_le_bytes());
+                for n in names {
+                    put_bytes(&mut w, n);
+                }
+            }
             Msg::Rules { rules, more } => {
                 w.push(u8::from(*more));
                 w.extend_from_slice(&(rules.len() as u16).to_le_bytes());
@@ -632,6 +656,18 @@ impl Msg {
                     code,
                     path: r.bytes(MAX_PATH, "itemized.path")?,
                 }
+            }
+            24 => {
+                let more = r.u8()? != 0;
+                let n = u16::from_le_bytes(r.array()?) as usize;
+                if n > MAX_NAMES {
+                    return Err(ProtoError::BadField("names.count"));
+                }
+                let mut names = Vec::with_capacity(n);
+                for _ in 0..n {
+                    names.push(r.bytes(MAX_PATH, "names.name")?);
+                }
+                Msg::Names { names, more }
             }
             22 => {
                 let n = u16::from_le_bytes(r.array()?) as usize;
@@ -1110,6 +1146,10 @@ mod tests {
                 code: *b">f.st......",
                 path: b"top/f".to_vec(),
             },
+            Msg::Names {
+                names: vec![b"a".to_vec(), b"a/b c".to_vec()],
+                more: true,
+            },
         ]
     }
 
@@ -1213,7 +1253,7 @@ mod tests {
             .encode()
         };
         assert_eq!(
-            Msg::decode(&push(1 << 20, 1)),
+            Msg::decode(&push(1 << 21, 1)),
             Err(ProtoError::BadField("flags"))
         );
         // One way of comparing files at a time.

@@ -37,6 +37,18 @@ pub struct Source {
     pub top: Vec<u8>,
 }
 
+/// What the walk lists.
+#[derive(Debug)]
+pub enum Sources {
+    /// The operands, each under its own name.
+    Operands(Vec<Source>),
+    /// `--files-from`: names inside one directory (see [`crate::listed`]).
+    Listed {
+        base: OwnedFd,
+        names: Arc<Vec<Vec<u8>>>,
+    },
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct SendOptions {
     pub recursive: bool,
@@ -121,7 +133,7 @@ pub struct Outcome {
 /// entry.
 pub async fn send(
     links: &[Link],
-    sources: Vec<Source>,
+    sources: Sources,
     opts: SendOptions,
     filter: &Arc<Filter>,
     progress: &Progress,
@@ -146,32 +158,35 @@ pub async fn send(
     let mut walk = Walker::new(opts.recursive, opts.keep, Arc::clone(filter));
     let walker = tokio::task::spawn_blocking(move || {
         let mut batch = Vec::new();
-        for s in sources {
-            let r = walk.walk(&s.parent, &s.name, &s.top, &mut |item| {
-                batch.push(Ok(item));
-                let full = std::mem::take(&mut batch);
-                let sent = if full.len() >= WALK_BATCH {
-                    items_tx.blocking_send(full).is_ok()
-                } else {
-                    match items_tx.try_send(full) {
-                        Ok(()) => true,
-                        Err(mpsc::error::TrySendError::Full(back)) => {
-                            batch = back;
-                            true
-                        }
-                        Err(mpsc::error::TrySendError::Closed(_)) => false,
+        let mut emit = |item| {
+            batch.push(Ok(item));
+            let full = std::mem::take(&mut batch);
+            let sent = if full.len() >= WALK_BATCH {
+                items_tx.blocking_send(full).is_ok()
+            } else {
+                match items_tx.try_send(full) {
+                    Ok(()) => true,
+                    Err(mpsc::error::TrySendError::Full(back)) => {
+                        batch = back;
+                        true
                     }
-                };
-                if sent {
-                    Ok(())
-                } else {
-                    Err(anyhow::anyhow!("copy stopped"))
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
                 }
-            });
-            if let Err(e) = r {
-                batch.push(Err(e));
-                break;
+            };
+            if sent {
+                Ok(())
+            } else {
+                Err(anyhow::anyhow!("copy stopped"))
             }
+        };
+        let walked = match sources {
+            Sources::Operands(sources) => sources
+                .iter()
+                .try_for_each(|s| walk.walk(&s.parent, &s.name, &s.top, &mut emit)),
+            Sources::Listed { base, names } => walk.walk_listed(&base, &names, &mut emit),
+        };
+        if let Err(e) = walked {
+            batch.push(Err(e));
         }
         if !batch.is_empty() {
             let _ = items_tx.blocking_send(batch);

@@ -2,6 +2,7 @@
 //! sender and receiver pipelines, for the client and the server side.
 
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,11 +17,12 @@ use crate::connect::link_config;
 use crate::digest::Algorithm;
 use crate::exit::{PeerLost, Refused};
 use crate::filter::{Filter, RuleText};
-use crate::proto::{Msg, flags};
+use crate::listed;
+use crate::proto::{MAX_NAMES, Msg, flags};
 use crate::recv::{self, Itemize, RecvOptions};
 use crate::report::{Progress, Report, Stats};
 use crate::resync::Policy;
-use crate::send::{self, SendOptions, Source};
+use crate::send::{self, SendOptions, Source, Sources};
 use crate::streams::{self, Sessions};
 use crate::tree::{self, Base};
 use rfabric::auth;
@@ -49,6 +51,10 @@ pub struct Params {
     pub itemize: bool,
     /// `--exclude`, `--include` (the client's, sent after the request).
     pub filter: Arc<Filter>,
+    /// `--files-from`: the names to send from the one source directory
+    /// (a pull's travel after the request; a server receiving a push
+    /// holds an empty list: it only needs to know).
+    pub listed: Option<Arc<Vec<Vec<u8>>>>,
     pub chunk: usize,
     /// Landing slots per stream.
     pub window: u32,
@@ -93,6 +99,9 @@ impl Params {
         if self.itemize {
             f |= flags::ITEMIZE;
         }
+        if self.listed.is_some() {
+            f |= flags::FILES_FROM;
+        }
         f | self.keep.flags() | self.policy.flags()
     }
 
@@ -119,6 +128,7 @@ impl Params {
             },
             streams,
             filter,
+            listed: (f & flags::FILES_FROM != 0).then(Arc::default),
             ..self.clone()
         })
     }
@@ -357,7 +367,13 @@ async fn client_session(
     let control = links[0].clone();
     let (stats, outcome) = match request {
         Request::Push { sources, dest } => {
-            let local = local_sources(&sources)?;
+            let local = match &params.listed {
+                Some(names) => Sources::Listed {
+                    base: listed_base(&sources)?,
+                    names: Arc::clone(names),
+                },
+                None => Sources::Operands(local_sources(&sources)?),
+            };
             let push = Msg::Push {
                 flags: params.flags(),
                 streams: params.streams,
@@ -380,7 +396,7 @@ async fn client_session(
             (stats, outcome)
         }
         Request::Pull { sources, dest } => {
-            let base = local_base(&dest, sources.len())?;
+            let base = local_base(&dest, sources.len(), params.listed.is_some())?;
             let pull = Msg::Pull {
                 flags: params.flags(),
                 streams: params.streams,
@@ -388,6 +404,9 @@ async fn client_session(
             };
             control.send_message(&pull.encode()).await?;
             send_rules(&control, &params.filter).await?;
+            if let Some(names) = &params.listed {
+                send_names(&control, names).await?;
+            }
             let session = expect_ready(&control).await?;
             join_streams(target, links, secret, session, params.clone()).await?;
             let got = recv::receive(
@@ -437,6 +456,54 @@ async fn send_rules(link: &Link, filter: &Filter) -> anyhow::Result<()> {
         link.send_message(&m.encode()).await?;
     }
     Ok(())
+}
+
+/// A pull's `--files-from` names, as `Names` messages that fit the link's.
+async fn send_names(link: &Link, names: &[Vec<u8>]) -> anyhow::Result<()> {
+    let room = link.max_message().saturating_sub(16);
+    let mut batch: Vec<Vec<u8>> = Vec::new();
+    let mut size = 0;
+    let mut names = names.iter().peekable();
+    while let Some(n) = names.next() {
+        size += n.len() + 2;
+        batch.push(n.clone());
+        let full = names
+            .peek()
+            .is_some_and(|next| size + next.len() + 2 > room || batch.len() == MAX_NAMES);
+        if full || names.peek().is_none() {
+            let more = names.peek().is_some();
+            let m = Msg::Names {
+                names: std::mem::take(&mut batch),
+                more,
+            };
+            link.send_message(&m.encode()).await?;
+            size = 0;
+        }
+    }
+    Ok(())
+}
+
+/// The names that follow a pull with the `FILES_FROM` flag, checked and
+/// in the walk's order.
+async fn receive_names(link: &Link) -> anyhow::Result<Arc<Vec<Vec<u8>>>> {
+    let mut all = Vec::new();
+    loop {
+        let Msg::Names { names, more } = setup_msg(link).await? else {
+            bail!("the request's --files-from names did not follow it");
+        };
+        for n in names {
+            tree::relative(listed::bare(&n))?;
+            all.push(n);
+        }
+        if all.len() > listed::MAX_LISTED {
+            bail!("more than {} --files-from names", listed::MAX_LISTED);
+        }
+        if !more {
+            break;
+        }
+    }
+    listed::sort(&mut all);
+    Ok(Arc::new(all))
 }
 
 /// The filter rules that follow a request with the `FILTERS` flag.
@@ -492,11 +559,29 @@ pub fn local_sources(paths: &[PathBuf]) -> anyhow::Result<Vec<Source>> {
         .collect()
 }
 
+/// `--files-from`'s one source: the directory the names are in.
+fn listed_base(sources: &[PathBuf]) -> anyhow::Result<OwnedFd> {
+    let [dir] = sources else {
+        bail!("--files-from takes one source: the directory the names are in");
+    };
+    tree::open_root(dir).with_context(|| format!("cannot open {}", dir.display()))
+}
+
 /// Where a local destination puts what arrives: into `dest` if it is a
-/// directory, else as `dest` itself (one source only).
-pub fn local_base(dest: &Path, sources: usize) -> anyhow::Result<Base> {
+/// directory, else as `dest` itself (one source only). `make`
+/// (`--files-from`): `dest` is a directory, made if missing.
+pub fn local_base(dest: &Path, sources: usize, make: bool) -> anyhow::Result<Base> {
+    if make && !dest.exists() {
+        std::fs::create_dir(dest).with_context(|| format!("cannot make {}", dest.display()))?;
+    }
     if dest.is_dir() {
         return Ok(Base::new(tree::open_root(dest)?, None));
+    }
+    if make {
+        bail!(
+            "{} is not a directory (--files-from needs one)",
+            dest.display()
+        );
     }
     if sources > 1 {
         bail!(
@@ -624,7 +709,12 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
         } => {
             let filter = receive_rules(&link, flags).await?;
             let params = config.params.with_request(flags, streams, filter)?;
-            let base = confined_base(&config.roots, &dest, sources as usize)?;
+            let base = confined_base(
+                &config.roots,
+                &dest,
+                sources as usize,
+                params.listed.is_some(),
+            )?;
             *links = ready(&link, config, true, streams).await?;
             let got = recv::receive(
                 links,
@@ -649,10 +739,23 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
         } => {
             let filter = receive_rules(&link, flags).await?;
             let params = config.params.with_request(flags, streams, filter)?;
-            let local = sources
-                .iter()
-                .map(|s| confined_source(&config.roots, s))
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let local = if params.listed.is_some() {
+                let names = receive_names(&link).await?;
+                let [dir] = &sources[..] else {
+                    bail!("--files-from takes one source: the directory the names are in");
+                };
+                Sources::Listed {
+                    base: confined_dir(&config.roots, dir)?,
+                    names,
+                }
+            } else {
+                Sources::Operands(
+                    sources
+                        .iter()
+                        .map(|s| confined_source(&config.roots, s))
+                        .collect::<anyhow::Result<Vec<_>>>()?,
+                )
+            };
             *links = ready(&link, config, false, streams).await?;
             let options = params.send_options();
             let (stats, _) = send::send(links, local, options, &params.filter, &progress).await?;
@@ -740,13 +843,32 @@ fn requested_path(raw: &[u8]) -> anyhow::Result<PathBuf> {
     }
 }
 
-/// A client's destination, confined beneath the roots.
-fn confined_base(roots: &[PathBuf], dest: &[u8], sources: usize) -> anyhow::Result<Base> {
+/// A client's destination, confined beneath the roots; `make`
+/// (`--files-from`): a directory, made if missing.
+fn confined_base(
+    roots: &[PathBuf],
+    dest: &[u8],
+    sources: usize,
+    make: bool,
+) -> anyhow::Result<Base> {
     let path = requested_path(dest)?;
     let (root, parts) = tree::under_roots(&path, roots)?;
     let root = tree::open_root(root)?;
     if let Ok(dir) = tree::open_dir_beneath(&root, &parts) {
         return Ok(Base::new(dir, None));
+    }
+    if make {
+        let (last, dirs) = parts
+            .split_last()
+            .with_context(|| format!("{} is not a directory", path.display()))?;
+        let parent = tree::open_dir_beneath(&root, dirs)?;
+        rustix::fs::mkdirat(
+            &parent,
+            tree::os(last),
+            rustix::fs::Mode::from_raw_mode(0o777),
+        )
+        .with_context(|| format!("cannot make {}", path.display()))?;
+        return Ok(Base::new(tree::open_dir_beneath(&parent, &[last])?, None));
     }
     if sources > 1 {
         bail!(
@@ -761,6 +883,14 @@ fn confined_base(roots: &[PathBuf], dest: &[u8], sources: usize) -> anyhow::Resu
         tree::open_dir_beneath(&root, dirs)?,
         Some(last.to_vec()),
     ))
+}
+
+/// A client's source directory (`--files-from`), confined beneath the
+/// roots (a root itself allowed).
+fn confined_dir(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<OwnedFd> {
+    let path = requested_path(raw)?;
+    let (root, parts) = tree::under_roots(&path, roots)?;
+    tree::open_dir_beneath(tree::open_root(root)?, &parts)
 }
 
 /// A client's source, confined beneath the roots.

@@ -22,6 +22,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use crate::archive::{self, Keep, Node, Powers, Xattr};
 use crate::digest;
 use crate::filter::Filter;
+use crate::listed;
 use crate::proto::{Entry, EntryKind, Meta};
 
 /// Splits a peer's relative path into checked components: not empty, not
@@ -234,9 +235,86 @@ impl Walker {
         let stat = rustix::fs::statat(parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
             .with_context(|| format!("cannot stat {shown}"))?;
         let parent = Arc::new(rustix::io::dup(parent)?);
-        self.visit(&parent, name, top.to_vec(), &stat, emit, &shown)
+        let how = Visit {
+            depth: Depth::All,
+            filtered: true,
+        };
+        self.visit(&parent, name, top.to_vec(), &stat, emit, &shown, how)
     }
 
+    /// `--files-from`: lists `names` (checked, sorted and deduplicated by
+    /// [`listed::parse`]) inside directory `base`, each under its own
+    /// name. The directories a name implies come first, once each, with
+    /// their metadata and without their other contents; a listed
+    /// directory brings its contents only with `-r` (and a name beneath a
+    /// directory walked so is not listed twice), or, listed with a
+    /// trailing `/`, the names in it (as rsync's `--dirs`: directories
+    /// among them without their contents).
+    pub fn walk_listed(
+        &mut self,
+        base: &OwnedFd,
+        names: &[Vec<u8>],
+        emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let mut made: std::collections::HashSet<Vec<u8>> = Default::default();
+        let mut walked: Option<&[u8]> = None;
+        for listed in names {
+            let contents = listed.ends_with(b"/");
+            let name = listed::bare(listed);
+            if walked.is_some_and(|dir| listed::beneath(name, dir)) || made.contains(name) {
+                continue;
+            }
+            for dir in listed::implied_dirs(name) {
+                if made.insert(dir.to_vec()) {
+                    let how = Visit {
+                        depth: Depth::Itself,
+                        filtered: false,
+                    };
+                    self.visit_at(base, dir, emit, how)?;
+                }
+            }
+            let depth = match (self.recursive, contents) {
+                (true, _) => Depth::All,
+                (false, true) => Depth::Contents,
+                (false, false) => Depth::Itself,
+            };
+            let how = Visit {
+                depth,
+                filtered: true,
+            };
+            if self.visit_at(base, name, emit, how)? {
+                made.insert(name.to_vec());
+                if self.recursive {
+                    walked = Some(name);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Visits `path` (relative, checked) beneath `base`; whether it is a
+    /// directory.
+    fn visit_at(
+        &mut self,
+        base: &OwnedFd,
+        path: &[u8],
+        emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
+        how: Visit,
+    ) -> anyhow::Result<bool> {
+        let shown = String::from_utf8_lossy(path).into_owned();
+        let parts = relative(path)?;
+        let (name, dirs) = parts.split_last().expect("relative paths have a part");
+        let parent = Arc::new(
+            open_dir_beneath(base, dirs)
+                .with_context(|| format!("cannot reach {shown} (listed in --files-from)"))?,
+        );
+        let stat = rustix::fs::statat(&*parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .with_context(|| format!("cannot stat {shown} (listed in --files-from)"))?;
+        self.visit(&parent, name, path.to_vec(), &stat, emit, &shown, how)?;
+        Ok(FileType::from_raw_mode(stat.st_mode) == FileType::Directory)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn visit(
         &mut self,
         parent: &Arc<OwnedFd>,
@@ -245,9 +323,10 @@ impl Walker {
         stat: &rustix::fs::Stat,
         emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
         shown: &str,
+        how: Visit,
     ) -> anyhow::Result<()> {
         let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
-        if self.filter.excludes(&path, is_dir) {
+        if how.filtered && self.filter.excludes(&path, is_dir) {
             return Ok(());
         }
         let cname = cstr(name)?;
@@ -266,7 +345,7 @@ impl Walker {
             );
             return Ok(());
         };
-        if entry.kind == EntryKind::Dir && !self.recursive {
+        if entry.kind == EntryKind::Dir && how.depth == Depth::All && !self.recursive {
             bail!("{shown} is a directory (use -r to copy directories)");
         }
         if entry.kind == EntryKind::File && self.keep.hard_links && stat.st_nlink > 1 {
@@ -336,6 +415,15 @@ impl Walker {
                     dense: true,
                     xattrs,
                 })?;
+                let inside = match how.depth {
+                    Depth::Itself => return Ok(()),
+                    Depth::Contents => Depth::Itself,
+                    Depth::All => Depth::All,
+                };
+                let how = Visit {
+                    depth: inside,
+                    ..how
+                };
                 let dir = Arc::new(open.expect("a directory is open"));
                 let mut names: Vec<Vec<u8>> = Vec::new();
                 for d in rustix::fs::Dir::read_from(&*dir)
@@ -359,7 +447,7 @@ impl Walker {
                     child.push(b'/');
                     child.extend_from_slice(&n);
                     let shown = format!("{shown}/{}", String::from_utf8_lossy(&n));
-                    self.visit(&dir, &n, child, &st, emit, &shown)?;
+                    self.visit(&dir, &n, child, &st, emit, &shown, how)?;
                 }
                 Ok(())
             }
@@ -371,6 +459,29 @@ impl Walker {
             }),
         }
     }
+}
+
+/// How [`Walker::visit`] treats one name.
+#[derive(Debug, Clone, Copy)]
+struct Visit {
+    /// How far into a directory.
+    depth: Depth,
+    /// By the filter rules (the directories a listed name implies are
+    /// not: they are there for the name's sake).
+    filtered: bool,
+}
+
+/// How far [`Walker::visit`] goes into a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Depth {
+    /// Only its entry: `--files-from` without `-r`, and the directories a
+    /// listed name implies.
+    Itself,
+    /// Its entry and those of the names in it (`--files-from` without
+    /// `-r`, listed with a trailing `/`).
+    Contents,
+    /// Everything beneath it (`-r`).
+    All,
 }
 
 /// Where received entries go: a directory opened once, and how the first

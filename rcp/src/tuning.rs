@@ -61,6 +61,7 @@ pub fn params(
         dry_run: false,
         itemize: false,
         filter: std::sync::Arc::default(),
+        listed: None,
         chunk: t.chunk_size,
         window: t.window,
         streams: 1,

@@ -1,7 +1,8 @@
-//! `--delete` and the filter rules against the oracle: the same command
-//! line through rcp and through rsync, into destinations made alike, then
-//! compared entry by entry. A `--delete` run whose copy fails deletes
-//! nothing, and deleting never follows a symlink out of the destination.
+//! `--delete`, the filter rules and `--files-from` against the oracle: the
+//! same command line through rcp and through rsync, into destinations made
+//! alike, then compared entry by entry. A `--delete` run whose copy fails
+//! deletes nothing, and deleting never follows a symlink out of the
+//! destination.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -345,5 +346,149 @@ fn bad_rules_are_refused_clearly() {
             "{args:?}: {err}"
         );
         assert!(!dest.exists(), "{args:?}: copied anyway");
+    }
+}
+
+#[test]
+fn files_from_sends_what_rsync_files_from_sends_in_every_mode() {
+    let t = Scratch::new("files-from");
+    let src = t.path("src");
+    source(&src);
+    std::os::unix::fs::symlink("a.c", src.join("d0/link")).unwrap();
+    // (In the past: rsync leaves a time of the current second alone.)
+    set_times(&src.join("d0/link"), 1_500_000_000, 0);
+    set_times(&src.join("d0"), 1_500_000_000, 0);
+    let list = t.path("list");
+    // Out of order, repeated, with comments, a leading / and ./ inside,
+    // directories listed and implied, a symlink.
+    std::fs::write(
+        &list,
+        "d0/sub/b.c\n# a comment\n; another\n\nd1\n/keep/a.c\n./d0//link\ncache/\nd0/sub/b.c\nd0/sub/a.o\nnotes.txt\n",
+    )
+    .unwrap();
+    let key = secret(&t, "key");
+    let daemon = Daemon::start(&[t.dir()], &key);
+    let (rsh, path) = fake_rsh(&t);
+    let files_from = format!("--files-from={}", list.display());
+    let cases: [&[&str]; 3] = [&["-a"], &["-a", "-r"], &["-a", "-r", "--exclude", "*.o"]];
+    for (n, flags) in cases.iter().enumerate() {
+        let oracle = t.path(&format!("oracle-{n}"));
+        let mut rsync = Command::new("rsync");
+        rsync
+            .args(*flags)
+            .arg(&files_from)
+            .arg(format!("{}/", src.display()))
+            .arg(format!("{}/", oracle.display()));
+        run(&mut rsync);
+        // The implied directories are there, a listed one with its
+        // contents only with -r (else the comparison proves little).
+        assert!(oracle.join("d0/sub/b.c").is_file() && oracle.join("keep/a.c").is_file());
+        assert!(
+            std::fs::symlink_metadata(oracle.join("d0/link"))
+                .unwrap()
+                .is_symlink()
+        );
+        assert!(!oracle.join("d0/a.c").exists() && oracle.join("d1").is_dir());
+        let recursive = flags.contains(&"-r");
+        assert_eq!(oracle.join("d1/a.c").exists(), recursive, "{flags:?}");
+        for mode in ["local", "push", "pull", "remote shell"] {
+            let into = t.path(&format!("into-{n}-{}", mode.replace(' ', "-")));
+            let mut args: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
+            args.extend(["--files-from", s(&list)].map(OsStr::new));
+            let (from, to);
+            match mode {
+                "local" => (from, to) = (s(&src).to_string(), s(&into).to_string()),
+                "push" => (from, to) = (s(&src).to_string(), daemon.url(&into)),
+                "pull" => (from, to) = (daemon.url(&src), s(&into).to_string()),
+                _ => {
+                    (from, to) = (s(&src).to_string(), format!("localhost:{}", into.display()));
+                    args.extend([OsStr::new("--rsh"), rsh.as_os_str()]);
+                }
+            }
+            if mode == "push" || mode == "pull" {
+                args.extend([OsStr::new("--secret-file"), key.as_os_str()]);
+            }
+            args.extend([OsStr::new(&from), OsStr::new(&to)]);
+            rcp_ok(&args, &path);
+            assert_same(&format!("{mode} {flags:?}"), &oracle, &into);
+        }
+    }
+    // The list from stdin, NUL-separated.
+    let into = t.path("into-stdin");
+    let mut child = Command::new(RCP)
+        .args(["-q", "-a", "--from0", "--files-from", "-"])
+        .arg(&src)
+        .arg(&into)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"d0/sub/b.c\0keep/a.c\0")
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(into.join("d0/sub/b.c").is_file() && into.join("keep/a.c").is_file());
+    assert!(!into.join("d1").exists());
+}
+
+#[test]
+fn bad_lists_are_refused_clearly() {
+    let t = Scratch::new("files-from-bad");
+    let src = t.path("src");
+    source(&src);
+    let path = std::env::var("PATH").unwrap();
+    for (text, says) in [
+        ("d0/../../etc/passwd\n", "has a .. component"),
+        ("./\n", "names the source directory itself"),
+        ("d0/./a.c\n", "marker is not supported"),
+    ] {
+        let list = t.path("list");
+        std::fs::write(&list, text).unwrap();
+        let into = t.path("into");
+        let out = rcp(
+            &[
+                OsStr::new("-a"),
+                OsStr::new("--files-from"),
+                list.as_os_str(),
+                src.as_os_str(),
+                into.as_os_str(),
+            ],
+            &path,
+        );
+        assert_eq!(out.status.code(), Some(2), "{text:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{text:?}: {err}");
+        assert!(!into.exists(), "{text:?}: the destination was made");
+    }
+    // A listed name that is not there: the copy fails, saying which.
+    std::fs::write(t.path("list"), "d0/a.c\nno-such-file\n").unwrap();
+    let out = rcp(
+        &[
+            OsStr::new("-a"),
+            OsStr::new("--files-from"),
+            t.path("list").as_os_str(),
+            src.as_os_str(),
+            t.path("into").as_os_str(),
+        ],
+        &path,
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no-such-file"), "{err}");
+    // Several sources, and --delete, are usage errors.
+    for extra in [&["--delete"][..], &[s(&src)]] {
+        let mut args = vec![
+            OsStr::new("-a"),
+            OsStr::new("--files-from"),
+            t.path("list").into_os_string().leak(),
+        ];
+        args.extend(extra.iter().map(OsStr::new));
+        args.extend([src.as_os_str(), t.path("into2").into_os_string().leak()]);
+        let out = rcp(&args, &path);
+        assert_ne!(out.status.code(), Some(0), "{extra:?}");
+        assert!(!t.path("into2").exists(), "{extra:?}");
     }
 }

@@ -1,0 +1,222 @@
+//! `--files-from FILE`: the names a copy sends, relative to its one source
+//! directory, as rsync reads them (sans I/O).
+//!
+//! * One name a line (NUL-separated with `--from0`); blank lines, and
+//!   without `--from0` lines starting with `#` or `;`, are skipped.
+//! * A leading `/` is dropped (the name is relative to the source
+//!   directory anyway), as are leading `./` and repeated `/`; a trailing
+//!   `/` is kept (one `/`: without `-r`, a directory so listed brings
+//!   the names in it, as rsync's `--dirs`); a `..` component is refused rather than resolved, and so is a
+//!   `.` after the first name (rsync's `-R` marker `a/./b`, which sends
+//!   `b` from `a`: not supported).
+//! * The names are sorted component by component (a directory before what
+//!   is in it) and each is kept once, so that the walk can create the
+//!   directories a name implies, once, ahead of it.
+//!
+//! What the list means for the walk (rsync's `--files-from`, which implies
+//! `--relative` and `--dirs`): each name arrives under the same name at the
+//! destination, the directories above it are created with their source's
+//! metadata, and a listed directory is copied with its contents only with
+//! an explicit `-r` (`-a` alone does not recurse).
+
+use thiserror::Error;
+
+/// The most names a list may hold (the sender keeps them all).
+pub const MAX_LISTED: usize = 1 << 22;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ListError {
+    #[error(
+        "line {line}: {name:?} has a .. component (names are relative to the source directory)"
+    )]
+    Parent { line: usize, name: String },
+    #[error("line {line}: {name:?} names the source directory itself: list what is in it")]
+    Itself { line: usize, name: String },
+    #[error(
+        "line {line}: {name:?} has a /./ inside (rsync's --relative marker is not supported: list the names relative to the source directory)"
+    )]
+    Marker { line: usize, name: String },
+    #[error("line {line}: a name holds a NUL byte (use --from0 for a NUL-separated list)")]
+    Nul { line: usize },
+    #[error("line {line}: a name longer than {max} bytes")]
+    TooLong { line: usize, max: usize },
+    #[error("more than {MAX_LISTED} names")]
+    TooMany,
+}
+
+/// The checked, sorted, deduplicated names of a list's text.
+pub fn parse(text: &[u8], from0: bool, max_name: usize) -> Result<Vec<Vec<u8>>, ListError> {
+    let separator = if from0 { 0 } else { b'\n' };
+    let mut names = Vec::new();
+    for (i, raw) in text.split(|&b| b == separator).enumerate() {
+        let line = i + 1;
+        let raw = if from0 {
+            raw
+        } else {
+            raw.strip_suffix(b"\r").unwrap_or(raw)
+        };
+        if raw.is_empty() || (!from0 && matches!(raw[0], b'#' | b';')) {
+            continue;
+        }
+        if raw.contains(&0) {
+            return Err(ListError::Nul { line });
+        }
+        let shown = || String::from_utf8_lossy(raw).into_owned();
+        let mut parts: Vec<&[u8]> = Vec::new();
+        for part in raw.split(|&b| b == b'/') {
+            match part {
+                b"" => {}
+                b"." if parts.is_empty() => {}
+                b"." => {
+                    return Err(ListError::Marker {
+                        line,
+                        name: shown(),
+                    });
+                }
+                b".." => {
+                    return Err(ListError::Parent {
+                        line,
+                        name: shown(),
+                    });
+                }
+                p => parts.push(p),
+            }
+        }
+        if parts.is_empty() {
+            return Err(ListError::Itself {
+                line,
+                name: shown(),
+            });
+        }
+        let mut name = parts.join(&b'/');
+        if raw.ends_with(b"/") {
+            name.push(b'/');
+        }
+        if name.len() > max_name {
+            return Err(ListError::TooLong {
+                line,
+                max: max_name,
+            });
+        }
+        names.push(name);
+        if names.len() > MAX_LISTED {
+            return Err(ListError::TooMany);
+        }
+    }
+    sort(&mut names);
+    Ok(names)
+}
+
+/// Sorts names component by component (`a`, `a/b`, `a-c`: a directory
+/// right before what is in it) and drops repeats (of `a` and `a/`, the
+/// second).
+pub fn sort(names: &mut Vec<Vec<u8>>) {
+    names.sort_by(|a, b| {
+        let by_parts = bare(a)
+            .split(|&c| c == b'/')
+            .cmp(bare(b).split(|&c| c == b'/'));
+        by_parts.then(b.len().cmp(&a.len()))
+    });
+    names.dedup_by(|later, kept| bare(later) == bare(kept));
+}
+
+/// `name` without the trailing `/` that asks for a directory's names.
+pub fn bare(name: &[u8]) -> &[u8] {
+    name.strip_suffix(b"/").unwrap_or(name)
+}
+
+/// The directories above `name` (`a`, `a/b` for `a/b/c`), outermost first.
+pub fn implied_dirs(name: &[u8]) -> impl Iterator<Item = &[u8]> {
+    name.iter()
+        .enumerate()
+        .filter(|&(_, &c)| c == b'/')
+        .map(|(i, _)| &name[..i])
+}
+
+/// Whether `name` lies beneath directory `dir`.
+pub fn beneath(name: &[u8], dir: &[u8]) -> bool {
+    name.len() > dir.len() && name.starts_with(dir) && name[dir.len()] == b'/'
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn names(text: &str, from0: bool) -> Result<Vec<String>, ListError> {
+        parse(text.as_bytes(), from0, 4096).map(|v| {
+            v.into_iter()
+                .map(|n| String::from_utf8(n).unwrap())
+                .collect()
+        })
+    }
+
+    #[test]
+    fn lines_are_read_as_rsync_reads_them() {
+        let text = "b/x\n# a comment\n; another\n\n/./a//y/\r\na\nb/x\na-c\n";
+        assert_eq!(
+            names(text, false).unwrap(),
+            ["a", "a/y/", "a-c", "b/x"],
+            "sorted by component, repeats dropped, leading / and ./ and CR gone"
+        );
+        assert_eq!(names("a\na/\na/b\n", false).unwrap(), ["a/", "a/b"]);
+        assert_eq!(
+            names("#not a comment\0b\0", true).unwrap(),
+            ["#not a comment", "b"]
+        );
+        assert_eq!(
+            names("a\nb/../c\n", false).unwrap_err(),
+            ListError::Parent {
+                line: 2,
+                name: "b/../c".into()
+            }
+        );
+        assert!(matches!(
+            names("a/./b\n", false),
+            Err(ListError::Marker { line: 1, .. })
+        ));
+        assert!(matches!(
+            names("./\n", false),
+            Err(ListError::Itself { line: 1, .. })
+        ));
+        assert!(matches!(
+            names("a\0b\n", false),
+            Err(ListError::Nul { line: 1 })
+        ));
+        assert!(matches!(
+            parse(b"abcdef", false, 5),
+            Err(ListError::TooLong { line: 1, max: 5 })
+        ));
+    }
+
+    #[test]
+    fn implied_directories_and_what_is_beneath() {
+        let dirs: Vec<&[u8]> = implied_dirs(b"a/b/c").collect();
+        assert_eq!(dirs, [&b"a"[..], b"a/b"]);
+        assert_eq!(implied_dirs(b"top").count(), 0);
+        assert!(beneath(b"a/b", b"a"));
+        assert!(!beneath(b"a-b", b"a"));
+        assert!(!beneath(b"a", b"a"));
+        assert!(!beneath(b"ab/c", b"a"));
+    }
+
+    proptest! {
+        /// Whatever the order of the lines, a directory comes before
+        /// everything beneath it, and every name once.
+        #[test]
+        fn parents_come_first(lines in proptest::collection::vec("[ab-]{1,2}(/[ab-]{1,2}){0,3}", 1..40)) {
+            let text = lines.join("\n");
+            let got = parse(text.as_bytes(), false, 4096).unwrap();
+            for (i, n) in got.iter().enumerate() {
+                for later in &got[i + 1..] {
+                    prop_assert!(!beneath(n, later), "{n:?} before its directory {later:?}");
+                    prop_assert_ne!(n, later);
+                }
+            }
+            let mut want: Vec<&[u8]> = lines.iter().map(|l| l.as_bytes()).collect();
+            want.sort();
+            want.dedup();
+            prop_assert_eq!(got.len(), want.len());
+        }
+    }
+}
