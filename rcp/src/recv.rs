@@ -175,6 +175,7 @@ pub async fn receive(
         answers: &answers,
         files: 0,
         skipped: 0,
+        progress,
         sent: opts.delete.then(delete::Sent::default),
         dirs: Vec::new(),
         hard_links: Vec::new(),
@@ -275,6 +276,7 @@ pub async fn receive(
         ..
     } = finals.all().await;
     new.skipped += unchanged;
+    progress.there_already(unchanged);
     ok &= failed.is_empty();
     // Files still open were never finished: nothing of them stays.
     for (_, file) in files.drain() {
@@ -424,6 +426,8 @@ struct Creator<'a> {
     files: u64,
     /// Files there already: nothing of them was sent.
     skipped: u64,
+    /// Counts files as they are announced and answered.
+    progress: &'a Progress,
     /// `--delete`: every name the sender sent.
     sent: Option<delete::Sent>,
     /// Directories created, in order, with their extended attributes
@@ -507,6 +511,7 @@ impl Creator<'_> {
         match e.kind {
             EntryKind::File => {
                 self.files += 1;
+                self.progress.file();
                 if let Decision::Skip { metadata } = decision {
                     let r = match &there {
                         Some(st) if metadata => {
@@ -517,6 +522,7 @@ impl Creator<'_> {
                     match r {
                         Ok(()) => {
                             self.skipped += 1;
+                            self.progress.there_already(1);
                             self.answers.skipped(e.index);
                         }
                         Err(err) => self.answers.send(e.index, Err(failed(&err))),
@@ -606,6 +612,8 @@ impl Creator<'_> {
         match e.kind {
             EntryKind::File => {
                 self.files += 1;
+                self.skipped += 1;
+                self.progress.file();
                 let found = match &there {
                     None => Found::Nothing,
                     Some(t) if t.kind == EntryKind::File => Found::File {

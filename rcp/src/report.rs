@@ -1,7 +1,10 @@
 //! What the user sees: a progress bar on a terminal, a summary at the end
 //! (human or `--json`), and how the run ended, for the exit status.
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use rfabric::link::seal::Protection;
 use rfabric::storage::Kind;
 use serde::Serialize;
@@ -46,40 +49,98 @@ pub struct Report {
     pub failed: Vec<Failure>,
 }
 
-/// A byte counter shown as a bar on stderr when it is a terminal.
+/// Files and bytes so far, shown as a line on stderr when it is a
+/// terminal: `1204 files (1180 there already), 18.2 MiB sent, 210 MiB/s,
+/// 3s`. The tree is walked as it is sent, so there is no total to show a
+/// share of; the bytes are those sent (what a skipped file or a resumed
+/// chunk holds already does not count), the files those announced.
 #[derive(Debug, Clone)]
 pub struct Progress {
     bar: Option<ProgressBar>,
+    files: Arc<AtomicU64>,
+    there: Arc<AtomicU64>,
+}
+
+impl Default for Progress {
+    fn default() -> Progress {
+        Progress::hidden()
+    }
 }
 
 impl Progress {
     pub fn new(show: bool) -> Progress {
         use std::io::IsTerminal;
         if !show || !std::io::stderr().is_terminal() {
-            return Progress { bar: None };
+            return Progress::hidden();
         }
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        Progress::drawn_to(ProgressDrawTarget::stderr())
+    }
+
+    fn drawn_to(target: ProgressDrawTarget) -> Progress {
+        let (files, there) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let counts = {
+            let (files, there) = (Arc::clone(&files), Arc::clone(&there));
+            move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&files_text(
+                    files.load(Ordering::Relaxed),
+                    there.load(Ordering::Relaxed),
+                ));
+            }
+        };
+        let bar = ProgressBar::with_draw_target(None, target);
         bar.set_style(
-            ProgressStyle::with_template("{bytes} {binary_bytes_per_sec} {elapsed} {msg}")
-                .expect("valid template"),
+            ProgressStyle::with_template(
+                "{files}, {bytes} sent, {binary_bytes_per_sec}, {elapsed} {msg}",
+            )
+            .expect("valid template")
+            .with_key("files", counts),
         );
-        Progress { bar: Some(bar) }
+        Progress {
+            bar: Some(bar),
+            files,
+            there,
+        }
     }
 
     pub fn hidden() -> Progress {
-        Progress { bar: None }
+        Progress {
+            bar: None,
+            files: Arc::default(),
+            there: Arc::default(),
+        }
     }
 
+    /// Data bytes sent.
     pub fn add(&self, n: u64) {
         if let Some(b) = &self.bar {
             b.inc(n);
         }
     }
 
+    /// One more file announced.
+    pub fn file(&self) {
+        self.files.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `n` more files found there already: none of their data travels.
+    pub fn there_already(&self, n: u64) {
+        self.there.fetch_add(n, Ordering::Relaxed);
+    }
+
     pub fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
         }
+    }
+}
+
+/// The files part of the progress line.
+fn files_text(files: u64, there: u64) -> String {
+    let noun = if files == 1 { "file" } else { "files" };
+    if there == 0 {
+        format!("{files} {noun}")
+    } else {
+        format!("{files} {noun} ({there} there already)")
     }
 }
 
@@ -218,6 +279,68 @@ pub fn summarize(r: &Report, json: bool, quiet: bool) -> Exit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A terminal that keeps the last line drawn.
+    #[derive(Debug, Default, Clone)]
+    struct Screen(Arc<std::sync::Mutex<String>>);
+
+    impl indicatif::TermLike for Screen {
+        fn width(&self) -> u16 {
+            200
+        }
+        fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_line(&self, s: &str) -> std::io::Result<()> {
+            *self.0.lock().unwrap() = s.to_string();
+            Ok(())
+        }
+        fn write_str(&self, s: &str) -> std::io::Result<()> {
+            // (The padding after a line is not a line.)
+            if !s.trim().is_empty() {
+                self.write_line(s)?;
+            }
+            Ok(())
+        }
+        fn clear_line(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_progress_line_counts_files_there_already_apart_and_bytes_sent() {
+        let screen = Screen::default();
+        let p = Progress::drawn_to(ProgressDrawTarget::term_like(Box::new(screen.clone())));
+        for _ in 0..5 {
+            p.file();
+        }
+        p.there_already(3);
+        p.add(2048);
+        p.bar.as_ref().unwrap().tick();
+        let line = screen.0.lock().unwrap().clone();
+        assert!(
+            line.starts_with("5 files (3 there already), 2.00 KiB sent, "),
+            "{line:?}"
+        );
+        assert_eq!(files_text(1, 0), "1 file");
+        // Hidden, it counts and draws nothing.
+        let quiet = Progress::hidden();
+        quiet.file();
+        quiet.add(1);
+        assert!(quiet.bar.is_none());
+    }
 
     fn report(alg: Option<Algorithm>, digest: Option<[u8; 32]>, failed: Vec<Failure>) -> Report {
         Report {

@@ -248,6 +248,7 @@ pub async fn send(
 
     let mut ledger = Ledger {
         verify: opts.verify,
+        progress: progress.clone(),
         ..Ledger::default()
     };
     // Answers from the receiver, concurrently.
@@ -306,7 +307,10 @@ pub async fn send(
                 }
                 batch.send(link).await?;
             }
-            Step::Skipped => ledger.stats.skipped += 1,
+            Step::Skipped => {
+                ledger.stats.skipped += 1;
+                progress.there_already(1);
+            }
             Step::Chunk {
                 index,
                 k,
@@ -384,6 +388,7 @@ pub async fn send(
                 }
                 if compared && file_chunks == 0 {
                     ledger.stats.skipped += 1;
+                    progress.there_already(1);
                 }
                 let digest = if opts.verify {
                     opts.digest.file_digest(size, chunk, &digests)
@@ -434,6 +439,8 @@ type Names = Arc<std::sync::Mutex<HashMap<u32, (Vec<u8>, bool)>>>;
 #[derive(Default)]
 struct Ledger {
     verify: bool,
+    /// Counts the files announced.
+    progress: Progress,
     entries: u32,
     names: Names,
     stats: Stats,
@@ -458,6 +465,7 @@ impl Ledger {
         drop(names);
         if e.kind == EntryKind::File {
             self.stats.files += 1;
+            self.progress.file();
         }
     }
 
