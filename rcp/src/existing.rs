@@ -91,6 +91,56 @@ pub fn refresh(
     set_all(&fd, e, xattrs, how)
 }
 
+/// Whether a symlink or special file `e` is there as it would be made:
+/// the same kind, target (a symlink's) or device number, and the
+/// metadata `how` keeps (mode, times, owner, group, attributes). Then a
+/// re-sync leaves it alone, as rsync does; otherwise it is made again.
+pub fn in_place(base: &Base, e: &Entry, xattrs: &[archive::Xattr], how: Fidelity) -> bool {
+    let Ok((parent, name)) = base.place(&e.path) else {
+        return false;
+    };
+    let Ok(st) = rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) else {
+        return false;
+    };
+    let kind = FileType::from_raw_mode(st.st_mode);
+    let same_thing = match e.kind {
+        EntryKind::Symlink => {
+            kind == FileType::Symlink
+                && rustix::fs::readlinkat(&parent, name.as_c_str(), Vec::new())
+                    .is_ok_and(|t| t.as_bytes() == e.target.as_slice())
+        }
+        EntryKind::Fifo => kind == FileType::Fifo,
+        EntryKind::Socket => kind == FileType::Socket,
+        EntryKind::CharDevice | EntryKind::BlockDevice => {
+            let want = if e.kind == EntryKind::CharDevice {
+                FileType::CharacterDevice
+            } else {
+                FileType::BlockDevice
+            };
+            kind == want && e.meta.is_some_and(|m| m.rdev == st.st_rdev)
+        }
+        _ => false,
+    };
+    if !same_thing {
+        return false;
+    }
+    // (A symlink's own mode means nothing on Linux.)
+    let mode_right =
+        e.kind == EntryKind::Symlink || !how.preserve || st.st_mode & 0o7777 == how.mode_of(e);
+    let times_right = !how.preserve || (st.st_mtime, st.st_mtime_nsec as u32) == tree::mtime(e);
+    let owner_right = e.meta.is_none_or(|m| {
+        (!how.keep.owner || !how.powers.owners || st.st_uid == m.uid)
+            && (!how.keep.group || st.st_gid == m.gid)
+    });
+    if !(mode_right && times_right && owner_right) {
+        return false;
+    }
+    e.meta.is_none()
+        || !(how.keep.xattrs || how.keep.acls)
+        || archive::read_xattrs(Node::At(parent.as_fd(), name.as_c_str()), how.keep)
+            .is_ok_and(|there| archive::same_xattrs(&there, xattrs, e.kind, how.keep, how.powers))
+}
+
 /// [`refresh`] for the file open as `fd` (the basis of a comparison that
 /// found it unchanged).
 pub fn refresh_fd(

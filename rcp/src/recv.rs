@@ -553,6 +553,16 @@ impl Creator<'_> {
                 }
                 self.dirs.push((e, xattrs));
             }
+            // A re-sync leaves what is there as it would be made.
+            EntryKind::Symlink
+            | EntryKind::Fifo
+            | EntryKind::Socket
+            | EntryKind::CharDevice
+            | EntryKind::BlockDevice
+                if existing::in_place(self.base, &e, &xattrs, self.how) =>
+            {
+                self.answers.send(e.index, Ok(()));
+            }
             EntryKind::Symlink => {
                 let r = self
                     .base

@@ -598,27 +598,42 @@ impl Base {
     }
 
     /// Applies a directory's metadata, mode and times, after its contents
-    /// arrived.
+    /// arrived: each only where it differs (a re-sync of an unchanged
+    /// tree changes no directory).
     pub fn finish_dir(&self, e: &Entry, xattrs: &[Xattr], how: Fidelity) -> anyhow::Result<()> {
         let (parent, name) = self.place(&e.path)?;
         let dir = open_dir_beneath(&parent, &[name.as_bytes()])?;
+        let st = rustix::fs::fstat(&dir)?;
+        let mut owner_set = false;
         if let Some(meta) = &e.meta {
-            archive::apply(
-                Node::Fd(dir.as_fd()),
-                e.kind,
-                meta,
-                xattrs,
-                how.keep,
-                how.powers,
-            )?;
+            let owner_wrong = (how.keep.owner && how.powers.owners && st.st_uid != meta.uid)
+                || (how.keep.group && st.st_gid != meta.gid);
+            let attributes_wrong = (how.keep.xattrs || how.keep.acls)
+                && !archive::read_xattrs(Node::Fd(dir.as_fd()), how.keep).is_ok_and(|there| {
+                    archive::same_xattrs(&there, xattrs, e.kind, how.keep, how.powers)
+                });
+            if owner_wrong || attributes_wrong {
+                archive::apply(
+                    Node::Fd(dir.as_fd()),
+                    e.kind,
+                    meta,
+                    xattrs,
+                    how.keep,
+                    how.powers,
+                )?;
+                owner_set = owner_wrong;
+            }
         }
         let mode = if how.preserve {
             how.powers.mode(e.mode)
         } else {
             0o755 & !umask()
         };
-        rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))?;
-        if how.preserve {
+        // (A change of owner may clear setgid: the mode goes after it.)
+        if owner_set || st.st_mode & 0o7777 != mode {
+            rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))?;
+        }
+        if how.preserve && (st.st_mtime, st.st_mtime_nsec as u32) != mtime(e) {
             rustix::fs::futimens(&dir, &times(e))?;
         }
         Ok(())

@@ -98,6 +98,22 @@ fn plain_tree(root: &Path, n: usize, seed: u64) -> Vec<PathBuf> {
     files
 }
 
+/// Every entry's status-change time beneath `root`, by path.
+fn ctimes(root: &Path) -> std::collections::BTreeMap<PathBuf, (i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        if m.is_dir() {
+            todo.extend(std::fs::read_dir(&p).unwrap().map(|d| d.unwrap().path()));
+        }
+        out.insert(p, (m.ctime(), m.ctime_nsec()));
+    }
+    assert!(out.len() > 10, "{out:?}");
+    out
+}
+
 #[test]
 fn an_unchanged_tree_sends_nothing_the_second_time_in_every_mode() {
     let t = Scratch::new("resync-modes");
@@ -140,12 +156,23 @@ fn an_unchanged_tree_sends_nothing_the_second_time_in_every_mode() {
         let first = run();
         assert!(first.bytes > 0 && first.skipped == 0, "{mode}: {first:?}");
         assert_same(mode, &oracle, &into);
+        let before = ctimes(&into);
         let again = run();
         assert_eq!(
             (again.bytes, again.skipped),
             (0, again.files),
             "{mode}: the second run sent data: {again:?}"
         );
+        // Nothing was made again or changed (a rename, chmod, chown or
+        // attribute set changes a ctime): symlinks, special files and
+        // directories are left as they are too.
+        let after = ctimes(&into);
+        let changed: Vec<_> = before
+            .iter()
+            .filter(|(p, t)| after.get(*p) != Some(t))
+            .map(|(p, _)| p)
+            .collect();
+        assert!(changed.is_empty(), "{mode}: touched again: {changed:?}");
         assert_eq!(again.files, first.files, "{mode}");
         assert_same(&format!("{mode}, again"), &oracle, &into);
     }
