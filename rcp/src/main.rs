@@ -11,6 +11,7 @@ use rcp::tuning;
 
 fn main() -> ExitCode {
     let cli = rcp::cli::parse();
+    tuning::raise_open_file_limit();
     let cores = tuning::cores();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(tuning::workers(cores))

@@ -103,6 +103,9 @@ enum Step {
     },
     /// The receiver has this file already: nothing of it is sent.
     Skipped,
+    /// The feeder could not send a wanted file's data (the receiver waits
+    /// for it): the copy stops with this error, at once.
+    Failed(anyhow::Error),
 }
 
 /// The receiver's answer to a file announced ahead of its data.
@@ -117,8 +120,15 @@ enum Wanted {
 }
 
 /// Files announced whose answer the sender may wait for at once: their
-/// open files and the receiver's temporary files are bounded by it.
-const ASK_AHEAD: usize = 64;
+/// open files and the receiver's temporary files are bounded by it (and
+/// the soft limit on open files is raised for it,
+/// [`crate::tuning::raise_open_file_limit`]). Far enough ahead that the
+/// entries of a tree of small files go several to a message, and low
+/// enough that a local `-X` copy (both sides in one process: about this
+/// many files open on each, and the walk's) stays under a soft limit of
+/// 1024. Against 64, a 100,000-entry unchanged re-sync took 0.96x the
+/// time (median of 8 paired runs, range 0.87-1.07; 512: 0.91x).
+pub const ASK_AHEAD: usize = 256;
 
 /// What the receiver said about each entry.
 #[derive(Debug, Default)]
@@ -214,7 +224,12 @@ pub async fn send(
             while let Some((file, answer)) = ahead.recv().await {
                 // The answer goes missing only if the receiver went away.
                 let wanted = answer.await.unwrap_or(Wanted::Nothing);
-                planner.data(file, wanted).await?;
+                if let Err(e) = planner.data(file, wanted).await {
+                    // (Told in order, behind what is queued: the sending
+                    // loop ends on it; nothing else would wake it.)
+                    let _ = planner.steps.send(Step::Failed(e)).await;
+                    break;
+                }
             }
             anyhow::Ok(())
         })
@@ -238,7 +253,8 @@ pub async fn send(
                     if let (Some(file), Some(answer)) = (file, answer)
                         && ahead_tx.send((file, answer)).await.is_err()
                     {
-                        break;
+                        // The feeder stopped, saying why in the steps.
+                        return Ok(());
                     }
                 }
             }
@@ -289,9 +305,9 @@ pub async fn send(
                 let mut batch = Batch::new(room);
                 ledger.note(&m);
                 batch.push(m.encode());
-                while let Ok(step) = steps.try_recv() {
-                    match step {
-                        Step::Msg(m) => {
+                loop {
+                    match steps.try_recv() {
+                        Ok(Step::Msg(m)) => {
                             let encoded = m.encode();
                             if !batch.fits(&encoded) {
                                 batch.send(link).await?;
@@ -299,10 +315,11 @@ pub async fn send(
                             ledger.note(&m);
                             batch.push(encoded);
                         }
-                        other => {
+                        Ok(other) => {
                             next = Some(other);
                             break;
                         }
+                        Err(_) => break,
                     }
                 }
                 batch.send(link).await?;
@@ -311,6 +328,7 @@ pub async fn send(
                 ledger.stats.skipped += 1;
                 progress.there_already(1);
             }
+            Step::Failed(e) => return Err(e),
             Step::Chunk {
                 index,
                 k,

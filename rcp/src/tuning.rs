@@ -29,6 +29,20 @@ pub fn hashing_threads(cores: usize) -> usize {
     cores + 2
 }
 
+/// Raises the soft limit on open files to the hard one (at most 65536):
+/// a copy holds up to `send::ASK_AHEAD` files open on each side, and a
+/// local copy is both sides in one process, where RHEL's default soft
+/// limit of 1024 is close. Failing to raise it is not an error.
+pub fn raise_open_file_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    let want = limit.maximum.map_or(65536, |max| max.min(65536));
+    if limit.current.is_some_and(|cur| cur < want) {
+        limit.current = Some(want);
+        let _ = setrlimit(Resource::Nofile, limit);
+    }
+}
+
 /// The storage engine `--io-engine` asks for, probed once; when `auto`
 /// cannot have io_uring it says so, once, on stderr, naming `tool`.
 pub fn io_engine(t: &Tuning, tool: &str) -> anyhow::Result<Kind> {
