@@ -106,6 +106,9 @@ enum Step {
     /// The feeder could not send a wanted file's data (the receiver waits
     /// for it): the copy stops with this error, at once.
     Failed(anyhow::Error),
+    /// The receiver's answers ended in an error (it gave up, the link
+    /// failed): the copy stops with it, at once.
+    ReceiverStopped,
 }
 
 /// The receiver's answer to a file announced ahead of its data.
@@ -216,6 +219,7 @@ pub async fn send(
         steps: steps_tx,
     };
     let asking: Asking = Arc::default();
+    let steps_for_answers = planner.steps.downgrade();
     // Files announced ahead of their data, waiting for their answers.
     let (ahead_tx, mut ahead) = mpsc::channel::<(FileToSend, Answer)>(ASK_AHEAD);
     let feeder = {
@@ -268,14 +272,24 @@ pub async fn send(
         ..Ledger::default()
     };
     // Answers from the receiver, concurrently.
-    let answers = {
+    let mut answers = {
         let link = link.clone();
         let asking = Arc::clone(&asking);
         let names = Arc::clone(&ledger.names);
+        // (Weak: the sending loop ends when the planner's steps end.)
+        let steps = steps_for_answers;
         tokio::spawn(async move {
             let r = collect_answers(&link, &asking, &names).await;
             // No answer comes any more: nothing waits for one.
-            asking.lock().expect("asking lock").answers.clear();
+            {
+                let mut waiting = asking.lock().expect("asking lock");
+                waiting.answers.clear();
+                waiting.closed = true;
+            }
+            if let (Err(_), Some(steps)) = (&r, steps.upgrade()) {
+                // The sending loop stops on it rather than sending on.
+                let _ = steps.send(Step::ReceiverStopped).await;
+            }
             r
         })
     };
@@ -329,6 +343,12 @@ pub async fn send(
                 progress.there_already(1);
             }
             Step::Failed(e) => return Err(e),
+            Step::ReceiverStopped => {
+                return match (&mut answers).await? {
+                    Err(e) => Err(e),
+                    Ok(_) => Err(anyhow::anyhow!("the receiver stopped answering")),
+                };
+            }
             Step::Chunk {
                 index,
                 k,
@@ -888,6 +908,9 @@ fn data_chunks(file: &OwnedFd, size: u64, chunk: u64) -> anyhow::Result<Vec<u64>
 struct Waiting {
     haves: resume::Haves,
     answers: HashMap<u32, tokio::sync::oneshot::Sender<Wanted>>,
+    /// No answer comes any more (the receiver said goodbye or gave up):
+    /// a file asked about now gets none at once, not never.
+    closed: bool,
 }
 
 /// Where the sender waits for the receiver's answer to a file.
@@ -896,6 +919,9 @@ type Answer = tokio::sync::oneshot::Receiver<Wanted>;
 impl Waiting {
     fn ask(&mut self, index: u32) -> Answer {
         let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.closed {
+            return rx;
+        }
         // Its answer may be digests.
         self.haves.ask(index);
         self.answers.insert(index, tx);

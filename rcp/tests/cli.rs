@@ -1069,3 +1069,41 @@ fn the_storage_engine_is_chosen_reported_and_refused_clearly() {
         other => panic!("io_engine {other:?}"),
     }
 }
+
+#[test]
+fn running_out_of_open_files_is_a_clear_error_not_a_hang() {
+    let t = Scratch::new("emfile");
+    let src = t.path("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..400 {
+        std::fs::write(src.join(format!("f{i}")), b"x").unwrap();
+    }
+    // Soft and hard limit low, so that rcp cannot raise it: the receiver
+    // runs out of descriptors for its temporary files.
+    let script = format!(
+        "ulimit -n 60 && exec {} -q -a {} {}",
+        RCP,
+        src.display(),
+        t.path("dst").display()
+    );
+    let mut child = Command::new("sh")
+        .args(["-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("rcp hung when it ran out of open files");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("Too many open files"), "{err}");
+}
