@@ -4,7 +4,7 @@
 //! deletes nothing, and deleting never follows a symlink out of the
 //! destination.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::path::Path;
 use std::process::Command;
 
@@ -118,6 +118,36 @@ fn stale(into: &Path, outside: &Path) {
     }
 }
 
+/// What a copy needs to run in each mode: the daemon of push and pull,
+/// its secret, and the stand-in for ssh of remote-shell mode.
+struct Modes<'a> {
+    daemon: &'a Daemon,
+    key: &'a Path,
+    rsh: &'a Path,
+}
+
+impl Modes<'_> {
+    /// `rcp ARGS src into` in `mode` (local, push, pull or remote shell).
+    fn run(&self, mode: &str, args: Vec<&OsStr>, src: &Path, into: &Path, path: &str) {
+        let mut args: Vec<OsString> = args.into_iter().map(OsStr::to_os_string).collect();
+        let (from, to) = match mode {
+            "local" => (s(src).to_string(), s(into).to_string()),
+            "push" => (s(src).to_string(), self.daemon.url(into)),
+            "pull" => (self.daemon.url(src), s(into).to_string()),
+            _ => {
+                args.extend(["--rsh".into(), self.rsh.as_os_str().to_os_string()]);
+                (s(src).to_string(), format!("localhost:{}", into.display()))
+            }
+        };
+        if mode == "push" || mode == "pull" {
+            args.extend(["--secret-file".into(), self.key.as_os_str().to_os_string()]);
+        }
+        args.extend([from.into(), to.into()]);
+        let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        rcp_ok(&args, path);
+    }
+}
+
 #[test]
 fn delete_leaves_what_rsync_delete_leaves_in_every_mode() {
     let t = Scratch::new("delete-modes");
@@ -128,6 +158,11 @@ fn delete_leaves_what_rsync_delete_leaves_in_every_mode() {
     let key = secret(&t, "key");
     let daemon = Daemon::start(&[t.dir()], &key);
     let (rsh, path) = fake_rsh(&t);
+    let modes = Modes {
+        daemon: &daemon,
+        key: &key,
+        rsh: &rsh,
+    };
     let rules = ["--exclude", "*.o", "--exclude", "cache/"];
 
     let oracle = t.path("oracle");
@@ -144,22 +179,7 @@ fn delete_leaves_what_rsync_delete_leaves_in_every_mode() {
     for mode in ["local", "push", "pull", "remote shell"] {
         let into = t.path(&format!("into-{}", mode.replace(' ', "-")));
         stale(&into, &outside);
-        let mut args: Vec<&OsStr> = flags.clone();
-        let (from, to);
-        match mode {
-            "local" => (from, to) = (s(&src).to_string(), s(&into).to_string()),
-            "push" => (from, to) = (s(&src).to_string(), daemon.url(&into)),
-            "pull" => (from, to) = (daemon.url(&src), s(&into).to_string()),
-            _ => {
-                (from, to) = (s(&src).to_string(), format!("localhost:{}", into.display()));
-                args.extend([OsStr::new("--rsh"), rsh.as_os_str()]);
-            }
-        }
-        if mode == "push" || mode == "pull" {
-            args.extend([OsStr::new("--secret-file"), key.as_os_str()]);
-        }
-        args.extend([OsStr::new(&from), OsStr::new(&to)]);
-        rcp_ok(&args, &path);
+        modes.run(mode, flags.clone(), &src, &into, &path);
         assert_same(mode, &oracle, &into);
         assert_eq!(
             std::fs::read(outside.join("precious")).unwrap(),
@@ -369,6 +389,11 @@ fn files_from_sends_what_rsync_files_from_sends_in_every_mode() {
     let key = secret(&t, "key");
     let daemon = Daemon::start(&[t.dir()], &key);
     let (rsh, path) = fake_rsh(&t);
+    let modes = Modes {
+        daemon: &daemon,
+        key: &key,
+        rsh: &rsh,
+    };
     let files_from = format!("--files-from={}", list.display());
     let cases: [&[&str]; 3] = [&["-a"], &["-a", "-r"], &["-a", "-r", "--exclude", "*.o"]];
     for (n, flags) in cases.iter().enumerate() {
@@ -395,21 +420,7 @@ fn files_from_sends_what_rsync_files_from_sends_in_every_mode() {
             let into = t.path(&format!("into-{n}-{}", mode.replace(' ', "-")));
             let mut args: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
             args.extend(["--files-from", s(&list)].map(OsStr::new));
-            let (from, to);
-            match mode {
-                "local" => (from, to) = (s(&src).to_string(), s(&into).to_string()),
-                "push" => (from, to) = (s(&src).to_string(), daemon.url(&into)),
-                "pull" => (from, to) = (daemon.url(&src), s(&into).to_string()),
-                _ => {
-                    (from, to) = (s(&src).to_string(), format!("localhost:{}", into.display()));
-                    args.extend([OsStr::new("--rsh"), rsh.as_os_str()]);
-                }
-            }
-            if mode == "push" || mode == "pull" {
-                args.extend([OsStr::new("--secret-file"), key.as_os_str()]);
-            }
-            args.extend([OsStr::new(&from), OsStr::new(&to)]);
-            rcp_ok(&args, &path);
+            modes.run(mode, args, &src, &into, &path);
             assert_same(&format!("{mode} {flags:?}"), &oracle, &into);
         }
     }
