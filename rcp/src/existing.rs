@@ -68,18 +68,14 @@ pub fn refresh(
     st: &Stat,
 ) -> anyhow::Result<()> {
     let mode_wrong = how.preserve && st.st_mode & 0o7777 != how.mode_of(e);
-    let times_wrong = how.preserve && (st.st_mtime, st.st_mtime_nsec as u32) != tree::mtime(e);
-    let owner_wrong = e.meta.is_some_and(|m| {
-        (how.keep.owner && how.powers.owners && st.st_uid != m.uid)
-            || (how.keep.group && st.st_gid != m.gid)
-    });
+    let times_wrong = how.time_differs(e, st);
+    let owner_wrong = how.owner_differs(e, st);
     // Attributes are compared through the file opened (no path walk),
     // and set through it if they differ.
     let mut open = None;
     let attributes_wrong = e.meta.is_some() && (how.keep.xattrs || how.keep.acls) && {
         let fd = open.insert(open_regular(base, e)?);
-        let there = archive::read_xattrs(Node::Fd(fd.as_fd()), how.keep)?;
-        !archive::same_xattrs(&there, xattrs, e.kind, how.keep, how.powers)
+        how.attributes_differ(Node::Fd(fd.as_fd()), e.kind, xattrs)?
     };
     if !(mode_wrong || times_wrong || owner_wrong || attributes_wrong) {
         return Ok(());
@@ -127,18 +123,14 @@ pub fn in_place(base: &Base, e: &Entry, xattrs: &[archive::Xattr], how: Fidelity
     // (A symlink's own mode means nothing on Linux.)
     let mode_right =
         e.kind == EntryKind::Symlink || !how.preserve || st.st_mode & 0o7777 == how.mode_of(e);
-    let times_right = !how.preserve || (st.st_mtime, st.st_mtime_nsec as u32) == tree::mtime(e);
-    let owner_right = e.meta.is_none_or(|m| {
-        (!how.keep.owner || !how.powers.owners || st.st_uid == m.uid)
-            && (!how.keep.group || st.st_gid == m.gid)
-    });
-    if !(mode_right && times_right && owner_right) {
+    if !mode_right || how.time_differs(e, &st) || how.owner_differs(e, &st) {
         return false;
     }
     e.meta.is_none()
         || !(how.keep.xattrs || how.keep.acls)
-        || archive::read_xattrs(Node::At(parent.as_fd(), name.as_c_str()), how.keep)
-            .is_ok_and(|there| archive::same_xattrs(&there, xattrs, e.kind, how.keep, how.powers))
+        || how
+            .attributes_differ(Node::At(parent.as_fd(), name.as_c_str()), e.kind, xattrs)
+            .is_ok_and(|differ| !differ)
 }
 
 /// [`refresh`] for the file open as `fd` (the basis of a comparison that

@@ -606,12 +606,11 @@ impl Base {
         let st = rustix::fs::fstat(&dir)?;
         let mut owner_set = false;
         if let Some(meta) = &e.meta {
-            let owner_wrong = (how.keep.owner && how.powers.owners && st.st_uid != meta.uid)
-                || (how.keep.group && st.st_gid != meta.gid);
+            let owner_wrong = how.owner_differs(e, &st);
             let attributes_wrong = (how.keep.xattrs || how.keep.acls)
-                && !archive::read_xattrs(Node::Fd(dir.as_fd()), how.keep).is_ok_and(|there| {
-                    archive::same_xattrs(&there, xattrs, e.kind, how.keep, how.powers)
-                });
+                && how
+                    .attributes_differ(Node::Fd(dir.as_fd()), e.kind, xattrs)
+                    .unwrap_or(true);
             if owner_wrong || attributes_wrong {
                 archive::apply(
                     Node::Fd(dir.as_fd()),
@@ -633,7 +632,7 @@ impl Base {
         if owner_set || st.st_mode & 0o7777 != mode {
             rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))?;
         }
-        if how.preserve && (st.st_mtime, st.st_mtime_nsec as u32) != mtime(e) {
+        if how.time_differs(e, &st) {
             rustix::fs::futimens(&dir, &times(e))?;
         }
         Ok(())
@@ -956,6 +955,39 @@ impl Fidelity {
         } else {
             e.mode & 0o777 & !umask()
         }
+    }
+
+    /// Whether the owner or group there (`st`) is not what `e` asks and
+    /// this process may set.
+    pub(crate) fn owner_differs(&self, e: &Entry, st: &rustix::fs::Stat) -> bool {
+        e.meta.is_some_and(|m| {
+            (self.keep.owner && self.powers.owners && st.st_uid != m.uid)
+                || (self.keep.group && st.st_gid != m.gid)
+        })
+    }
+
+    /// Whether the modification time there (`st`) is not `e`'s, when
+    /// `-p` keeps it.
+    pub(crate) fn time_differs(&self, e: &Entry, st: &rustix::fs::Stat) -> bool {
+        self.preserve && (st.st_mtime, st.st_mtime_nsec as u32) != mtime(e)
+    }
+
+    /// Whether the attributes of `node` are not `xattrs`, as far as they
+    /// are kept and may be set.
+    pub(crate) fn attributes_differ(
+        &self,
+        node: Node<'_>,
+        kind: EntryKind,
+        xattrs: &[Xattr],
+    ) -> anyhow::Result<bool> {
+        let there = archive::read_xattrs(node, self.keep)?;
+        Ok(!archive::same_xattrs(
+            &there,
+            xattrs,
+            kind,
+            self.keep,
+            self.powers,
+        ))
     }
 }
 
