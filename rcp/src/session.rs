@@ -16,7 +16,7 @@ use crate::archive::Keep;
 use crate::connect::link_config;
 use crate::digest::Algorithm;
 use crate::exit::{PeerLost, Refused};
-use crate::filter::{Filter, RuleText};
+use crate::filter::{Filter, MAX_RULES};
 use crate::listed;
 use crate::proto::{MAX_NAMES, Msg, flags};
 use crate::recv::{self, Itemize, RecvOptions};
@@ -428,27 +428,40 @@ async fn client_session(
     Ok((stats, outcome, started.elapsed().as_secs_f64()))
 }
 
+/// `items` in runs that each fit one message of `room` bytes (`size`:
+/// an item's encoded length) and hold at most `most` items, in order; an
+/// item alone too big for `room` still gets a run of its own.
+fn fitting<T>(
+    items: impl IntoIterator<Item = T>,
+    room: usize,
+    most: usize,
+    size: impl Fn(&T) -> usize,
+) -> Vec<Vec<T>> {
+    let mut runs: Vec<Vec<T>> = Vec::new();
+    let mut used = 0;
+    for item in items {
+        let len = size(&item);
+        match runs.last_mut() {
+            Some(run) if used + len <= room && run.len() < most => run.push(item),
+            _ => {
+                runs.push(vec![item]);
+                used = 0;
+            }
+        }
+        used += len;
+    }
+    runs
+}
+
 /// The filter rules after a request, as `Rules` messages that fit the
 /// link's.
 async fn send_rules(link: &Link, filter: &Filter) -> anyhow::Result<()> {
-    let texts = filter.texts();
-    if texts.is_empty() {
-        return Ok(());
-    }
     let room = link.max_message().saturating_sub(16);
-    let mut batches: Vec<Vec<RuleText>> = vec![Vec::new()];
-    let mut size = 0;
-    for t in texts {
-        let len = t.pattern.len() + 3;
-        if size + len > room && !batches.last().expect("one").is_empty() {
-            batches.push(Vec::new());
-            size = 0;
-        }
-        size += len;
-        batches.last_mut().expect("one").push(t.clone());
-    }
-    let last = batches.len() - 1;
-    for (i, rules) in batches.into_iter().enumerate() {
+    let runs = fitting(filter.texts().iter().cloned(), room, MAX_RULES, |t| {
+        t.pattern.len() + 3
+    });
+    let last = runs.len().saturating_sub(1);
+    for (i, rules) in runs.into_iter().enumerate() {
         let m = Msg::Rules {
             rules,
             more: i < last,
@@ -458,27 +471,21 @@ async fn send_rules(link: &Link, filter: &Filter) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A pull's `--files-from` names, as `Names` messages that fit the link's.
+/// A pull's `--files-from` names, as `Names` messages that fit the link's
+/// (one, empty, for an empty list: the server waits for it).
 async fn send_names(link: &Link, names: &[Vec<u8>]) -> anyhow::Result<()> {
     let room = link.max_message().saturating_sub(16);
-    let mut batch: Vec<Vec<u8>> = Vec::new();
-    let mut size = 0;
-    let mut names = names.iter().peekable();
-    while let Some(n) = names.next() {
-        size += n.len() + 2;
-        batch.push(n.clone());
-        let full = names
-            .peek()
-            .is_some_and(|next| size + next.len() + 2 > room || batch.len() == MAX_NAMES);
-        if full || names.peek().is_none() {
-            let more = names.peek().is_some();
-            let m = Msg::Names {
-                names: std::mem::take(&mut batch),
-                more,
-            };
-            link.send_message(&m.encode()).await?;
-            size = 0;
-        }
+    let mut runs = fitting(names.iter().cloned(), room, MAX_NAMES, |n| n.len() + 2);
+    if runs.is_empty() {
+        runs.push(Vec::new());
+    }
+    let last = runs.len() - 1;
+    for (i, names) in runs.into_iter().enumerate() {
+        let m = Msg::Names {
+            names,
+            more: i < last,
+        };
+        link.send_message(&m.encode()).await?;
     }
     Ok(())
 }
@@ -906,4 +913,17 @@ fn confined_source(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<Source> {
         name: last.to_vec(),
         top: last.to_vec(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fitting;
+
+    #[test]
+    fn runs_fit_the_room_and_the_count_in_order() {
+        let items = [3usize, 3, 3, 9, 1, 1, 1, 1];
+        let runs = fitting(items, 7, 3, |n| *n);
+        assert_eq!(runs, [vec![3, 3], vec![3], vec![9], vec![1, 1, 1], vec![1]]);
+        assert!(fitting(Vec::<usize>::new(), 7, 3, |n| *n).is_empty());
+    }
 }
