@@ -424,6 +424,18 @@ fn files_from_sends_what_rsync_files_from_sends_in_every_mode() {
             assert_same(&format!("{mode} {flags:?}"), &oracle, &into);
         }
     }
+    // An empty list (comments only) in a pull: nothing to send, at once.
+    let empty = t.path("empty-list");
+    std::fs::write(&empty, "# nothing\n").unwrap();
+    let into = t.path("into-empty");
+    let started = std::time::Instant::now();
+    let args = ["-a", "--files-from", s(&empty), "--secret-file", s(&key)].map(OsStr::new);
+    let mut args = args.to_vec();
+    let from = daemon.url(&src);
+    args.extend([OsStr::new(&from), into.as_os_str()]);
+    rcp_ok(&args, &path);
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    assert_eq!(std::fs::read_dir(&into).unwrap().count(), 0);
     // The list from stdin, NUL-separated.
     let into = t.path("into-stdin");
     let mut child = Command::new(RCP)
