@@ -422,13 +422,32 @@ fn attacks_on_the_path_are_refused_and_leave_nothing() {
         let out = push(&OnPath::start(d.port, inject), what, name, &never);
         refused(&out, "an injected message", "unsealed");
     }
-    let out = push(
-        &OnPath::start(d.port, Attack::DropSend { nth: 4 }),
-        &tree,
-        "dropped",
-        &never,
+    // A message left out mid-tree fails the check of the next one. Left
+    // out last (send 5 of a one-file push is its Done, after which the
+    // client waits for the server's answer), no message follows it: the
+    // next heartbeat is what fails the check.
+    for (nth, what, name) in [(4, &tree, "dropped"), (5, &src, "dropped-last")] {
+        let started = std::time::Instant::now();
+        let out = push(
+            &OnPath::start(d.port, Attack::DropSend { nth }),
+            what,
+            name,
+            &never,
+        );
+        refused(&out, "a dropped message", "failed its session check");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "a dropped message {nth} took {:?} to be noticed",
+            started.elapsed()
+        );
+    }
+    // (The one file's end came before the lost Done: it arrived whole and
+    // verified, and stays.)
+    assert_eq!(
+        std::fs::read(root.join("dropped-last")).unwrap(),
+        std::fs::read(&src).unwrap()
     );
-    refused(&out, "a dropped message", "failed its session check");
+    std::fs::remove_file(root.join("dropped-last")).unwrap();
 
     // The honest session, replayed to the daemon: turned away, whichever
     // check its frames meet first (the fresh challenge makes the proof
@@ -1107,3 +1126,4 @@ fn running_out_of_open_files_is_a_clear_error_not_a_hang() {
     assert!(!status.success(), "{err}");
     assert!(err.contains("Too many open files"), "{err}");
 }
+

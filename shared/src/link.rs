@@ -42,9 +42,11 @@ use crate::wire::{
     self, Body, CHUNK_HEADER_LEN, CHUNK_HEADER_SEALED_LEN, ChunkHeader, CreditUpdate, ErrorCode,
     FRAME_HEADER_LEN, Frame, Hello, RingDescriptor, Role, WireError, chunk_flags,
 };
+use heartbeat::Heartbeat;
 use lifecycle::{Heard, Lifecycle, check_hello};
 use seal::{Before, Opened, Opener, Protection, SealError, Sealer, TAG_LEN};
 
+pub mod heartbeat;
 pub mod lifecycle;
 pub mod seal;
 
@@ -61,6 +63,9 @@ pub struct LinkConfig {
     /// Size of each control receive (and send) buffer.
     pub control_size: u32,
     pub features: u32,
+    /// How long the peer may send nothing at all (not even its heartbeat)
+    /// before the link fails as lost; `None`: wait for ever.
+    pub silence: Option<std::time::Duration>,
 }
 
 impl LinkConfig {
@@ -73,6 +78,7 @@ impl LinkConfig {
             control_depth: 16,
             control_size: 4096,
             features: 0,
+            silence: Some(heartbeat::DEFAULT_SILENCE),
         }
     }
 }
@@ -95,6 +101,8 @@ pub enum LinkError {
     Config(String),
     #[error("the link is finished")]
     Finished,
+    #[error("the peer sent nothing for {} s: it stopped, or the path to it is gone", .0.as_secs())]
+    Silent(std::time::Duration),
 }
 
 impl From<MemoryError> for LinkError {
@@ -251,6 +259,8 @@ struct State {
     life: Lifecycle,
     /// Seals what this side sends, once [`Link::seal_outgoing`] was called.
     sealer: Option<Sealer>,
+    /// Control frames posted so far (the heartbeat's count).
+    frames_posted: u64,
 }
 
 struct Inner {
@@ -462,6 +472,7 @@ impl Link {
             strict: false,
             life: Lifecycle::new(),
             sealer: None,
+            frames_posted: 0,
         };
         let inner = Arc::new(Inner {
             conn,
@@ -866,6 +877,7 @@ fn try_post_control(inner: &Inner, st: &mut State, body: &Body<'_>) -> Result<bo
             .post_send(wr, &[send_segment(&inner.send_bufs, size, buf, len)])?
     };
     st.in_flight.insert(wr, InFlight::Control { buf });
+    st.frames_posted += 1;
     Ok(true)
 }
 
@@ -895,8 +907,20 @@ fn fail(inner: &Inner, error: LinkError) {
 
 async fn drive(inner: Arc<Inner>, backlog: Vec<Completion>) {
     let mut batch = backlog;
+    let mut heartbeat = Heartbeat::new(inner.config.silence);
+    let mut beats = tokio::time::interval_at(
+        tokio::time::Instant::now() + heartbeat::BEAT,
+        heartbeat::BEAT,
+    );
+    // (A driver held up, its process stopped, say, ticks once when it runs
+    // again: the silence counts beats it saw, not time that passed.)
+    beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut heard = 0u64;
     loop {
         for c in batch.drain(..) {
+            if matches!(c.op, Op::Recv | Op::RecvNotify) {
+                heard += 1;
+            }
             if let Err(e) = handle(&inner, c) {
                 // Nothing the peer sent after the breach is handed out
                 // (the rest of the batch is dropped, later receives are
@@ -920,6 +944,35 @@ async fn drive(inner: Arc<Inner>, backlog: Vec<Completion>) {
                 }
             }
             () = inner.credit_due.notified() => {}
+            _ = beats.tick() => beat(&inner, &mut heartbeat, heard),
+        }
+    }
+}
+
+/// One heartbeat tick (see [`heartbeat`]): a standalone credit update if
+/// this side sent nothing for a beat, the link's failure if the peer sent
+/// nothing for the silence limit.
+fn beat(inner: &Inner, heartbeat: &mut Heartbeat, heard: u64) {
+    let mut st = inner.state.lock().expect("state lock");
+    if st.life.is_failed() {
+        return;
+    }
+    let tick = heartbeat.tick(st.frames_posted, heard);
+    if let Some(silent) = tick.silent {
+        drop(st);
+        fail(inner, LinkError::Silent(silent));
+        return;
+    }
+    if tick.beat {
+        // (No free buffer: frames are in flight, and they will do. A
+        // connection that is down says so through its completions.)
+        match try_post_control(inner, &mut st, &Body::Credit) {
+            Ok(true) => heartbeat.beat_posted(),
+            Ok(false) | Err(LinkError::Transport(_)) => {}
+            Err(e) => {
+                drop(st);
+                fail(inner, e);
+            }
         }
     }
 }
