@@ -86,6 +86,13 @@ pub struct Tuning {
     /// for less is refused.
     #[arg(long, value_enum, default_value_t = EncryptChoice::Tcp, value_name = "WHEN")]
     pub encrypt: EncryptChoice,
+    /// Seconds the peer may send nothing at all before the copy stops
+    /// with the peer taken for lost (exit status 6). Both ends send a
+    /// heartbeat every second while they wait, so only a peer that is
+    /// gone (its host down, the path cut, the process stopped) falls
+    /// silent. 0 waits for ever.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub timeout: u64,
 }
 
 #[derive(Args, Debug)]

@@ -67,6 +67,8 @@ pub struct Params {
     /// A client's: when it asks for encryption; a server's: when it
     /// requires it.
     pub encrypt: EncryptChoice,
+    /// How long the peer may be silent (`--timeout`; each side its own).
+    pub silence: Option<std::time::Duration>,
 }
 
 impl Params {
@@ -222,13 +224,33 @@ pub struct Target {
 impl Target {
     /// A link to the server, authenticated and sealed.
     async fn open(&self, secret: &[u8], params: &Params) -> anyhow::Result<Link> {
-        let conn = endpoint::connect(self.addr, self.transport)
-            .await
-            .with_context(|| format!("cannot connect to {}", self.addr))?;
-        let config = link_config(Role::Client, params.window, params.chunk, &conn.limits());
-        let link = Link::establish(conn, config)
-            .await
-            .context("cannot set up the session")?;
+        // (A server that accepted but does not answer, stopped or hung, is
+        // silent before any heartbeat can tell.)
+        let set_up = async {
+            let conn = endpoint::connect(self.addr, self.transport)
+                .await
+                .with_context(|| format!("cannot connect to {}", self.addr))?;
+            let config = link_config(
+                Role::Client,
+                params.window,
+                params.chunk,
+                params.silence,
+                &conn.limits(),
+            );
+            Link::establish(conn, config)
+                .await
+                .context("cannot set up the session")
+        };
+        let link = match params.silence {
+            Some(limit) => tokio::time::timeout(limit, set_up).await.map_err(|_| {
+                PeerLost(format!(
+                    "{} did not set up a session within {} s",
+                    self.addr,
+                    limit.as_secs()
+                ))
+            })??,
+            None => set_up.await?,
+        };
         match authenticate(&link, secret, params.encrypt).await {
             Ok(()) => Ok(link),
             Err(e) => {
@@ -632,7 +654,7 @@ pub enum Served {
 /// The server side of one connection: a session, or a stream joining one.
 pub async fn server(conn: Arc<dyn Connection>, config: &ServeConfig) -> anyhow::Result<Served> {
     let p = &config.params;
-    let shape = link_config(Role::Server, p.window, p.chunk, &conn.limits());
+    let shape = link_config(Role::Server, p.window, p.chunk, p.silence, &conn.limits());
     let link = tokio::time::timeout(SETUP_TIME, Link::establish(conn, shape))
         .await
         .with_context(|| format!("no session set-up within {SETUP_TIME:?}"))?
@@ -660,7 +682,7 @@ pub async fn server(conn: Arc<dyn Connection>, config: &ServeConfig) -> anyhow::
 /// few seconds whatever the client does.
 pub async fn refuse(conn: Arc<dyn Connection>, config: &ServeConfig, reason: String) {
     let p = &config.params;
-    let shape = link_config(Role::Server, p.window, p.chunk, &conn.limits());
+    let shape = link_config(Role::Server, p.window, p.chunk, p.silence, &conn.limits());
     let within = std::time::Duration::from_secs(5);
     let Ok(Ok(link)) = tokio::time::timeout(within, Link::establish(conn, shape)).await else {
         return;

@@ -41,6 +41,8 @@ pub async fn start(rsh: &str, login: &str, tuning: &Tuning) -> anyhow::Result<Re
             tuning.io_engine.name(),
             "--encrypt",
             tuning.encrypt.name(),
+            "--timeout",
+            &tuning.timeout.to_string(),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -81,6 +81,7 @@ pub fn params(
         streams: 1,
         io_engine,
         encrypt: t.encrypt,
+        silence: (t.timeout > 0).then(|| std::time::Duration::from_secs(t.timeout)),
         // A server takes the client's; a client sets its own.
         digest: crate::digest::Algorithm::Sha256,
     }

@@ -474,6 +474,89 @@ fn attacks_on_the_path_are_refused_and_leave_nothing() {
     );
 }
 
+/// A peer that goes silent, a stopped server or a path gone dead with
+/// both connections left open, ends the copy within `--timeout` with
+/// status 6, and leaves nothing half-written under a final name.
+#[test]
+fn a_silent_peer_is_given_up_within_the_timeout() {
+    use test_support::on_path::{Attack, OnPath};
+    let t = Scratch::new("silent");
+    let root = t.path("root");
+    std::fs::create_dir(&root).unwrap();
+    let key = secret(&t, "key");
+    let d = Daemon::start_with(&[&root], &key, &["--timeout", "2"]);
+    let src = t.path("src");
+    std::fs::write(&src, pattern(4_000_000, 3)).unwrap();
+    let push = |port: u16, name: &str| -> (Output, Duration) {
+        let started = std::time::Instant::now();
+        let dest = format!("rcp://127.0.0.1:{port}{}", root.join(name).display());
+        let out = Command::new(RCP)
+            .args(["--chunk-size", "64K", "--timeout", "2", "--secret-file"])
+            .args([s(&key), s(&src), &dest])
+            .output()
+            .unwrap();
+        (out, started.elapsed())
+    };
+    let lost = |(out, took): &(Output, Duration), says: &str| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(6), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(*took < Duration::from_secs(15), "given up after {took:?}");
+    };
+
+    // The path dies after a few chunks: both ends hear nothing more.
+    let dead = OnPath::start(d.port, Attack::Stall { nth: 3 });
+    lost(
+        &push(dead.port, "cut"),
+        "the peer sent nothing for 2 s: it stopped, or the path to it is gone",
+    );
+    let mut log = String::new();
+    for _ in 0..400 {
+        log = d.log();
+        if log.contains("session failed") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(log.contains("the peer sent nothing for 2 s"), "{log}");
+
+    // A server that is stopped: the kernel still accepts the connection.
+    let pid = d.pid().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let stopped = push(d.port, "stopped");
+    assert!(
+        Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    lost(&stopped, "did not set up a session within 2 s");
+
+    // Neither copy left anything in the root (the server cleans up its
+    // temporary file when its session fails).
+    let mut left = String::new();
+    for _ in 0..400 {
+        let found = Command::new("find")
+            .arg(s(&root))
+            .args(["-mindepth", "1"])
+            .output()
+            .unwrap();
+        left = String::from_utf8_lossy(&found.stdout).into_owned();
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert_eq!(left, "", "left in the root");
+}
+
 #[test]
 fn daemon_push_and_pull_with_a_shared_secret() {
     let t = Scratch::new("daemon");
@@ -665,6 +748,16 @@ fn the_daemon_refuses_wrong_secrets_and_escapes() {
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
     let out = rcp(&["--secret-file", s(&key), s(&t.path("f")), &d.url(&root)]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("readable by others"));
+    // A missing one is named, with its cause said once.
+    let missing = t.path("no-such-key");
+    let out = rcp(&["--secret-file", s(&missing), s(&t.path("f")), &d.url(&root)]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "rcp: cannot read secret file {}: No such file or directory (os error 2)\n",
+            missing.display()
+        )
+    );
 }
 
 #[test]
@@ -835,7 +928,7 @@ async fn raw_session(port: u16) -> (rfabric::link::Link, [u8; 32]) {
     let conn = connect(format!("127.0.0.1:{port}").parse().unwrap(), Transport::Tcp)
         .await
         .unwrap();
-    let shape = rcp::connect::link_config(Role::Client, 16, 1 << 20, &conn.limits());
+    let shape = rcp::connect::link_config(Role::Client, 16, 1 << 20, None, &conn.limits());
     let link = Link::establish(conn, shape).await.unwrap();
     let Some(Incoming::Message(m)) = link.recv().await.unwrap() else {
         panic!("no challenge");
@@ -1126,4 +1219,3 @@ fn running_out_of_open_files_is_a_clear_error_not_a_hang() {
     assert!(!status.success(), "{err}");
     assert!(err.contains("Too many open files"), "{err}");
 }
-

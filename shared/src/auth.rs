@@ -151,7 +151,7 @@ pub fn check_tag_prefix(key: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
 /// A secret file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
-    #[error("cannot read secret file {path}: {source}")]
+    #[error("cannot read secret file {path}")]
     Read {
         path: String,
         #[source]

@@ -72,11 +72,13 @@ fn client_hello(version_override: Option<u16>) -> Vec<u8> {
 
 /// Server link and raw client, with hellos exchanged.
 async fn setup() -> (Link, RawPeer) {
+    setup_with(LinkConfig::new(Role::Server, SLOTS, SLOT - 64)).await
+}
+
+/// The same with the server's link set up as `config` says.
+async fn setup_with(config: LinkConfig) -> (Link, RawPeer) {
     let (server, conn) = common::connected().await;
-    let link = tokio::spawn(Link::establish(
-        server,
-        LinkConfig::new(Role::Server, SLOTS, SLOT - 64),
-    ));
+    let link = tokio::spawn(Link::establish(server, config));
     let recv_mem = Memory::new(16 * 4096).unwrap();
     let recv = conn.register(&recv_mem, Access::LOCAL, None).unwrap();
     for i in 0..16 {
@@ -355,4 +357,44 @@ async fn refused_by_the_nic(misbehave: impl FnOnce(&RawPeer)) {
         .await
         .expect("the server noticed");
     assert!(err.is_err(), "the server's link kept going: {err:?}");
+}
+
+#[tokio::test]
+async fn a_peer_that_falls_silent_hears_heartbeats_then_the_link_fails() {
+    let config = LinkConfig {
+        silence: Some(Duration::from_secs(3)),
+        ..LinkConfig::new(Role::Server, SLOTS, SLOT - 64)
+    };
+    let (link, peer) = setup_with(config).await;
+    // The raw peer says nothing after its hello; the link beats while it
+    // waits (Credit frames), then gives the peer up.
+    let started = tokio::time::Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(10), link.recv())
+        .await
+        .expect("the silence was noticed")
+        .expect_err("the link failed");
+    assert_eq!(err, LinkError::Silent(Duration::from_secs(3)), "{err}");
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    let mut beats = 0;
+    let mut heard = Vec::new();
+    // (What arrived before the connection went down: its completions.)
+    while let Ok(Ok(())) =
+        tokio::time::timeout(Duration::from_secs(1), completions(&*peer.conn, &mut heard)).await
+    {
+    }
+    for c in heard
+        .iter()
+        .filter(|c| c.op == Op::Recv && c.status.is_ok())
+    {
+        // SAFETY: these receives completed; nothing writes them now.
+        let bytes = unsafe {
+            peer.recv
+                .memory()
+                .slice(c.wr_id as usize * 4096, c.byte_len as usize)
+        };
+        if matches!(Frame::decode(bytes).map(|f| f.body), Ok(Body::Credit)) {
+            beats += 1;
+        }
+    }
+    assert!(beats >= 2, "{beats} heartbeats before the link gave up");
 }

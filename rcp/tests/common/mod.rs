@@ -69,6 +69,11 @@ impl Daemon {
         format!("rcp://127.0.0.1:{}{}", self.port, path.display())
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// What it logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

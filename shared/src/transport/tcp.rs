@@ -149,10 +149,22 @@ async fn accept_loop(
     }
 }
 
-/// Connects to a [`TcpListener`].
+/// Connects to a [`TcpListener`]. A listener that accepts (the kernel
+/// does, even for a process that is stopped) but sends no preface within
+/// [`PREFACE_TIME`] is given up on.
 pub async fn connect(addr: impl ToSocketAddrs) -> Result<TcpConnection, TransportError> {
     let stream = TcpStream::connect(addr).await?;
-    TcpConnection::establish(stream, DEFAULT_LIMITS).await
+    tokio::time::timeout(
+        PREFACE_TIME,
+        TcpConnection::establish(stream, DEFAULT_LIMITS),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(TransportError::Protocol(format!(
+            "the peer accepted the connection but sent no rfabric preface within \
+                 {PREFACE_TIME:?}"
+        )))
+    })
 }
 
 /// One tcp-backend connection. Dropping it closes the connection.

@@ -8,6 +8,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Bytes of the tcp backend's preface and frame header.
@@ -38,6 +39,10 @@ pub enum Attack {
     InjectMessage { before: Nth, message: Vec<u8> },
     /// Leave out the `nth` send.
     DropSend { nth: usize },
+    /// Once the client's `nth` chunk went through, pass nothing more either
+    /// way, and keep both connections open: a path that went dead without
+    /// a word (a cable pulled, a host powered off).
+    Stall { nth: usize },
 }
 
 /// Which of the client's frames: its `n`th send (control frame), or its
@@ -76,9 +81,14 @@ impl OnPath {
                     log.len() - 1
                 };
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || pump(s2, c2));
-                let log = Arc::clone(&log);
-                std::thread::spawn(move || tamper(client, server, attack, &log, slot));
+                let dead = Arc::new(AtomicBool::new(false));
+                let path = Path {
+                    log: Arc::clone(&log),
+                    slot,
+                    dead: Arc::clone(&dead),
+                };
+                std::thread::spawn(move || pump(s2, c2, &dead));
+                std::thread::spawn(move || tamper(client, server, attack, &path));
             }
         });
         OnPath { port, recorded }
@@ -126,22 +136,46 @@ pub fn replay(port: u16, bytes: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream) {
-    let _ = std::io::copy(&mut from, &mut to);
+/// What one proxied connection shares between its two directions.
+struct Path {
+    /// Every connection's record, and which one is this connection's.
+    log: Arc<Mutex<Vec<Vec<u8>>>>,
+    slot: usize,
+    /// Set when the path went dead: nothing passes either way any more.
+    dead: Arc<AtomicBool>,
+}
+
+/// Passes the server's stream on as it is, until the path goes dead.
+fn pump(mut from: TcpStream, mut to: TcpStream, dead: &AtomicBool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if dead.load(Ordering::SeqCst) {
+            return hold(from, to);
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
     let _ = to.shutdown(Shutdown::Write);
 }
 
-fn tamper(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    attack: Attack,
-    log: &Mutex<Vec<Vec<u8>>>,
-    slot: usize,
-) {
+/// Keeps a dead path's sockets open and silent until the peers give up.
+fn hold(from: TcpStream, to: TcpStream) {
+    let mut sink = [0u8; 4096];
+    let mut from = from;
+    while matches!(from.read(&mut sink), Ok(n) if n > 0) {}
+    drop(to);
+}
+
+fn tamper(mut from: TcpStream, mut to: TcpStream, attack: Attack, path: &Path) {
     let mut read = |n: usize| -> Option<Vec<u8>> {
         let mut b = vec![0u8; n];
         from.read_exact(&mut b).ok()?;
-        log.lock().unwrap()[slot].extend_from_slice(&b);
+        path.log.lock().unwrap()[path.slot].extend_from_slice(&b);
         Some(b)
     };
     let Some(preface) = read(PREFACE) else { return };
@@ -174,6 +208,12 @@ fn tamper(
                 let _ = to.write_all(&send_frame(&app_frame(message)));
             }
             (Attack::DropSend { nth }, OP_SEND) if sends == *nth => out.clear(),
+            (Attack::Stall { nth }, _) if chunks > *nth => {
+                path.dead.store(true, Ordering::SeqCst);
+                // (What the client sends from now on is read and dropped.)
+                while read(HEADER).is_some() {}
+                return;
+            }
             _ => {}
         }
         match op {
