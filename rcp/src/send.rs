@@ -74,6 +74,15 @@ pub struct SendOptions {
 /// bound the files held open ahead of the sender.
 const WALK_BATCH: usize = 32;
 const WALK_BATCHES: usize = 4;
+/// How long walked items wait for a full batch. Handed over one by one
+/// as soon as the planner had room, the entries of an unchanged tree
+/// (decided in microseconds) went ten or so to a message; a millisecond
+/// is nothing next to any file's data.
+const WALK_HOLD: std::time::Duration = std::time::Duration::from_millis(1);
+/// Steps queued for the sending loop. What it finds queued goes out in
+/// one message, so this bounds the entries per message; the memory of
+/// chunks read ahead is bounded by the buffer pool, not by this.
+const STEPS_QUEUED: usize = 256;
 
 /// What the sender does next, in the order of the wire's message stream.
 /// With re-sync, entries go a window ahead of the data of earlier files,
@@ -171,8 +180,15 @@ pub async fn send(
     let mut walk = Walker::new(opts.recursive, opts.keep, Arc::clone(filter));
     let walker = tokio::task::spawn_blocking(move || {
         let mut batch = Vec::new();
+        let mut first_at = std::time::Instant::now();
         let mut emit = |item| {
+            if batch.is_empty() {
+                first_at = std::time::Instant::now();
+            }
             batch.push(Ok(item));
+            if batch.len() < WALK_BATCH && first_at.elapsed() < WALK_HOLD {
+                return Ok(());
+            }
             let full = std::mem::take(&mut batch);
             let sent = if full.len() >= WALK_BATCH {
                 items_tx.blocking_send(full).is_ok()
@@ -207,7 +223,7 @@ pub async fn send(
     });
 
     // Plan steps in order, starting reads as buffers allow.
-    let (steps_tx, mut steps) = mpsc::channel::<Step>(opts.buffers.max(2));
+    let (steps_tx, mut steps) = mpsc::channel::<Step>(STEPS_QUEUED);
     // An xattr piece and its message's other fields fit one message.
     let xattr_piece = link.max_message().saturating_sub(300);
     let planner = Planner {
@@ -329,6 +345,9 @@ pub async fn send(
                             ledger.note(&m);
                             batch.push(encoded);
                         }
+                        // (Only counted: an unchanged tree's answers come
+                        // between its entries, and cut no batch short.)
+                        Ok(Step::Skipped) => ledger.skipped(),
                         Ok(other) => {
                             next = Some(other);
                             break;
@@ -338,10 +357,7 @@ pub async fn send(
                 }
                 batch.send(link).await?;
             }
-            Step::Skipped => {
-                ledger.stats.skipped += 1;
-                progress.there_already(1);
-            }
+            Step::Skipped => ledger.skipped(),
             Step::Failed(e) => return Err(e),
             Step::ReceiverStopped => {
                 return match (&mut answers).await? {
@@ -486,6 +502,12 @@ struct Ledger {
 }
 
 impl Ledger {
+    /// A file the receiver has already: nothing of it goes.
+    fn skipped(&mut self) {
+        self.stats.skipped += 1;
+        self.progress.there_already(1);
+    }
+
     /// A message about to go.
     fn note(&mut self, m: &Msg) {
         match m {
