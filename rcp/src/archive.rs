@@ -144,56 +144,83 @@ fn proc_path(dir: BorrowedFd<'_>, name: &CStr) -> CString {
     CString::new(p).expect("a C name has no NUL")
 }
 
-/// How attributes of a node are read: through its descriptor, or by the
-/// `/proc/self/fd` path of its name (never following a symlink).
+/// How attributes of a node are reached: through its descriptor, or by a
+/// path (for a name in a directory, the `/proc/self/fd` path of it), never
+/// following a symlink at its end.
 enum Reach<'a> {
     Fd(BorrowedFd<'a>),
-    Path(CString),
+    Path(std::borrow::Cow<'a, CStr>),
 }
 
 impl Reach<'_> {
     fn of(node: Node<'_>) -> Reach<'_> {
         match node {
             Node::Fd(fd) => Reach::Fd(fd),
-            Node::At(dir, name) => Reach::Path(proc_path(dir, name)),
+            Node::At(dir, name) => Reach::Path(proc_path(dir, name).into()),
+            Node::Path(path) => Reach::Path(path.into()),
+        }
+    }
+
+    fn set(&self, name: &CStr, value: &[u8]) -> rustix::io::Result<()> {
+        match self {
+            Reach::Fd(fd) => rustix::fs::fsetxattr(fd, name, value, XattrFlags::empty()),
+            Reach::Path(p) => rustix::fs::lsetxattr(p.as_ref(), name, value, XattrFlags::empty()),
+        }
+    }
+
+    fn remove(&self, name: &CStr) -> rustix::io::Result<()> {
+        match self {
+            Reach::Fd(fd) => rustix::fs::fremovexattr(fd, name),
+            Reach::Path(p) => rustix::fs::lremovexattr(p.as_ref(), name),
         }
     }
 
     fn list_query(&self) -> rustix::io::Result<usize> {
         match self {
             Reach::Fd(fd) => rustix::fs::flistxattr_query(fd),
-            Reach::Path(p) => rustix::fs::llistxattr_query(p.as_c_str()),
+            Reach::Path(p) => rustix::fs::llistxattr_query(p.as_ref()),
         }
     }
 
     fn list(&self, b: &mut [u8]) -> rustix::io::Result<usize> {
         match self {
             Reach::Fd(fd) => rustix::fs::flistxattr(fd, b),
-            Reach::Path(p) => rustix::fs::llistxattr(p.as_c_str(), b),
+            Reach::Path(p) => rustix::fs::llistxattr(p.as_ref(), b),
         }
     }
 
     fn get_query(&self, name: &CStr) -> rustix::io::Result<usize> {
         match self {
             Reach::Fd(fd) => rustix::fs::fgetxattr_query(fd, name),
-            Reach::Path(p) => rustix::fs::lgetxattr_query(p.as_c_str(), name),
+            Reach::Path(p) => rustix::fs::lgetxattr_query(p.as_ref(), name),
         }
     }
 
     fn get(&self, name: &CStr, b: &mut [u8]) -> rustix::io::Result<usize> {
         match self {
             Reach::Fd(fd) => rustix::fs::fgetxattr(fd, name, b),
-            Reach::Path(p) => rustix::fs::lgetxattr(p.as_c_str(), name, b),
+            Reach::Path(p) => rustix::fs::lgetxattr(p.as_ref(), name, b),
         }
     }
 }
 
-/// Calls `get` with a buffer of the size `query` says it needs (sizes can
-/// grow between the two: tried again on ERANGE).
+/// Room of the first try at a list or value: most are empty or short.
+const FIRST_TRY: usize = 1024;
+
+/// Calls `get` with room for a short answer first, which spares most files
+/// and attributes the size query (a system call each, on both sides of a
+/// re-sync); then with a buffer of the size `query` says it needs (sizes
+/// can grow between the two: tried again on ERANGE).
 fn sized(
     query: impl Fn() -> rustix::io::Result<usize>,
     mut get: impl FnMut(&mut [u8]) -> rustix::io::Result<usize>,
 ) -> rustix::io::Result<Vec<u8>> {
+    let mut first = [0u8; FIRST_TRY];
+    match get(&mut first) {
+        Ok(n) => return Ok(first[..n].to_vec()),
+        Err(Errno::RANGE) => {}
+        Err(e) => return Err(e),
+    }
     loop {
         let want = query()?;
         if want == 0 {
@@ -220,7 +247,7 @@ pub fn read_xattrs(node: Node<'_>, keep: Keep) -> anyhow::Result<Vec<Xattr>> {
     }
     let reach = Reach::of(node);
     let shown = || match node {
-        Node::At(_, name) => name.to_string_lossy().into_owned(),
+        Node::At(_, name) | Node::Path(name) => name.to_string_lossy().into_owned(),
         Node::Fd(_) => "the file".to_string(),
     };
     let list = match sized(|| reach.list_query(), |b| reach.list(b)) {
@@ -395,12 +422,15 @@ impl XattrInbox {
     }
 }
 
-/// Where received metadata goes: an open file or directory, or a name in
-/// a directory (a symlink or special file, never opened).
+/// Where metadata is read or goes: an open file or directory, a name in a
+/// directory (a symlink or special file, never opened), or a path (a
+/// file of the user's own copy, see [`crate::tree::Walker::by_path`];
+/// never a daemon's).
 #[derive(Debug, Clone, Copy)]
 pub enum Node<'a> {
     Fd(BorrowedFd<'a>),
     At(BorrowedFd<'a>, &'a CStr),
+    Path(&'a CStr),
 }
 
 /// Applies what `keep` carries from `meta` and `xattrs` to `node`, as far
@@ -483,6 +513,9 @@ fn set_owner(node: Node<'_>, meta: &Meta, keep: Keep, powers: Powers) -> anyhow:
     let r = match node {
         Node::Fd(fd) => rustix::fs::fchown(fd, uid, gid),
         Node::At(dir, name) => rustix::fs::chownat(dir, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW),
+        Node::Path(path) => {
+            rustix::fs::chownat(rustix::fs::CWD, path, uid, gid, AtFlags::SYMLINK_NOFOLLOW)
+        }
     };
     match r {
         Ok(()) => Ok(()),
@@ -497,20 +530,10 @@ fn set_owner(node: Node<'_>, meta: &Meta, keep: Keep, powers: Powers) -> anyhow:
 /// not there is done already.
 fn set_xattr(node: Node<'_>, name: &[u8], value: Option<&[u8]>) -> rustix::io::Result<()> {
     let name = CString::new(name).expect("checked names have no NUL");
-    let r = match (node, value) {
-        (Node::Fd(fd), Some(v)) => {
-            rustix::fs::fsetxattr(fd, name.as_c_str(), v, XattrFlags::empty())
-        }
-        (Node::Fd(fd), None) => rustix::fs::fremovexattr(fd, name.as_c_str()),
-        (Node::At(dir, n), Some(v)) => rustix::fs::lsetxattr(
-            proc_path(dir, n).as_c_str(),
-            name.as_c_str(),
-            v,
-            XattrFlags::empty(),
-        ),
-        (Node::At(dir, n), None) => {
-            rustix::fs::lremovexattr(proc_path(dir, n).as_c_str(), name.as_c_str())
-        }
+    let reach = Reach::of(node);
+    let r = match value {
+        Some(v) => reach.set(name.as_c_str(), v),
+        None => reach.remove(name.as_c_str()),
     };
     match r {
         Err(Errno::NODATA) if value.is_none() => Ok(()),
@@ -525,6 +548,28 @@ mod tests {
     use std::os::fd::AsFd;
 
     use super::*;
+
+    #[test]
+    fn lists_and_values_of_any_size_are_read_whole() {
+        for len in [0, 1, FIRST_TRY - 1, FIRST_TRY, FIRST_TRY + 1, 65_536] {
+            let value: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let queries = std::cell::Cell::new(0);
+            let query = || {
+                queries.set(queries.get() + 1);
+                Ok(value.len())
+            };
+            let get = |b: &mut [u8]| {
+                if b.len() < value.len() {
+                    return Err(Errno::RANGE);
+                }
+                b[..value.len()].copy_from_slice(&value);
+                Ok(value.len())
+            };
+            assert_eq!(sized(query, get).unwrap(), value, "{len} bytes");
+            let asked = usize::from(len > FIRST_TRY);
+            assert_eq!(queries.get(), asked, "size queries for {len} bytes");
+        }
+    }
 
     fn x(name: &str, len: usize) -> Xattr {
         Xattr {
@@ -670,6 +715,18 @@ mod tests {
             read_xattrs(Node::At(d.as_fd(), c"g"), xattrs).unwrap(),
             vec![]
         );
+        // By path, the same attributes are read, set and removed.
+        let path =
+            |n: &str| CString::new(dir.join(n).into_os_string().into_encoded_bytes()).unwrap();
+        let (f, g) = (path("f"), path("g"));
+        assert_eq!(read_xattrs(Node::Path(&f), xattrs).unwrap(), got);
+        apply(Node::Path(&g), EntryKind::File, &meta, &got, xattrs, powers).unwrap();
+        assert_eq!(read_xattrs(Node::At(d.as_fd(), c"g"), xattrs).unwrap(), got);
+        set_xattr(Node::Path(&g), b"user.rcp-test", None).unwrap();
+        assert_eq!(read_xattrs(Node::Path(&g), xattrs).unwrap(), vec![]);
+        // And a symlink's end is never followed.
+        std::os::unix::fs::symlink("f", dir.join("l")).unwrap();
+        assert_eq!(read_xattrs(Node::Path(&path("l")), xattrs).unwrap(), vec![]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -35,6 +35,9 @@ pub struct Source {
     pub parent: OwnedFd,
     pub name: Vec<u8>,
     pub top: Vec<u8>,
+    /// The operand's path, where its attributes may be read by path (see
+    /// [`Walker::by_path`]); `None` in a daemon.
+    pub disk: Option<Vec<u8>>,
 }
 
 /// What the walk lists.
@@ -46,6 +49,8 @@ pub enum Sources {
     Listed {
         base: OwnedFd,
         names: Arc<Vec<Vec<u8>>>,
+        /// The directory's path, as [`Source::disk`].
+        disk: Option<Vec<u8>>,
     },
 }
 
@@ -209,10 +214,14 @@ pub async fn send(
             }
         };
         let walked = match sources {
-            Sources::Operands(sources) => sources
-                .iter()
-                .try_for_each(|s| walk.walk(&s.parent, &s.name, &s.top, &mut emit)),
-            Sources::Listed { base, names } => walk.walk_listed(&base, &names, &mut emit),
+            Sources::Operands(sources) => sources.iter().try_for_each(|s| {
+                walk.by_path(s.disk.as_deref(), &s.top);
+                walk.walk(&s.parent, &s.name, &s.top, &mut emit)
+            }),
+            Sources::Listed { base, names, disk } => {
+                walk.by_path(disk.map(|d| [&d[..], b"/"].concat()).as_deref(), b"");
+                walk.walk_listed(&base, &names, &mut emit)
+            }
         };
         if let Err(e) = walked {
             batch.push(Err(e));

@@ -393,6 +393,7 @@ async fn client_session(
                 Some(names) => Sources::Listed {
                     base: listed_base(&sources)?,
                     names: Arc::clone(names),
+                    disk: Some(sources[0].as_os_str().as_encoded_bytes().to_vec()),
                 },
                 None => Sources::Operands(local_sources(&sources)?),
             };
@@ -583,6 +584,7 @@ pub fn local_sources(paths: &[PathBuf]) -> anyhow::Result<Vec<Source>> {
                 parent: tree::open_root(parent)?,
                 top: name.clone(),
                 name,
+                disk: Some(p.as_os_str().as_encoded_bytes().to_vec()),
             })
         })
         .collect()
@@ -776,6 +778,7 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 Sources::Listed {
                     base: confined_dir(&config.roots, dir)?,
                     names,
+                    disk: None,
                 }
             } else {
                 Sources::Operands(
@@ -934,6 +937,7 @@ fn confined_source(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<Source> {
         parent: tree::open_dir_beneath(&root, dirs)?,
         name: last.to_vec(),
         top: last.to_vec(),
+        disk: None,
     })
 }
 

@@ -208,6 +208,9 @@ pub struct Walker {
     filter: Arc<Filter>,
     next_index: u32,
     first_names: std::collections::HashMap<(u64, u64), Vec<u8>>,
+    /// Where entries are on disk by path: `prefix` followed by an entry
+    /// path without its first `skip` bytes.
+    by_path: Option<(Vec<u8>, usize)>,
 }
 
 impl Walker {
@@ -218,7 +221,29 @@ impl Walker {
             filter,
             next_index: 0,
             first_names: Default::default(),
+            by_path: None,
         }
+    }
+
+    /// Lets the next walk read the attributes of files by path, as rsync
+    /// does, rather than by opening each file: a third of the system calls
+    /// a file costs when its data does not travel (an unchanged re-sync).
+    /// `disk` is where the walk's top (`top` in the entry paths) is, as
+    /// this process reaches it; `None` keeps to descriptors, as a daemon
+    /// must: a path is resolved anew at each call, so a directory swapped
+    /// for a symlink meanwhile would lead it out of its roots. (A user's
+    /// own copy runs as that user, who may read wherever such a symlink
+    /// leads.)
+    pub fn by_path(&mut self, disk: Option<&[u8]>, top: &[u8]) {
+        self.by_path = disk.map(|d| (d.to_vec(), top.len()));
+    }
+
+    /// Where the file of entry path `path` is, by path, when the walk may
+    /// reach it so.
+    fn disk_path(&self, path: &[u8]) -> Option<CString> {
+        let (prefix, skip) = self.by_path.as_ref()?;
+        let rest = path.get(*skip..)?;
+        CString::new([&prefix[..], rest].concat()).ok()
     }
 
     /// Lists `name` inside `parent` (recursively with `recursive`),
@@ -366,11 +391,15 @@ impl Walker {
             self.first_names.insert(id, path.clone());
         }
         let attributes = self.keep.xattrs || self.keep.acls;
-        // Open already when its attributes are read: through the
+        let disk = match entry.kind {
+            EntryKind::File if attributes => self.disk_path(&path),
+            _ => None,
+        };
+        // Else open already when its attributes are read: through the
         // descriptor that costs no path walk.
         let open = match entry.kind {
             EntryKind::Dir => Some(open_dir_beneath(&**parent, &[name])?),
-            EntryKind::File if attributes => rustix::fs::openat(
+            EntryKind::File if attributes && disk.is_none() => rustix::fs::openat(
                 &**parent,
                 cname.as_c_str(),
                 OFlags::RDONLY
@@ -383,9 +412,10 @@ impl Walker {
             .ok(),
             _ => None,
         };
-        let node = match &open {
-            Some(fd) => Node::Fd(fd.as_fd()),
-            None => Node::At(parent.as_fd(), cname.as_c_str()),
+        let node = match (&open, &disk) {
+            (Some(fd), _) => Node::Fd(fd.as_fd()),
+            (None, Some(disk)) => Node::Path(disk.as_c_str()),
+            (None, None) => Node::At(parent.as_fd(), cname.as_c_str()),
         };
         let xattrs = archive::read_xattrs(node, self.keep)?;
         if let Some(meta) = &mut entry.meta {
