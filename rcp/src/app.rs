@@ -278,6 +278,7 @@ async fn local_copy(
         params: p.clone(),
         log: false,
         sessions: Arc::default(),
+        own_files: true,
     };
     let server = tokio::spawn(session::serve_one(listener, config, LOCAL_SERVER_WAIT));
     let target = Target {

@@ -457,6 +457,24 @@ pub fn apply(
             )
         })?;
     }
+    if keep.xattrs {
+        // Attributes the source does not have (left by an earlier copy, or
+        // set there since) go, as rsync's do.
+        let only_xattrs = Keep {
+            acls: false,
+            ..keep
+        };
+        for t in read_xattrs(node, only_xattrs)? {
+            if removable(&t.name, powers) && !xattrs.iter().any(|x| x.name == t.name) {
+                set_xattr(node, &t.name, None).with_context(|| {
+                    format!(
+                        "cannot remove extended attribute {}",
+                        String::from_utf8_lossy(&t.name)
+                    )
+                })?;
+            }
+        }
+    }
     if keep.acls && kind != EntryKind::Symlink {
         // An ACL the source does not have (inherited from a default ACL
         // here, or left by an earlier copy) goes.
@@ -473,6 +491,16 @@ pub fn apply(
         }
     }
     Ok(())
+}
+
+/// Whether an attribute found where the source has none is removed:
+/// `user.*`; as root with owners allowed, `trusted.*` and file
+/// capabilities (a capability the source lost must not stay). Other
+/// `security.*` names are labels the system's policy sets (SELinux's), and
+/// ACLs have rules of their own.
+fn removable(name: &[u8], powers: Powers) -> bool {
+    name.starts_with(b"user.")
+        || (powers.owners && (name.starts_with(b"trusted.") || name == b"security.capability"))
 }
 
 /// Whether a node with attributes `there` has what [`apply`] would give it
@@ -500,7 +528,10 @@ pub fn same_xattrs(
         || kind == EntryKind::Symlink
         || ((has(ACL_ACCESS) || value_there(ACL_ACCESS).is_none())
             && (kind != EntryKind::Dir || has(ACL_DEFAULT) || value_there(ACL_DEFAULT).is_none()));
-    all_there && no_extra_acl
+    let no_extra = there
+        .iter()
+        .all(|t| !removable(&t.name, powers) || wanted.iter().any(|w| w.name == t.name));
+    all_there && no_extra && no_extra_acl
 }
 
 fn set_owner(node: Node<'_>, meta: &Meta, keep: Keep, powers: Powers) -> anyhow::Result<()> {
@@ -548,6 +579,45 @@ mod tests {
     use std::os::fd::AsFd;
 
     use super::*;
+
+    #[test]
+    fn an_attribute_the_source_has_not_makes_a_difference_where_it_is_removed() {
+        let x = |n: &str, v: &str| Xattr {
+            name: n.as_bytes().to_vec(),
+            value: v.as_bytes().to_vec(),
+        };
+        let keep = Keep {
+            xattrs: true,
+            ..Keep::default()
+        };
+        let root = Powers {
+            owners: true,
+            own_groups: true,
+            strip_setid: false,
+        };
+        let user = Powers {
+            owners: false,
+            ..root
+        };
+        let wanted = [x("user.a", "1")];
+        let same =
+            |there: &[Xattr], powers| same_xattrs(there, &wanted, EntryKind::File, keep, powers);
+        assert!(same(&[x("user.a", "1")], user));
+        assert!(!same(&[x("user.a", "2")], user), "a value changed");
+        assert!(
+            !same(&[x("user.a", "1"), x("user.b", "")], user),
+            "an extra"
+        );
+        // Privileged names count only where this side would remove them,
+        // and an SELinux label never.
+        let trusted = [x("user.a", "1"), x("trusted.t", "")];
+        assert!(same(&trusted, user));
+        assert!(!same(&trusted, root));
+        let capability = [x("user.a", "1"), x("security.capability", "c")];
+        assert!(!same(&capability, root));
+        let label = [x("user.a", "1"), x("security.selinux", "l")];
+        assert!(same(&label, root));
+    }
 
     #[test]
     fn lists_and_values_of_any_size_are_read_whole() {

@@ -38,6 +38,8 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<Exit> {
         },
         log: true,
         sessions: Arc::default(),
+        // (Confined: every file by descriptor, beneath its roots.)
+        own_files: false,
     });
     let listener = Listener::bind(a.listen, a.tuning.transport)
         .await
@@ -128,6 +130,7 @@ pub async fn server_once(a: ServerOnceArgs) -> anyhow::Result<Exit> {
         params: params(&a.tuning, engine, false, false, true),
         log: true,
         sessions: Arc::default(),
+        own_files: true,
     };
     let stats = session::serve_one(listener, config, SERVER_ONCE_WAIT).await?;
     Ok(if stats.failed {

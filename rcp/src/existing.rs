@@ -70,12 +70,18 @@ pub fn refresh(
     let mode_wrong = how.preserve && st.st_mode & 0o7777 != how.mode_of(e);
     let times_wrong = how.time_differs(e, st);
     let owner_wrong = how.owner_differs(e, st);
-    // Attributes are compared through the file opened (no path walk),
-    // and set through it if they differ.
+    // Attributes are compared by path where the base allows it, else
+    // through the file opened (no path walk); set through it if they
+    // differ.
     let mut open = None;
     let attributes_wrong = e.meta.is_some() && (how.keep.xattrs || how.keep.acls) && {
-        let fd = open.insert(open_regular(base, e)?);
-        how.attributes_differ(Node::Fd(fd.as_fd()), e.kind, xattrs)?
+        match base.disk_path(&e.path) {
+            Some(disk) => how.attributes_differ(Node::Path(&disk), e.kind, xattrs)?,
+            None => {
+                let fd = open.insert(open_regular(base, e)?);
+                how.attributes_differ(Node::Fd(fd.as_fd()), e.kind, xattrs)?
+            }
+        }
     };
     if !(mode_wrong || times_wrong || owner_wrong || attributes_wrong) {
         return Ok(());

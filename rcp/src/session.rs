@@ -419,7 +419,8 @@ async fn client_session(
             (stats, outcome)
         }
         Request::Pull { sources, dest } => {
-            let base = local_base(&dest, sources.len(), params.listed.is_some())?;
+            let mut base = local_base(&dest, sources.len(), params.listed.is_some())?;
+            base.by_path(Some(dest.as_os_str().as_encoded_bytes().to_vec()));
             let pull = Msg::Pull {
                 flags: params.flags(),
                 streams: params.streams,
@@ -642,6 +643,10 @@ pub struct ServeConfig {
     pub log: bool,
     /// Sessions waiting for their further streams.
     pub sessions: Arc<Sessions>,
+    /// The server runs as its one user, for that user alone (a local
+    /// copy's, remote-shell mode's): it may reach files' attributes by
+    /// path ([`tree::Walker::by_path`]). Never a daemon's.
+    pub own_files: bool,
 }
 
 /// What one accepted connection turned out to be.
@@ -740,12 +745,17 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
         } => {
             let filter = receive_rules(&link, flags).await?;
             let params = config.params.with_request(flags, streams, filter)?;
-            let base = confined_base(
+            let mut base = confined_base(
                 &config.roots,
                 &dest,
                 sources as usize,
                 params.listed.is_some(),
             )?;
+            if config.own_files {
+                base.by_path(Some(
+                    requested_path(&dest)?.into_os_string().into_encoded_bytes(),
+                ));
+            }
             *links = ready(&link, config, true, streams).await?;
             let got = recv::receive(
                 links,
@@ -778,13 +788,13 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 Sources::Listed {
                     base: confined_dir(&config.roots, dir)?,
                     names,
-                    disk: None,
+                    disk: config.own_files.then(|| dir.clone()),
                 }
             } else {
                 Sources::Operands(
                     sources
                         .iter()
-                        .map(|s| confined_source(&config.roots, s))
+                        .map(|s| confined_source(&config.roots, s, config.own_files))
                         .collect::<anyhow::Result<Vec<_>>>()?,
                 )
             };
@@ -925,8 +935,9 @@ fn confined_dir(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<OwnedFd> {
     tree::open_dir_beneath(tree::open_root(root)?, &parts)
 }
 
-/// A client's source, confined beneath the roots.
-fn confined_source(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<Source> {
+/// A client's source, confined beneath the roots (reached by path too for
+/// [`ServeConfig::own_files`]).
+fn confined_source(roots: &[PathBuf], raw: &[u8], own_files: bool) -> anyhow::Result<Source> {
     let path = requested_path(raw)?;
     let (root, parts) = tree::under_roots(&path, roots)?;
     let root = tree::open_root(root)?;
@@ -937,7 +948,7 @@ fn confined_source(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<Source> {
         parent: tree::open_dir_beneath(&root, dirs)?,
         name: last.to_vec(),
         top: last.to_vec(),
-        disk: None,
+        disk: own_files.then(|| path.clone().into_os_string().into_encoded_bytes()),
     })
 }
 

@@ -526,6 +526,9 @@ pub struct Base {
     /// of a tree arrive directory by directory, so most reuse it instead of
     /// opening every component again.
     last_dir: std::sync::Mutex<Option<Arc<DestDir>>>,
+    /// The destination's path, where a file's attributes may be compared
+    /// by path (see [`Walker::by_path`]).
+    disk: Option<Vec<u8>>,
 }
 
 /// A directory files are received into.
@@ -590,7 +593,28 @@ impl Base {
             dir,
             rename_top,
             last_dir: std::sync::Mutex::default(),
+            disk: None,
         }
+    }
+
+    /// Lets attributes of files there be compared by path: `dest` is the
+    /// destination as this process reaches it (the path the base was
+    /// opened for). Only for a user's own copy, as [`Walker::by_path`].
+    pub fn by_path(&mut self, dest: Option<Vec<u8>>) {
+        self.disk = dest;
+    }
+
+    /// Where the entry of `path` is, by path, when it may be reached so.
+    pub(crate) fn disk_path(&self, path: &[u8]) -> Option<CString> {
+        let mut disk = self.disk.clone()?;
+        let parts = relative(path).ok()?;
+        // (Renamed, the top is the destination itself.)
+        let skip = usize::from(self.rename_top.is_some());
+        for part in parts.iter().skip(skip) {
+            disk.push(b'/');
+            disk.extend_from_slice(part);
+        }
+        CString::new(disk).ok()
     }
 
     /// Parent directory fd and final name for a peer's entry path.
@@ -1156,6 +1180,40 @@ impl DirSyncs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_are_found_by_path_where_the_base_allows_it() {
+        let dest = || open_root(Path::new("/")).unwrap();
+        let mut into = Base::new(dest(), None);
+        assert_eq!(into.disk_path(b"top/a/f"), None, "descriptors only");
+        into.by_path(Some(b"/data/dest".to_vec()));
+        assert_eq!(
+            into.disk_path(b"top/a/f").unwrap().as_bytes(),
+            b"/data/dest/top/a/f"
+        );
+        // Renamed: the top is the destination itself.
+        let mut renamed = Base::new(dest(), Some(b"copy".to_vec()));
+        renamed.by_path(Some(b"/data/copy".to_vec()));
+        assert_eq!(renamed.disk_path(b"top").unwrap().as_bytes(), b"/data/copy");
+        assert_eq!(
+            renamed.disk_path(b"top/a/f").unwrap().as_bytes(),
+            b"/data/copy/a/f"
+        );
+        assert_eq!(
+            renamed.disk_path(b"top/../x"),
+            None,
+            "checked as every entry path"
+        );
+        // The walk's side: the operand's path and the entry path past its top.
+        let mut walk = Walker::new(true, Keep::default(), Arc::default());
+        assert_eq!(walk.disk_path(b"src/a"), None);
+        walk.by_path(Some(b"../from/src"), b"src");
+        assert_eq!(
+            walk.disk_path(b"src/a/f").unwrap().as_bytes(),
+            b"../from/src/a/f"
+        );
+        assert_eq!(walk.disk_path(b"src").unwrap().as_bytes(), b"../from/src");
+    }
 
     #[test]
     fn relative_paths_are_checked() {

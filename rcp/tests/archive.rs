@@ -80,6 +80,36 @@ fn archive_copies_match_rsync_in_every_mode() {
     std::fs::write(&linked, copy).unwrap();
     assert!(!differences(&oracle, &local).is_empty());
 
+    // A re-sync into a copy finds attributes changed there, on entries
+    // whose data and times are unchanged (only the attributes compared
+    // there tell): a value changed, and one the source has not, on a file
+    // without any, goes.
+    let into = t.path("resynced");
+    std::fs::create_dir(&into).unwrap();
+    rcp_archive(&[src.as_os_str(), into.as_os_str()]);
+    let copy = into.join(src.file_name().unwrap());
+    compare("local, into a directory", &copy);
+    set_xattr(
+        &copy.join(OsStr::from_bytes(with_xattr)),
+        "user.note",
+        b"changed",
+    );
+    let (bare, _) = seen
+        .iter()
+        .find(|(p, e)| {
+            let linked = groups.iter().flatten().any(|g| g == *p);
+            e.xattrs.is_empty() && e.mode & 0o170000 == 0o100000 && !linked
+        })
+        .expect("a copied file without attributes");
+    set_xattr(
+        &copy.join(OsStr::from_bytes(bare)),
+        "user.extra",
+        b"not in the source",
+    );
+    assert_eq!(differences(&oracle, &copy).len(), 2);
+    rcp_archive(&[src.as_os_str(), into.as_os_str()]);
+    compare("local re-sync after attributes changed there", &copy);
+
     // Daemon, push and pull (as root with --allow-owners, so owners and
     // device nodes are kept).
     let key = secret(&t, "key");
