@@ -436,6 +436,9 @@ pub enum Node<'a> {
 /// Applies what `keep` carries from `meta` and `xattrs` to `node`, as far
 /// as `powers` allow; everything but the mode and times, which come after
 /// (a change of owner clears setuid bits; the mode restores them).
+/// `there`: the attributes the node has, when the caller knows them (a
+/// file just made, in a directory that passes on no ACL, has none); else
+/// they are read, for what must go.
 pub fn apply(
     node: Node<'_>,
     kind: EntryKind,
@@ -443,6 +446,7 @@ pub fn apply(
     xattrs: &[Xattr],
     keep: Keep,
     powers: Powers,
+    there: Option<&[Xattr]>,
 ) -> anyhow::Result<()> {
     set_owner(node, meta, keep, powers)?;
     for x in xattrs {
@@ -457,14 +461,21 @@ pub fn apply(
             )
         })?;
     }
+    if !(keep.xattrs || keep.acls) {
+        return Ok(());
+    }
+    let read;
+    let there = match there {
+        Some(there) => there,
+        None => {
+            read = read_xattrs(node, keep)?;
+            &read[..]
+        }
+    };
     if keep.xattrs {
         // Attributes the source does not have (left by an earlier copy, or
         // set there since) go, as rsync's do.
-        let only_xattrs = Keep {
-            acls: false,
-            ..keep
-        };
-        for t in read_xattrs(node, only_xattrs)? {
+        for t in there {
             if removable(&t.name, powers) && !xattrs.iter().any(|x| x.name == t.name) {
                 set_xattr(node, &t.name, None).with_context(|| {
                     format!(
@@ -479,11 +490,12 @@ pub fn apply(
         // An ACL the source does not have (inherited from a default ACL
         // here, or left by an earlier copy) goes.
         let has = |n: &[u8]| xattrs.iter().any(|x| x.name == n);
+        let present = |n: &[u8]| there.iter().any(|x| x.name == n);
         let mut absent = vec![];
-        if !has(ACL_ACCESS) {
+        if !has(ACL_ACCESS) && present(ACL_ACCESS) {
             absent.push(ACL_ACCESS);
         }
-        if kind == EntryKind::Dir && !has(ACL_DEFAULT) {
+        if kind == EntryKind::Dir && !has(ACL_DEFAULT) && present(ACL_DEFAULT) {
             absent.push(ACL_DEFAULT);
         }
         for name in absent {
@@ -776,6 +788,7 @@ mod tests {
             &got,
             xattrs,
             powers,
+            None,
         )
         .unwrap();
         assert_eq!(read_xattrs(Node::At(d.as_fd(), c"g"), xattrs).unwrap(), got);
@@ -790,7 +803,16 @@ mod tests {
             |n: &str| CString::new(dir.join(n).into_os_string().into_encoded_bytes()).unwrap();
         let (f, g) = (path("f"), path("g"));
         assert_eq!(read_xattrs(Node::Path(&f), xattrs).unwrap(), got);
-        apply(Node::Path(&g), EntryKind::File, &meta, &got, xattrs, powers).unwrap();
+        apply(
+            Node::Path(&g),
+            EntryKind::File,
+            &meta,
+            &got,
+            xattrs,
+            powers,
+            None,
+        )
+        .unwrap();
         assert_eq!(read_xattrs(Node::At(d.as_fd(), c"g"), xattrs).unwrap(), got);
         set_xattr(Node::Path(&g), b"user.rcp-test", None).unwrap();
         assert_eq!(read_xattrs(Node::Path(&g), xattrs).unwrap(), vec![]);

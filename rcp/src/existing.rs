@@ -162,7 +162,7 @@ fn set_all(
 ) -> anyhow::Result<()> {
     if let Some(meta) = &e.meta {
         let node = Node::Fd(fd.as_fd());
-        archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers)?;
+        archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers, None)?;
     }
     if how.preserve {
         // (After the owner: a change of owner clears setuid bits.)

@@ -542,6 +542,9 @@ pub struct DestDir {
     in_memory: bool,
     /// Device and inode: which directory it is, whatever fd shows it.
     id: (u64, u64),
+    /// Whether it has a default ACL, which files made in it inherit
+    /// (asked once, when first wanted).
+    passes_acls: std::sync::OnceLock<bool>,
 }
 
 impl DestDir {
@@ -556,6 +559,21 @@ impl DestDir {
             at,
             in_memory,
             id: (st.st_dev, st.st_ino),
+            passes_acls: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Whether files made in it get an ACL of their own from its default
+    /// ACL (an error reading it counts as yes: the attributes are then
+    /// read, not assumed).
+    fn passes_acls(&self) -> bool {
+        *self.passes_acls.get_or_init(|| {
+            let name = c"system.posix_acl_default";
+            match rustix::fs::fgetxattr_query(&self.fd, name) {
+                Ok(n) => n > 0,
+                Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOTSUP) => false,
+                Err(_) => true,
+            }
         })
     }
 }
@@ -673,6 +691,7 @@ impl Base {
                     xattrs,
                     how.keep,
                     how.powers,
+                    None,
                 )?;
                 owner_set = owner_wrong;
             }
@@ -700,7 +719,7 @@ impl Base {
         let finish = || {
             if let Some(meta) = &e.meta {
                 let node = Node::At(parent.as_fd(), temp.as_c_str());
-                archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers)?;
+                archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers, None)?;
             }
             if how.preserve {
                 rustix::fs::utimensat(
@@ -750,7 +769,7 @@ impl Base {
         .with_context(|| format!("cannot create {}", show(&e.path)))?;
         let finish = || {
             let node = Node::At(parent.as_fd(), temp.as_c_str());
-            archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers)?;
+            archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers, None)?;
             rustix::fs::chmodat(
                 &parent,
                 temp.as_c_str(),
@@ -940,7 +959,10 @@ impl PartFile {
         }
         if let Some(meta) = &e.meta {
             // Owner first: a change of owner clears setuid bits, the mode
-            // below puts them back.
+            // below puts them back. A file made afresh has no attributes
+            // but those its directory's default ACL gives it.
+            let none: &[Xattr] = &[];
+            let there = (self.fresh && !self.parent.passes_acls()).then_some(none);
             archive::apply(
                 Node::Fd(self.fd.as_fd()),
                 e.kind,
@@ -948,6 +970,7 @@ impl PartFile {
                 xattrs,
                 how.keep,
                 how.powers,
+                there,
             )?;
         }
         if how.preserve || !self.mode_right {
