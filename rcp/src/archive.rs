@@ -781,16 +781,9 @@ mod tests {
             own_groups: true,
             strip_setid: false,
         };
-        apply(
-            Node::At(d.as_fd(), c"g"),
-            EntryKind::File,
-            &meta,
-            &got,
-            xattrs,
-            powers,
-            None,
-        )
-        .unwrap();
+        let apply_to =
+            |node| apply(node, EntryKind::File, &meta, &got, xattrs, powers, None).unwrap();
+        apply_to(Node::At(d.as_fd(), c"g"));
         assert_eq!(read_xattrs(Node::At(d.as_fd(), c"g"), xattrs).unwrap(), got);
         set_xattr(Node::At(d.as_fd(), c"g"), b"user.rcp-test", None).unwrap();
         set_xattr(Node::At(d.as_fd(), c"g"), b"user.rcp-test", None).unwrap();
@@ -803,16 +796,7 @@ mod tests {
             |n: &str| CString::new(dir.join(n).into_os_string().into_encoded_bytes()).unwrap();
         let (f, g) = (path("f"), path("g"));
         assert_eq!(read_xattrs(Node::Path(&f), xattrs).unwrap(), got);
-        apply(
-            Node::Path(&g),
-            EntryKind::File,
-            &meta,
-            &got,
-            xattrs,
-            powers,
-            None,
-        )
-        .unwrap();
+        apply_to(Node::Path(&g));
         assert_eq!(read_xattrs(Node::At(d.as_fd(), c"g"), xattrs).unwrap(), got);
         set_xattr(Node::Path(&g), b"user.rcp-test", None).unwrap();
         assert_eq!(read_xattrs(Node::Path(&g), xattrs).unwrap(), vec![]);
