@@ -510,14 +510,7 @@ fn a_silent_peer_is_given_up_within_the_timeout() {
         &push(dead.port, "cut"),
         "the peer sent nothing for 2 s: it stopped, or the path to it is gone",
     );
-    let mut log = String::new();
-    for _ in 0..400 {
-        log = d.log();
-        if log.contains("session failed") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    let log = d.log_when(Duration::from_secs(10), |l| l.contains("session failed"));
     assert!(log.contains("the peer sent nothing for 2 s"), "{log}");
 
     // A server that is stopped: the kernel still accepts the connection.
@@ -585,14 +578,9 @@ fn daemon_push_and_pull_with_a_shared_secret() {
     assert_eq!(std::fs::read(t.path("down")).unwrap(), data);
     assert_eq!(v["blake3"], file_digest(&data, 1 << 20));
     // Each session is logged with its client when it is done.
-    let mut log = String::new();
-    for _ in 0..200 {
-        log = d.log();
-        if log.matches("session done").count() >= 2 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    let log = d.log_when(Duration::from_secs(5), |l| {
+        l.matches("session done").count() >= 2
+    });
     assert!(log.contains("rcp serve: listening on 127.0.0.1:"), "{log}");
     let done: Vec<&str> = log.lines().filter(|l| l.contains("session done")).collect();
     assert_eq!(done.len(), 2, "{log}");

@@ -78,6 +78,19 @@ impl Daemon {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// What it logged once `done` says so of it, or when `within` is up
+    /// (the caller's assertions then say what is missing).
+    pub fn log_when(&self, within: Duration, done: impl Fn(&str) -> bool) -> String {
+        let until = std::time::Instant::now() + within;
+        loop {
+            let log = self.log();
+            if done(&log) || std::time::Instant::now() >= until {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
 }
 
 impl Drop for Daemon {

@@ -164,9 +164,8 @@ fn pump(mut from: TcpStream, mut to: TcpStream, dead: &AtomicBool) {
 }
 
 /// Keeps a dead path's sockets open and silent until the peers give up.
-fn hold(from: TcpStream, to: TcpStream) {
+fn hold(mut from: TcpStream, to: TcpStream) {
     let mut sink = [0u8; 4096];
-    let mut from = from;
     while matches!(from.read(&mut sink), Ok(n) if n > 0) {}
     drop(to);
 }
