@@ -90,7 +90,8 @@ pub struct Tuning {
     /// with the peer taken for lost (exit status 6). Both ends send a
     /// heartbeat every second while they wait, so only a peer that is
     /// gone (its host down, the path cut, the process stopped) falls
-    /// silent. 0 waits for ever.
+    /// silent. A receiver also waits at most this long for a file
+    /// another copy to the same place is still writing. 0 waits for ever.
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
     pub timeout: u64,
 }

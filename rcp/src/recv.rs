@@ -29,7 +29,7 @@ use crate::report::{Failure, Progress, Stats};
 use crate::resume::have_batches;
 use crate::resync::{self, Decision, Found, Kept, Policy, There};
 use crate::streams::Merged;
-use crate::tree::{self, Base, DirSyncs, Fidelity, PartFile};
+use crate::tree::{self, Base, DirSyncs, Fidelity, Opened, PartFile};
 use rfabric::storage::{Engine, Kind};
 
 #[derive(Debug, Clone, Copy)]
@@ -56,6 +56,10 @@ pub struct RecvOptions {
     pub itemize: Itemize,
     /// The storage engine that writes the files.
     pub engine: Kind,
+    /// How long a file another copy is writing is waited for (the
+    /// session's `--timeout`: within it a copy whose peer died lets go);
+    /// `None` waits as long as it takes.
+    pub busy_wait: Option<std::time::Duration>,
 }
 
 /// Where `-i`'s lines go.
@@ -79,6 +83,9 @@ pub fn print_itemized(code: &[u8; 11], path: &[u8]) {
 /// Chunks up to this size are hashed in place: a hand-off to a worker
 /// thread would cost more than the hash.
 pub const INLINE_HASH: usize = 64 * 1024;
+
+/// How often a file another copy holds is asked for again.
+const BUSY_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
 type ChunkResult = anyhow::Result<(u64, [u8; 32])>;
 
@@ -650,6 +657,27 @@ impl Creator<'_> {
         Ok(actions)
     }
 
+    /// The temporary file of `e`, once no other copy holds it.
+    async fn part_file(&self, e: &Entry) -> anyhow::Result<PartFile> {
+        let since = tokio::time::Instant::now();
+        loop {
+            match self.base.create_file(e, self.opts.resume)? {
+                Opened::Ready(out) => return Ok(out),
+                Opened::Busy => {
+                    if let Some(limit) = self.opts.busy_wait
+                        && since.elapsed() >= limit
+                    {
+                        bail!(
+                            "another copy is still writing to its temporary file after {} s",
+                            limit.as_secs()
+                        );
+                    }
+                    tokio::time::sleep(BUSY_POLL).await;
+                }
+            }
+        }
+    }
+
     /// The temporary file of entry `e`; with resume, or a `basis` to
     /// compare with, the sender is told the digests of what is there.
     async fn open_file(
@@ -659,7 +687,7 @@ impl Creator<'_> {
         end: Option<(u64, [u8; 32])>,
         basis: Option<OwnedFd>,
     ) -> anyhow::Result<File> {
-        let out = match self.base.create_file(&e, self.opts.resume) {
+        let out = match self.part_file(&e).await {
             Ok(out) => Arc::new(out),
             Err(err) => {
                 self.answers.send(e.index, Err(failed(&err)));

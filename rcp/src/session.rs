@@ -170,6 +170,7 @@ impl Params {
                 (true, false) => Itemize::Tell,
             },
             engine: self.io_engine,
+            busy_wait: self.silence,
         }
     }
 }

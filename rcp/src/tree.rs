@@ -828,58 +828,113 @@ impl Base {
     /// was left, the current file under the final name is taken as the
     /// starting point (a kernel-side copy): the sender then sends only the
     /// chunks that differ.
-    pub fn create_file(&self, e: &Entry, resume: bool) -> anyhow::Result<PartFile> {
+    ///
+    /// The name is fixed (so that a copy can be resumed), so two copies to
+    /// the same place meet at it: each holds an exclusive lock on its
+    /// temporary file until it is renamed or removed. A file another copy
+    /// holds is [`Opened::Busy`]: the caller waits and asks again. (A
+    /// daemon still tearing down a session whose client was killed holds
+    /// its files for a moment while the client's `--resume` already asks
+    /// for them; without the lock the old session would remove or
+    /// truncate the file under the new one, or both would write into it.)
+    pub fn create_file(&self, e: &Entry, resume: bool) -> anyhow::Result<Opened> {
         let (parent, name) = self.place(&e.path)?;
         let temp = part_name(&name)?;
         let shown = || format!("cannot create a temporary file for {}", show(&e.path));
-        if !resume {
-            // Usually nothing is there: create it with the entry's mode (the
-            // umask applies), so that committing needs no chmod.
-            let flags =
-                OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-            // With metadata to apply, the owner keeps write access until
-            // then (setting an attribute on a read-only file is refused).
-            let mode_right = e.meta.is_none();
-            let mode = Mode::from_raw_mode(if mode_right { e.mode & 0o777 } else { 0o600 });
-            match rustix::fs::openat(&parent, temp.as_c_str(), flags, mode) {
-                Ok(fd) => {
-                    return Ok(PartFile {
-                        fd,
-                        parent,
-                        temp,
-                        name,
-                        fresh: true,
-                        mode_right,
-                    });
-                }
-                Err(rustix::io::Errno::EXIST) => {}
-                Err(err) => return Err(err).with_context(shown),
+        loop {
+            let Some(mut incoming) = open_part(&parent, &temp, e, resume).with_context(shown)?
+            else {
+                return Ok(Opened::Busy);
+            };
+            if !still_named(&parent, &temp, &incoming.fd)? {
+                // The copy that held it renamed or removed it before this
+                // one had the lock: start over with what is there now.
+                continue;
             }
+            if !incoming.fresh && !resume {
+                rustix::fs::ftruncate(&incoming.fd, 0)?;
+            }
+            if FileType::from_raw_mode(rustix::fs::fstat(&incoming.fd)?.st_mode)
+                != FileType::RegularFile
+            {
+                bail!(
+                    "{} is in the way and not a regular file",
+                    temp.to_string_lossy()
+                );
+            }
+            incoming.name = name;
+            if resume && rustix::fs::fstat(&incoming.fd)?.st_size == 0 {
+                incoming.start_from_final()?;
+            }
+            return Ok(Opened::Ready(incoming));
         }
-        let mut flags = OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        if !resume {
-            flags |= OFlags::TRUNC;
+    }
+}
+
+/// What [`Base::create_file`] found.
+#[derive(Debug)]
+pub enum Opened {
+    Ready(PartFile),
+    /// Another copy holds the temporary file (see [`Base::create_file`]).
+    Busy,
+}
+
+/// Opens (or creates) temporary file `temp` in `parent` and takes its lock;
+/// `None` if another copy holds it. Not yet truncated: that waits for the
+/// lock. (The returned file's `name` is filled in by the caller.)
+fn open_part(
+    parent: &Arc<DestDir>,
+    temp: &CString,
+    e: &Entry,
+    resume: bool,
+) -> rustix::io::Result<Option<PartFile>> {
+    let mut made = None;
+    if !resume {
+        // Usually nothing is there: create it with the entry's mode (the
+        // umask applies), so that committing needs no chmod. With metadata
+        // to apply, the owner keeps write access until then (setting an
+        // attribute on a read-only file is refused).
+        let flags =
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let mode_right = e.meta.is_none();
+        let mode = Mode::from_raw_mode(if mode_right { e.mode & 0o777 } else { 0o600 });
+        match rustix::fs::openat(parent, temp.as_c_str(), flags, mode) {
+            Ok(fd) => made = Some((fd, mode_right)),
+            Err(rustix::io::Errno::EXIST) => {}
+            Err(err) => return Err(err),
         }
-        let fd = rustix::fs::openat(&parent, temp.as_c_str(), flags, Mode::from_raw_mode(0o600))
-            .with_context(shown)?;
-        if FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != FileType::RegularFile {
-            bail!(
-                "{} is in the way and not a regular file",
-                temp.to_string_lossy()
-            );
+    }
+    let (fd, fresh, mode_right) = match made {
+        Some((fd, mode_right)) => (fd, true, mode_right),
+        None => {
+            let flags = OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let fd =
+                rustix::fs::openat(parent, temp.as_c_str(), flags, Mode::from_raw_mode(0o600))?;
+            (fd, false, false)
         }
-        let incoming = PartFile {
-            fd,
-            parent,
-            temp,
-            name,
-            fresh: false,
-            mode_right: false,
-        };
-        if resume && rustix::fs::fstat(&incoming.fd)?.st_size == 0 {
-            incoming.start_from_final()?;
-        }
-        Ok(incoming)
+    };
+    match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
+        Err(err) => return Err(err),
+    }
+    Ok(Some(PartFile {
+        fd,
+        parent: Arc::clone(parent),
+        temp: temp.clone(),
+        name: CString::default(),
+        fresh,
+        mode_right,
+    }))
+}
+
+/// Whether `temp` in `parent` is still the file open as `fd`.
+fn still_named(parent: &DestDir, temp: &CString, fd: &OwnedFd) -> anyhow::Result<bool> {
+    let held = rustix::fs::fstat(fd)?;
+    match rustix::fs::statat(parent, temp.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(st.st_dev == held.st_dev && st.st_ino == held.st_ino),
+        Err(rustix::io::Errno::NOENT) => Ok(false),
+        Err(err) => Err(err.into()),
     }
 }
 
@@ -1236,6 +1291,78 @@ mod tests {
             b"../from/src/a/f"
         );
         assert_eq!(walk.disk_path(b"src").unwrap().as_bytes(), b"../from/src");
+    }
+
+    /// Two copies to one place (a daemon still ending the session of a
+    /// killed client while the client's `--resume` starts the next): the
+    /// second waits for the temporary file, and neither removes, truncates
+    /// or writes into the other's.
+    #[test]
+    fn a_temporary_file_belongs_to_one_copy_at_a_time() {
+        let scratch = test_support::Scratch::new("rcp-part-lock");
+        let base = || Base::new(open_root(scratch.dir()).unwrap(), None);
+        let (old, new) = (base(), base());
+        let e = Entry {
+            index: 0,
+            kind: EntryKind::File,
+            mode: 0o644,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            size: 5,
+            path: b"f".to_vec(),
+            target: Vec::new(),
+            chunk: 4096,
+            meta: None,
+        };
+        let ready = |o: Opened| match o {
+            Opened::Ready(p) => p,
+            Opened::Busy => panic!("held by another copy"),
+        };
+        let busy = |o: Opened| matches!(o, Opened::Busy);
+        let temp = scratch.path(".rcp-f.part");
+
+        // The old copy writes; the new one, resuming or not, waits.
+        let held = ready(old.create_file(&e, false).unwrap());
+        rustix::io::pwrite(&held.fd, b"old", 0).unwrap();
+        assert!(busy(new.create_file(&e, true).unwrap()));
+        assert!(busy(new.create_file(&e, false).unwrap()));
+        assert_eq!(std::fs::read(&temp).unwrap(), b"old", "not truncated");
+
+        // The old copy removes its file: the new one gets a file of its own.
+        held.discard();
+        let mine = ready(new.create_file(&e, true).unwrap());
+        rustix::io::pwrite(&mine.fd, b"new", 0).unwrap();
+        assert!(busy(old.create_file(&e, true).unwrap()));
+        assert_eq!(std::fs::read(&temp).unwrap(), b"new");
+
+        // A copy that finishes renames its file while another waits for
+        // it: the waiter starts over from what is there under the final
+        // name, and its rename works.
+        let engine = Engine::start(rfabric::storage::Kind::Threads, None).unwrap();
+        let how = Fidelity {
+            preserve: false,
+            keep: Keep::default(),
+            powers: Powers::here(false),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rustix::io::pwrite(&mine.fd, b"new!!", 0).unwrap();
+        rt.block_on(mine.commit(&e, &[], how, true, &engine))
+            .unwrap();
+        assert_eq!(std::fs::read(scratch.path("f")).unwrap(), b"new!!");
+        let after = ready(old.create_file(&e, true).unwrap());
+        assert_eq!(
+            std::fs::read(&temp).unwrap(),
+            b"new!!",
+            "resumed from the final file"
+        );
+        rustix::io::pwrite(&after.fd, b"again", 0).unwrap();
+        rt.block_on(after.commit(&e, &[], how, true, &engine))
+            .unwrap();
+        assert_eq!(std::fs::read(scratch.path("f")).unwrap(), b"again");
+        assert!(!temp.exists());
     }
 
     #[test]

@@ -819,6 +819,71 @@ fn usage_errors_exit_two() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("chunk size"));
 }
 
+/// A temporary file another copy holds (as a daemon still ending the
+/// session of a client killed a moment ago holds its files while the
+/// client's `--resume` asks for them): the new copy waits, and takes it
+/// over only once the other let go, never writing into it while held.
+#[test]
+fn a_temporary_file_another_copy_holds_is_waited_for() {
+    use rustix::fs::{FlockOperation, flock};
+    let t = Scratch::new("part-held");
+    let root = t.path("root");
+    std::fs::create_dir(&root).unwrap();
+    let key = secret(&t, "key");
+    let data = pattern(3 << 20, 23);
+    std::fs::write(t.path("f"), &data).unwrap();
+    let part = root.join(".rcp-f.part");
+    let theirs = pattern(1 << 20, 24);
+    let hold = || {
+        std::fs::write(&part, &theirs).unwrap();
+        let file = std::fs::File::open(&part).unwrap();
+        flock(&file, FlockOperation::NonBlockingLockExclusive).unwrap();
+        file
+    };
+    let d = Daemon::start_with(&[&root], &key, &["--timeout", "2"]);
+    let push = || {
+        Command::new(RCP)
+            .args(["-q", "--resume", "--secret-file", s(&key)])
+            .args([s(&t.path("f")), &d.url(&root)])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+
+    // Let go within the daemon's --timeout: the copy goes on and is whole.
+    let held = hold();
+    let mut copy = push();
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(copy.try_wait().unwrap().is_none(), "did not wait");
+    assert_eq!(std::fs::read(&part).unwrap(), theirs, "written while held");
+    // The other copy removes its file as it lets go.
+    std::fs::remove_file(&part).unwrap();
+    drop(held);
+    let out = copy.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), data);
+    assert!(!part.exists());
+
+    // Held past it: this file fails with the reason, the other's stays as
+    // it was.
+    std::fs::remove_file(root.join("f")).unwrap();
+    let held = hold();
+    let out = push().wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("another copy is still writing to its temporary file after 2 s"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&part).unwrap(), theirs);
+    assert!(!root.join("f").exists());
+    drop(held);
+}
+
 #[test]
 fn resume_after_the_receiver_is_killed_sends_less_and_ends_identical() {
     let t = Scratch::new("resume");
