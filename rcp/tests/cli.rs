@@ -840,7 +840,7 @@ fn a_temporary_file_another_copy_holds_is_waited_for() {
         flock(&file, FlockOperation::NonBlockingLockExclusive).unwrap();
         file
     };
-    let d = Daemon::start_with(&[&root], &key, &["--timeout", "2"]);
+    let d = Daemon::start_with(&[&root], &key, &["--timeout", "4"]);
     let push = || {
         Command::new(RCP)
             .args(["-q", "--resume", "--secret-file", s(&key)])
@@ -876,7 +876,7 @@ fn a_temporary_file_another_copy_holds_is_waited_for() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("another copy is still writing to its temporary file after 2 s"),
+        err.contains("another copy is still writing to its temporary file after 4 s"),
         "{err}"
     );
     assert_eq!(std::fs::read(&part).unwrap(), theirs);
