@@ -6,6 +6,7 @@
 //! Rooms by job, each using only those listed after it: `accept` (a
 //! place among the connections, a task per client), `link` (a client of
 //! the fabric protocol, `rblock connect`: its requests, carried out),
+//! `link_threads` (the threads tcp links are served on, each link on one),
 //! `connection` (the NBD handshake on the socket), `transmission` (the request loop: headers,
 //! write data, bursts, shutdown), `burst` (small requests taken together),
 //! `request` (one request carried out), `zero_copy` (large requests
@@ -29,6 +30,7 @@ mod burst;
 mod connection;
 mod input;
 mod link;
+mod link_threads;
 mod reply;
 mod request;
 mod transmission;
@@ -92,6 +94,13 @@ pub async fn run(
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
     });
     let (conn_tx, mut conn_rx) = mpsc::channel::<()>(1);
+    let link_threads = match &fabric {
+        Some(f) if f.has_tcp() => Some(Arc::new(
+            link_threads::LinkThreads::start(load.cores)
+                .context("cannot start the threads fabric links are served on")?,
+        )),
+        _ => None,
+    };
     let mut acceptors = Vec::new();
     let accepting = || Accepting {
         fabric_guard: fabric_guard.clone(),
@@ -101,6 +110,7 @@ pub async fn run(
         zero_copy_reads,
         nbd_tls: nbd_tls.clone(),
         alive: conn_tx.clone(),
+        link_threads: link_threads.clone(),
     };
     for l in &listen {
         let ctx = accepting();
@@ -142,8 +152,8 @@ pub async fn run(
         let ctx = accepting();
         acceptors.push(tokio::spawn(async move {
             loop {
-                match fabric.accept().await {
-                    Ok(conn) => ctx.start_link(conn),
+                match fabric.accept_incoming().await {
+                    Ok(incoming) => ctx.start_link(incoming),
                     Err(e) => tracing::warn!("fabric accept failed: {e}"),
                 }
             }

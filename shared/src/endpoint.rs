@@ -78,10 +78,28 @@ impl std::fmt::Debug for Listener {
 
 impl Listener {
     pub async fn bind(addr: SocketAddr, transport: Transport) -> Result<Listener, TransportError> {
-        let tcp = if transport == Transport::Rdma {
-            None
-        } else {
-            Some(TcpListener::bind(addr).await?)
+        Listener::bind_as(addr, transport, true).await
+    }
+
+    /// As [`Listener::bind`], but tcp connections come out of
+    /// [`Listener::accept_incoming`] before their preface, to be set up on
+    /// the runtime that serves them ([`tcp::Unestablished`]).
+    pub async fn bind_unestablished(
+        addr: SocketAddr,
+        transport: Transport,
+    ) -> Result<Listener, TransportError> {
+        Listener::bind_as(addr, transport, false).await
+    }
+
+    async fn bind_as(
+        addr: SocketAddr,
+        transport: Transport,
+        establish: bool,
+    ) -> Result<Listener, TransportError> {
+        let tcp = match (transport, establish) {
+            (Transport::Rdma, _) => None,
+            (_, true) => Some(TcpListener::bind(addr).await?),
+            (_, false) => Some(TcpListener::bind_unestablished(addr).await?),
         };
         // RDMA on the same port as tcp, so that one address serves both.
         let port = match &tcp {
@@ -113,17 +131,70 @@ impl Listener {
         self.tcp.is_some()
     }
 
+    /// The next connection, set up (on a listener made with
+    /// [`Listener::bind_unestablished`], here and in turn).
     pub async fn accept(&self) -> Result<Arc<dyn Connection>, TransportError> {
-        let c: Arc<dyn Connection> = match (&self.tcp, &self.rdma) {
-            (Some(t), Some(r)) => tokio::select! {
-                c = t.accept() => Arc::new(c?),
-                c = r.accept() => Arc::new(c?),
-            },
-            (Some(t), None) => Arc::new(t.accept().await?),
-            (None, Some(r)) => Arc::new(r.accept().await?),
-            (None, None) => return Err(TransportError::Invalid("nothing to listen on".into())),
+        self.accept_incoming().await?.establish().await
+    }
+
+    /// The next connection, as the listener hands it out.
+    pub async fn accept_incoming(&self) -> Result<Incoming, TransportError> {
+        let tcp = |a: tcp::Accepted| match a {
+            tcp::Accepted::Ready(c) => Incoming::Ready(Arc::new(c)),
+            tcp::Accepted::Unestablished(u) => Incoming::Tcp(u),
         };
-        Ok(c)
+        Ok(match (&self.tcp, &self.rdma) {
+            (Some(t), Some(r)) => tokio::select! {
+                c = t.accept_any() => tcp(c?),
+                c = r.accept() => Incoming::Ready(Arc::new(c?)),
+            },
+            (Some(t), None) => tcp(t.accept_any().await?),
+            (None, Some(r)) => Incoming::Ready(Arc::new(r.accept().await?)),
+            (None, None) => return Err(TransportError::Invalid("nothing to listen on".into())),
+        })
+    }
+}
+
+/// A connection a [`Listener`] accepted.
+pub enum Incoming {
+    /// Set up, its work on the listener's runtime (rdma_cm, and tcp from
+    /// [`Listener::bind`]).
+    Ready(Arc<dyn Connection>),
+    /// To be set up where it will be served.
+    Tcp(tcp::Unestablished),
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Incoming::Ready(c) => write!(f, "Ready({})", c.peer_name()),
+            Incoming::Tcp(u) => f.debug_tuple("Tcp").field(u).finish(),
+        }
+    }
+}
+
+impl Incoming {
+    /// Whether setting it up on another runtime moves its work there.
+    pub fn can_move(&self) -> bool {
+        matches!(self, Incoming::Tcp(_))
+    }
+
+    /// How logs name the peer.
+    pub fn peer_name(&self) -> String {
+        match self {
+            Incoming::Ready(c) => c.peer_name(),
+            Incoming::Tcp(u) => u
+                .peer()
+                .map_or_else(|| "tcp peer".into(), |a| a.to_string()),
+        }
+    }
+
+    /// The connection, set up on the calling runtime if it was not.
+    pub async fn establish(self) -> Result<Arc<dyn Connection>, TransportError> {
+        match self {
+            Incoming::Ready(c) => Ok(c),
+            Incoming::Tcp(u) => Ok(Arc::new(u.establish().await?)),
+        }
     }
 }
 

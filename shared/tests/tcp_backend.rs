@@ -3,8 +3,12 @@
 
 mod common;
 
+use std::sync::Arc;
+
+use rfabric::link::{Incoming, Link, LinkConfig};
 use rfabric::transport::tcp::{self, FrameHeader, FrameOp, HEADER_LEN, PREFACE, TcpListener};
 use rfabric::transport::{TransportError, closed_reason, completions};
+use rfabric::wire::Role;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -122,4 +126,77 @@ async fn a_silent_peer_does_not_hold_up_the_next_one() {
         .expect("the speaking peer is accepted while the silent one waits");
     assert!(accepted.is_ok(), "{accepted:?}");
     assert!(real.await.unwrap().is_ok());
+}
+
+/// A connection handed out before its preface: refused only when it is
+/// set up (a peer that is not an rfabric one), and once set up on another
+/// thread's runtime, carried from there (its transport's tasks run there,
+/// so a link served there never crosses to the listener's threads).
+#[test]
+fn an_unestablished_connection_is_set_up_where_it_is_served() {
+    let listening = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    listening.block_on(async {
+        let listener = TcpListener::bind_unestablished("127.0.0.1:0")
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accept = || async {
+            match listener.accept_any().await.unwrap() {
+                tcp::Accepted::Unestablished(u) => u,
+                tcp::Accepted::Ready(_) => panic!("set up at accept"),
+            }
+        };
+
+        let mut stranger = TcpStream::connect(addr).await.unwrap();
+        stranger.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let handed = accept().await;
+        assert_eq!(handed.peer(), Some(stranger.local_addr().unwrap()));
+        let err = handed.establish().await.unwrap_err();
+        assert!(
+            matches!(err, TransportError::Protocol(ref t) if t.contains("not an rfabric tcp peer")),
+            "{err}"
+        );
+
+        let client = tokio::spawn(tcp::connect(addr));
+        let handed = accept().await;
+        let here = std::thread::current().id();
+        let serving = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let conn = Arc::new(handed.establish().await.unwrap());
+                let link = Link::establish(conn, LinkConfig::new(Role::Server, 2, 1024))
+                    .await
+                    .unwrap();
+                // Echoes one message, then says goodbye after the client.
+                let Some(Incoming::Message(m)) = link.recv().await.unwrap() else {
+                    panic!("no message");
+                };
+                link.send_message(&m).await.unwrap();
+                while link.recv().await.unwrap().is_some() {}
+                link.finish().await.unwrap();
+                std::thread::current().id()
+            })
+        });
+        let conn = Arc::new(client.await.unwrap().unwrap());
+        let link = Link::establish(conn, LinkConfig::new(Role::Client, 2, 1024))
+            .await
+            .unwrap();
+        link.send_message(b"served elsewhere").await.unwrap();
+        match link.recv().await.unwrap() {
+            Some(Incoming::Message(m)) => assert_eq!(m, b"served elsewhere"),
+            other => panic!("{other:?}"),
+        }
+        link.finish().await.unwrap();
+        let served_on = tokio::task::spawn_blocking(move || serving.join().unwrap())
+            .await
+            .unwrap();
+        assert_ne!(served_on, here);
+    });
 }

@@ -89,7 +89,8 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
                      who reaches it can read and write every export"
                 );
             }
-            let l = Listener::bind(addr, a.transport)
+            // (Tcp connections set up on the thread that serves them.)
+            let l = Listener::bind_unestablished(addr, a.transport)
                 .await
                 .with_context(|| format!("cannot listen on {addr}"))?;
             let over = match (l.has_rdma(), l.has_tcp()) {

@@ -1,13 +1,17 @@
 //! Taking a client: a place among the connections (or a refusal when all
-//! are taken), and a task that serves it, NBD or fabric.
+//! are taken), and a task that serves it, NBD or fabric (a tcp link on
+//! one of the link threads, wholly).
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
+use anyhow::Context;
+use rfabric::endpoint::Incoming;
+use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
 
 use super::FabricGuard;
 use super::connection::{NbdTls, connection};
 use super::link::serve_link;
+use super::link_threads::LinkThreads;
 use super::zero_copy::{FromCache, Load};
 use crate::config::ZeroCopy;
 use crate::export::Export;
@@ -24,21 +28,42 @@ pub(super) struct Accepting {
     /// What NBD clients are offered of TLS.
     pub(super) nbd_tls: NbdTls,
     pub(super) alive: mpsc::Sender<()>,
+    /// Where fabric links that can move are served (with a fabric
+    /// listener).
+    pub(super) link_threads: Option<Arc<LinkThreads>>,
 }
 
 impl Accepting {
-    /// A client of rblock's fabric protocol (`rblock connect`).
-    pub(super) fn start_link(&self, conn: Arc<dyn rfabric::transport::Connection>) {
-        let closer = Arc::clone(&conn);
-        let client = conn.peer_name();
+    /// A client of rblock's fabric protocol (`rblock connect`). A tcp one
+    /// is set up and served on a link thread; an RDMA one, whose work is
+    /// on the listener's runtime already, is served there.
+    pub(super) fn start_link(&self, incoming: Incoming) {
+        let client = incoming.peer_name();
+        let Some(place) = self.place("fabric connection", &client) else {
+            // (A tcp one closes as it is dropped, before its preface.)
+            if let Incoming::Ready(conn) = &incoming {
+                conn.close();
+            }
+            return;
+        };
+        let on = match &self.link_threads {
+            Some(threads) if incoming.can_move() => Some(threads.next().clone()),
+            _ => None,
+        };
         let guard = self.fabric_guard.clone();
-        let who = client.clone();
-        let admitted = self.admit("fabric connection", client, move |exports, shutdown| {
-            serve_link(conn, exports, shutdown, guard, who)
-        });
-        if !admitted {
-            closer.close();
-        }
+        let (exports, shutdown, who) = (
+            Arc::clone(&self.exports),
+            self.shutdown.clone(),
+            client.clone(),
+        );
+        let served = async move {
+            let conn = incoming
+                .establish()
+                .await
+                .context("cannot set up the connection")?;
+            serve_link(conn, exports, shutdown, guard, who).await
+        };
+        self.run("fabric connection", client, place, on, served);
     }
 
     pub(super) fn start(&self, stream: Stream) {
@@ -55,36 +80,52 @@ impl Accepting {
             Stream::Unix(_) => "unix socket".into(),
         };
         let tls = self.nbd_tls.clone();
-        self.admit("connection", client, move |exports, shutdown| {
-            connection(stream, exports, shutdown, from_cache, tls)
-        });
+        let Some(place) = self.place("connection", &client) else {
+            return;
+        };
+        let served = connection(
+            stream,
+            Arc::clone(&self.exports),
+            self.shutdown.clone(),
+            from_cache,
+            tls,
+        );
+        self.run("connection", client, place, None, served);
     }
 
-    /// Serves one `what` (made by `serve`) from `client` (as the logs name
-    /// it) in a task of its own while it holds a place among the
-    /// connections; false when all are taken.
-    fn admit<F>(
+    /// A place among the connections for a `what` from `client` (as the
+    /// logs name it), or None (and a warning) when all are taken.
+    fn place(&self, what: &'static str, client: &str) -> Option<OwnedSemaphorePermit> {
+        let place = Arc::clone(&self.load.slots).try_acquire_owned().ok();
+        if place.is_none() {
+            tracing::warn!(client, "refusing a {what}: too many open");
+        }
+        place
+    }
+
+    /// Serves one `what` in a task of its own (on the runtime `on`, else
+    /// this one) while it holds its `place`.
+    fn run<F>(
         &self,
         what: &'static str,
         client: String,
-        serve: impl FnOnce(Arc<[Export]>, watch::Receiver<bool>) -> F,
-    ) -> bool
-    where
+        place: OwnedSemaphorePermit,
+        on: Option<tokio::runtime::Handle>,
+        served: F,
+    ) where
         F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
     {
-        let Ok(permit) = Arc::clone(&self.load.slots).try_acquire_owned() else {
-            tracing::warn!(client, "refusing a {what}: too many open");
-            return false;
-        };
-        let served = serve(Arc::clone(&self.exports), self.shutdown.clone());
         let alive = self.alive.clone();
-        tokio::spawn(async move {
+        let task = async move {
             if let Err(e) = served.await {
                 tracing::warn!(client, "{what} ended: {e:#}");
             }
-            drop(permit);
+            drop(place);
             drop(alive);
-        });
-        true
+        };
+        match on {
+            Some(runtime) => drop(runtime.spawn(task)),
+            None => drop(tokio::spawn(task)),
+        }
     }
 }

@@ -67,8 +67,57 @@ const RNR_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 #[derive(Debug)]
 pub struct TcpListener {
     local: SocketAddr,
-    ready: tokio::sync::Mutex<mpsc::Receiver<Result<TcpConnection, TransportError>>>,
+    ready: tokio::sync::Mutex<mpsc::Receiver<Result<Accepted, TransportError>>>,
     acceptor: tokio::task::JoinHandle<()>,
+}
+
+/// What a [`TcpListener`] hands out.
+#[derive(Debug)]
+pub enum Accepted {
+    /// Its preface exchanged, its tasks running (on the listener's runtime).
+    Ready(TcpConnection),
+    /// Not set up yet (a listener made with
+    /// [`TcpListener::bind_unestablished`]).
+    Unestablished(Unestablished),
+}
+
+/// A tcp connection accepted but not set up: [`Unestablished::establish`]
+/// exchanges its preface and starts the tasks that carry it on the runtime
+/// it is called on. A server that serves each connection on one thread
+/// sets it up there, so that none of the connection's work crosses to
+/// another thread (each cross-thread wake-up costs more than a small
+/// request's whole service).
+#[derive(Debug)]
+pub struct Unestablished {
+    stream: std::net::TcpStream,
+    peer: Option<SocketAddr>,
+}
+
+impl Unestablished {
+    /// The peer's address, for logs.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    /// Exchanges the preface (within [`PREFACE_TIME`]) and starts the
+    /// connection's tasks on the calling runtime.
+    pub async fn establish(self) -> Result<TcpConnection, TransportError> {
+        let stream = TcpStream::from_std(self.stream)?;
+        within_preface_time(TcpConnection::establish(stream, DEFAULT_LIMITS)).await
+    }
+}
+
+/// `setup`, given up when the peer sends no preface within [`PREFACE_TIME`].
+async fn within_preface_time(
+    setup: impl std::future::Future<Output = Result<TcpConnection, TransportError>>,
+) -> Result<TcpConnection, TransportError> {
+    tokio::time::timeout(PREFACE_TIME, setup)
+        .await
+        .unwrap_or_else(|_| {
+            Err(TransportError::Protocol(format!(
+                "no rfabric preface from the peer within {PREFACE_TIME:?}"
+            )))
+        })
 }
 
 /// A connecting peer has this long to send its preface.
@@ -77,11 +126,28 @@ pub const PREFACE_TIME: std::time::Duration = std::time::Duration::from_secs(10)
 const MAX_HANDSHAKES: usize = 1024;
 
 impl TcpListener {
+    /// Hands out connections set up (preface exchanged, tasks running).
     pub async fn bind(addr: impl ToSocketAddrs) -> Result<TcpListener, TransportError> {
+        TcpListener::bind_as(addr, true).await
+    }
+
+    /// Hands out connections before their preface, to be set up where they
+    /// will be served ([`Unestablished`]). Nothing bounds how many are
+    /// handed out: the caller bounds what it serves.
+    pub async fn bind_unestablished(
+        addr: impl ToSocketAddrs,
+    ) -> Result<TcpListener, TransportError> {
+        TcpListener::bind_as(addr, false).await
+    }
+
+    async fn bind_as(
+        addr: impl ToSocketAddrs,
+        establish: bool,
+    ) -> Result<TcpListener, TransportError> {
         let inner = tokio::net::TcpListener::bind(addr).await?;
         let local = inner.local_addr()?;
         let (tx, rx) = mpsc::channel(64);
-        let acceptor = tokio::spawn(accept_loop(inner, tx));
+        let acceptor = tokio::spawn(accept_loop(inner, tx, establish));
         Ok(TcpListener {
             local,
             ready: tokio::sync::Mutex::new(rx),
@@ -94,8 +160,17 @@ impl TcpListener {
     }
 
     /// The next connection whose preface has been exchanged (or why one
-    /// failed to get there).
+    /// failed to get there). On a listener made with
+    /// [`TcpListener::bind_unestablished`] it is set up here, in turn.
     pub async fn accept(&self) -> Result<TcpConnection, TransportError> {
+        match self.accept_any().await? {
+            Accepted::Ready(c) => Ok(c),
+            Accepted::Unestablished(u) => u.establish().await,
+        }
+    }
+
+    /// The next connection, set up or not as the listener was made.
+    pub async fn accept_any(&self) -> Result<Accepted, TransportError> {
         self.ready
             .lock()
             .await
@@ -111,10 +186,12 @@ impl Drop for TcpListener {
     }
 }
 
-/// Accepts connections and exchanges each preface in a task of its own.
+/// Accepts connections and exchanges each preface in a task of its own
+/// (or, unless `establish`, hands each over as it comes).
 async fn accept_loop(
     inner: tokio::net::TcpListener,
-    ready: mpsc::Sender<Result<TcpConnection, TransportError>>,
+    ready: mpsc::Sender<Result<Accepted, TransportError>>,
+    establish: bool,
 ) {
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     loop {
@@ -127,24 +204,27 @@ async fn accept_loop(
                 continue;
             }
         };
+        if !establish {
+            let peer = stream.peer_addr().ok();
+            // (Out of this runtime's reactor: the one that sets it up
+            // registers it.)
+            let handed = stream
+                .into_std()
+                .map(|stream| Accepted::Unestablished(Unestablished { stream, peer }));
+            if ready.send(handed.map_err(Into::into)).await.is_err() {
+                return;
+            }
+            continue;
+        }
         let Ok(permit) = Arc::clone(&handshakes).try_acquire_owned() else {
             // Too many peers that have not said hello yet: this one goes.
             continue;
         };
         let ready = ready.clone();
         tokio::spawn(async move {
-            let r = tokio::time::timeout(
-                PREFACE_TIME,
-                TcpConnection::establish(stream, DEFAULT_LIMITS),
-            )
-            .await
-            .unwrap_or_else(|_| {
-                Err(TransportError::Protocol(format!(
-                    "no rfabric preface from the peer within {PREFACE_TIME:?}"
-                )))
-            });
+            let r = within_preface_time(TcpConnection::establish(stream, DEFAULT_LIMITS)).await;
             drop(permit);
-            let _ = ready.send(r).await;
+            let _ = ready.send(r.map(Accepted::Ready)).await;
         });
     }
 }
