@@ -851,9 +851,6 @@ impl Base {
                 // one had the lock: start over with what is there now.
                 continue;
             }
-            if !incoming.fresh && !resume {
-                rustix::fs::ftruncate(&incoming.fd, 0)?;
-            }
             if FileType::from_raw_mode(rustix::fs::fstat(&incoming.fd)?.st_mode)
                 != FileType::RegularFile
             {
@@ -861,6 +858,9 @@ impl Base {
                     "{} is in the way and not a regular file",
                     temp.to_string_lossy()
                 );
+            }
+            if !incoming.fresh && !resume {
+                rustix::fs::ftruncate(&incoming.fd, 0)?;
             }
             incoming.name = name;
             if resume && rustix::fs::fstat(&incoming.fd)?.st_size == 0 {
@@ -1299,6 +1299,7 @@ mod tests {
     /// or writes into the other's.
     #[test]
     fn a_temporary_file_belongs_to_one_copy_at_a_time() {
+        use std::os::unix::fs::FileTypeExt;
         let scratch = test_support::Scratch::new("rcp-part-lock");
         let base = || Base::new(open_root(scratch.dir()).unwrap(), None);
         let (old, new) = (base(), base());
@@ -1363,6 +1364,30 @@ mod tests {
             .unwrap();
         assert_eq!(std::fs::read(scratch.path("f")).unwrap(), b"again");
         assert!(!temp.exists());
+
+        // Something else under the temporary name is named, and left.
+        let fifo = scratch.path(".rcp-f.part");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        for resume in [false, true] {
+            let err = old.create_file(&e, resume).unwrap_err().to_string();
+            assert!(
+                err.contains("is in the way and not a regular file"),
+                "{err}"
+            );
+        }
+        assert!(
+            std::fs::symlink_metadata(&fifo)
+                .unwrap()
+                .file_type()
+                .is_fifo()
+        );
     }
 
     #[test]
