@@ -846,14 +846,12 @@ impl Base {
             else {
                 return Ok(Opened::Busy);
             };
-            if !still_named(&parent, &temp, &incoming.fd)? {
+            let Some(held) = still_named(&parent, &temp, &incoming.fd)? else {
                 // The copy that held it renamed or removed it before this
                 // one had the lock: start over with what is there now.
                 continue;
-            }
-            if FileType::from_raw_mode(rustix::fs::fstat(&incoming.fd)?.st_mode)
-                != FileType::RegularFile
-            {
+            };
+            if FileType::from_raw_mode(held.st_mode) != FileType::RegularFile {
                 bail!(
                     "{} is in the way and not a regular file",
                     temp.to_string_lossy()
@@ -863,7 +861,7 @@ impl Base {
                 rustix::fs::ftruncate(&incoming.fd, 0)?;
             }
             incoming.name = name;
-            if resume && rustix::fs::fstat(&incoming.fd)?.st_size == 0 {
+            if resume && held.st_size == 0 {
                 incoming.start_from_final()?;
             }
             return Ok(Opened::Ready(incoming));
@@ -928,12 +926,17 @@ fn open_part(
     }))
 }
 
-/// Whether `temp` in `parent` is still the file open as `fd`.
-fn still_named(parent: &DestDir, temp: &CString, fd: &OwnedFd) -> anyhow::Result<bool> {
+/// The status of the file open as `fd` if `temp` in `parent` still names
+/// it (else `None`).
+fn still_named(
+    parent: &DestDir,
+    temp: &CString,
+    fd: &OwnedFd,
+) -> anyhow::Result<Option<rustix::fs::Stat>> {
     let held = rustix::fs::fstat(fd)?;
     match rustix::fs::statat(parent, temp.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(st) => Ok(st.st_dev == held.st_dev && st.st_ino == held.st_ino),
-        Err(rustix::io::Errno::NOENT) => Ok(false),
+        Ok(st) => Ok(((st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)).then_some(held)),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
         Err(err) => Err(err.into()),
     }
 }
