@@ -103,21 +103,26 @@ impl Unestablished {
     /// connection's tasks on the calling runtime.
     pub async fn establish(self) -> Result<TcpConnection, TransportError> {
         let stream = TcpStream::from_std(self.stream)?;
-        within_preface_time(TcpConnection::establish(stream, DEFAULT_LIMITS)).await
+        establish_within(stream, "no rfabric preface from the peer").await
     }
 }
 
-/// `setup`, given up when the peer sends no preface within [`PREFACE_TIME`].
-async fn within_preface_time(
-    setup: impl std::future::Future<Output = Result<TcpConnection, TransportError>>,
+/// [`TcpConnection::establish`] with the default limits, given up when
+/// the peer sends no preface within [`PREFACE_TIME`] (`silent` says so).
+async fn establish_within(
+    stream: TcpStream,
+    silent: &str,
 ) -> Result<TcpConnection, TransportError> {
-    tokio::time::timeout(PREFACE_TIME, setup)
-        .await
-        .unwrap_or_else(|_| {
-            Err(TransportError::Protocol(format!(
-                "no rfabric preface from the peer within {PREFACE_TIME:?}"
-            )))
-        })
+    tokio::time::timeout(
+        PREFACE_TIME,
+        TcpConnection::establish(stream, DEFAULT_LIMITS),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(TransportError::Protocol(format!(
+            "{silent} within {PREFACE_TIME:?}"
+        )))
+    })
 }
 
 /// A connecting peer has this long to send its preface.
@@ -222,7 +227,7 @@ async fn accept_loop(
         };
         let ready = ready.clone();
         tokio::spawn(async move {
-            let r = within_preface_time(TcpConnection::establish(stream, DEFAULT_LIMITS)).await;
+            let r = establish_within(stream, "no rfabric preface from the peer").await;
             drop(permit);
             let _ = ready.send(r.map(Accepted::Ready)).await;
         });
@@ -234,17 +239,11 @@ async fn accept_loop(
 /// [`PREFACE_TIME`] is given up on.
 pub async fn connect(addr: impl ToSocketAddrs) -> Result<TcpConnection, TransportError> {
     let stream = TcpStream::connect(addr).await?;
-    tokio::time::timeout(
-        PREFACE_TIME,
-        TcpConnection::establish(stream, DEFAULT_LIMITS),
+    establish_within(
+        stream,
+        "the peer accepted the connection but sent no rfabric preface",
     )
     .await
-    .unwrap_or_else(|_| {
-        Err(TransportError::Protocol(format!(
-            "the peer accepted the connection but sent no rfabric preface within \
-                 {PREFACE_TIME:?}"
-        )))
-    })
 }
 
 /// One tcp-backend connection. Dropping it closes the connection.
