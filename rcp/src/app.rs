@@ -14,6 +14,7 @@ use anyhow::{Context, bail};
 use rfabric::endpoint::{self, Listener, Transport};
 use rfabric::link::seal::EncryptChoice;
 
+use crate::broadcast::{self, Broadcast, Via};
 use crate::cli::{Cli, Cmd, CopyArgs, RuleArg};
 use crate::exit::Exit;
 use crate::filter::{self, Filter, RuleText};
@@ -57,6 +58,8 @@ pub enum Plan<'a> {
         remote: &'a Operand,
         request: Request,
     },
+    /// Local sources to every node of a host list.
+    Broadcast(Broadcast),
 }
 
 /// The copies [`plan`] refuses.
@@ -66,14 +69,39 @@ pub enum PlanError {
     MixedHosts,
     #[error("copies between two remote places are not supported: one side must be local")]
     NoLocalSide,
+    #[error("a host list names several nodes: it can only be a destination (a broadcast)")]
+    ListedSource,
 }
 
 /// Push, pull or local: the destination is remote and every source local
 /// (push), or the destination is local and the sources all local (local
 /// copy) or all remote on one host (pull). Anything else is refused.
 pub fn plan<'a>(sources: &'a [Operand], dest: &'a Operand) -> Result<Plan<'a>, PlanError> {
+    if sources
+        .iter()
+        .any(|s| matches!(s, Operand::Broadcast { .. }))
+    {
+        return Err(PlanError::ListedSource);
+    }
     let remote_sources = sources.iter().filter(|s| !s.is_local()).count();
     match (dest, remote_sources) {
+        (
+            Operand::Broadcast {
+                user,
+                hosts,
+                port,
+                path,
+            },
+            0,
+        ) => Ok(Plan::Broadcast(Broadcast {
+            sources: local_paths(sources),
+            nodes: hosts.clone(),
+            via: match port {
+                Some(port) => Via::Daemon { port: *port },
+                None => Via::Shell { user: user.clone() },
+            },
+            dest: path.as_bytes().to_vec(),
+        })),
         (Operand::Local(dest), 0) => Ok(Plan::Local {
             sources: local_paths(sources),
             dest: dest.clone(),
@@ -97,6 +125,7 @@ pub fn plan<'a>(sources: &'a [Operand], dest: &'a Operand) -> Result<Plan<'a>, P
             request: Request::Push {
                 sources: local_paths(sources),
                 dest: remote_path(remote),
+                chain: None,
             },
         }),
         _ => Err(PlanError::NoLocalSide),
@@ -145,11 +174,25 @@ fn list_of(file: &Path, from0: bool) -> anyhow::Result<Vec<Vec<u8>>> {
 /// failed on the way is in the report; an error is a copy that could not
 /// run at all.
 pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
-    let operands = a
+    let mut operands = a
         .operands
         .iter()
         .map(|s| Operand::parse(s))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    if let Some(hosts) = listed_nodes(&a)? {
+        let last = a.operands.last().expect("clap asks for two or more");
+        let Some(path) = last.strip_prefix(':') else {
+            bail!(
+                "with --hosts or --slurm the destination is :PATH (the path on every node), not {last:?}"
+            );
+        };
+        *operands.last_mut().expect("two or more") = Operand::Broadcast {
+            user: None,
+            hosts,
+            port: None,
+            path: if path.is_empty() { "." } else { path }.into(),
+        };
+    }
     let (dest, sources) = operands.split_last().expect("clap asks for two or more");
     let engine = io_engine(&a.tuning, "rcp")?;
     let p = Params {
@@ -168,13 +211,70 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         digest: a.digest.resolve(crate::digest::fips_mode())?,
         ..params(&a.tuning, engine, a.recursive(), a.preserve(), !a.no_verify)
     };
+    let plan = plan(sources, dest)?;
+    let p = match &plan {
+        Plan::Broadcast(_) => broadcast_params(&a, p)?,
+        _ => p,
+    };
     let progress = Progress::new(!a.quiet && !a.json);
-    let report = match plan(sources, dest)? {
+    let report = match plan {
+        Plan::Broadcast(b) => broadcast::run(b, &a, p, &progress).await?,
         Plan::Local { sources, dest } => local_copy(sources, &dest, p, &progress).await?,
         Plan::Remote { remote, request } => remote_copy(remote, request, &a, p, &progress).await?,
     };
     progress.finish();
     Ok(report)
+}
+
+/// The nodes `--hosts FILE` or `--slurm` name, if either is given.
+fn listed_nodes(a: &CopyArgs) -> anyhow::Result<Option<Vec<String>>> {
+    if let Some(file) = &a.hosts {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read --hosts {}", file.display()))?;
+        let hosts =
+            broadcast::hosts_file(&text).with_context(|| format!("--hosts {}", file.display()))?;
+        return Ok(Some(hosts));
+    }
+    if a.slurm {
+        let list = std::env::var("SLURM_JOB_NODELIST")
+            .or_else(|_| std::env::var("SLURM_NODELIST"))
+            .context("--slurm: SLURM_JOB_NODELIST is not set (run it inside a Slurm allocation)")?;
+        let hosts = crate::hostlist::expand(&list)
+            .with_context(|| format!("--slurm: SLURM_JOB_NODELIST={list:?}"))?;
+        return Ok(Some(hosts));
+    }
+    Ok(None)
+}
+
+/// A broadcast's parameters: every node gets every file (what each has
+/// already is not asked: the chain carries one stream of data for all),
+/// and the options that depend on one receiver's answers are refused.
+fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
+    let refused = [
+        (a.resume, "--resume"),
+        (a.checksum, "--checksum"),
+        (a.size_only, "--size-only"),
+        (a.ignore_existing, "--ignore-existing"),
+        (a.update, "--update"),
+        (a.delete, "--delete"),
+        (a.dry_run, "--dry-run"),
+        (a.itemize_changes, "--itemize-changes"),
+        (a.files_from.is_some(), "--files-from"),
+    ];
+    if let Some((_, flag)) = refused.iter().find(|(on, _)| *on) {
+        bail!(
+            "{flag} is not supported with a broadcast yet: every node gets every file \
+             (its answers would differ from node to node)"
+        );
+    }
+    Ok(Params {
+        policy: crate::resync::Policy {
+            check: crate::resync::Check::Never,
+            ignore_existing: false,
+            update: false,
+        },
+        ..p
+    })
 }
 
 /// Two remote operands name the same place: the same login for a remote
@@ -198,7 +298,7 @@ fn same_remote(a: &Operand, b: &Operand) -> bool {
 fn remote_path(o: &Operand) -> Vec<u8> {
     match o {
         Operand::Shell { path, .. } | Operand::Daemon { path, .. } => path.as_bytes().to_vec(),
-        Operand::Local(_) => unreachable!("remote operand"),
+        Operand::Local(_) | Operand::Broadcast { .. } => unreachable!("one remote place"),
     }
 }
 
@@ -248,7 +348,7 @@ async fn remote_copy(
             }
             Ok(report)
         }
-        Operand::Local(_) => unreachable!("remote operand"),
+        Operand::Local(_) | Operand::Broadcast { .. } => unreachable!("one remote place"),
     }
 }
 
@@ -288,6 +388,7 @@ async fn local_copy(
     let request = Request::Push {
         sources,
         dest: dest.as_os_str().as_encoded_bytes().to_vec(),
+        chain: None,
     };
     let report = session::client(target, &secret, request, p, progress).await;
     let served = server.await?;
@@ -330,7 +431,7 @@ mod tests {
         match plan(sources, dest).unwrap() {
             Plan::Remote {
                 remote,
-                request: Request::Push { sources, dest },
+                request: Request::Push { sources, dest, .. },
             } => {
                 assert_eq!(remote, &operands[2]);
                 assert_eq!(sources, [PathBuf::from("a"), PathBuf::from("b")]);

@@ -223,6 +223,21 @@ pub struct CopyArgs {
     /// Remote shell for host:path operands.
     #[arg(long, default_value = "ssh", value_name = "CMD")]
     pub rsh: String,
+    /// Broadcast to the hosts listed in FILE (one a line, each may be a
+    /// host list such as node[01-16]; # starts a comment); the destination
+    /// is then :PATH, the path on every node.
+    #[arg(long, value_name = "FILE", conflicts_with = "slurm")]
+    pub hosts: Option<PathBuf>,
+    /// Broadcast to the nodes of the current Slurm allocation
+    /// (SLURM_JOB_NODELIST, read here: no scontrol needed); the
+    /// destination is then :PATH.
+    #[arg(long)]
+    pub slurm: bool,
+    /// A broadcast starts rcp on at most N nodes at once through --rsh
+    /// (a thousand nodes are not a thousand ssh sessions at once).
+    #[arg(long, default_value_t = 32, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub fanout_bootstrap: u32,
     /// Shared secret for rcp:// operands (a file readable only by you).
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,

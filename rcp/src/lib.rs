@@ -35,6 +35,8 @@
 pub mod app;
 pub mod archive;
 pub mod arrivals;
+pub mod broadcast;
+pub mod chain;
 pub mod cli;
 pub mod connect;
 pub mod daemon;
@@ -43,6 +45,7 @@ pub mod digest;
 pub mod existing;
 pub mod exit;
 pub mod filter;
+pub mod hostlist;
 pub mod listed;
 pub mod operand;
 pub mod proto;

@@ -1,9 +1,14 @@
 //! Where an operand points: a local path, `[user@]host:path` (through a
-//! remote shell, as scp), or `rcp://host[:port]/path` (a running daemon).
+//! remote shell, as scp), or `rcp://host[:port]/path` (a running daemon);
+//! with a host list in Slurm's syntax for the host
+//! (`'node[01-16]:/scratch'`, `rcp://n[1-4]/data`), a broadcast to every
+//! node of it.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
+
+use crate::hostlist;
 
 /// The daemon's port when an `rcp://` operand names none.
 pub const DEFAULT_PORT: u16 = 7470;
@@ -22,6 +27,15 @@ pub enum Operand {
         port: u16,
         path: String,
     },
+    /// The same `path` on every one of `hosts`, through the remote shell
+    /// (as `user@host` when a user is given) or, with `port`, their
+    /// daemons.
+    Broadcast {
+        user: Option<String>,
+        hosts: Vec<String>,
+        port: Option<u16>,
+        path: String,
+    },
 }
 
 impl Operand {
@@ -34,6 +48,14 @@ impl Operand {
             if host.is_empty() {
                 bail!("{s}: no host");
             }
+            if hostlist::is_hostlist(&host) {
+                return Ok(Operand::Broadcast {
+                    user: None,
+                    hosts: hostlist::expand(&host).with_context(|| s.to_string())?,
+                    port: Some(port.unwrap_or(DEFAULT_PORT)),
+                    path: format!("/{path}"),
+                });
+            }
             return Ok(Operand::Daemon {
                 host,
                 port: port.unwrap_or(DEFAULT_PORT),
@@ -45,6 +67,19 @@ impl Operand {
             && !login.contains('/')
             && !login.is_empty()
         {
+            let path = if path.is_empty() { "." } else { path };
+            let (user, list) = match login.rsplit_once('@') {
+                Some((u, l)) => (Some(u.to_string()), l),
+                None => (None, login),
+            };
+            if hostlist::is_hostlist(list) {
+                return Ok(Operand::Broadcast {
+                    user,
+                    hosts: hostlist::expand(list).with_context(|| s.to_string())?,
+                    port: None,
+                    path: path.into(),
+                });
+            }
             let host = login.rsplit('@').next().unwrap_or(login).to_string();
             let host = host
                 .trim_start_matches('[')
@@ -56,11 +91,7 @@ impl Operand {
             return Ok(Operand::Shell {
                 login: login.to_string(),
                 host,
-                path: if path.is_empty() {
-                    ".".into()
-                } else {
-                    path.into()
-                },
+                path: path.into(),
             });
         }
         if s.is_empty() {
@@ -137,6 +168,44 @@ mod tests {
                 path: "/x".into()
             }
         );
+        assert_eq!(
+            Operand::parse("me@node[01-03]:/scratch/").unwrap(),
+            Operand::Broadcast {
+                user: Some("me".into()),
+                hosts: vec!["node01".into(), "node02".into(), "node03".into()],
+                port: None,
+                path: "/scratch/".into()
+            }
+        );
+        assert_eq!(
+            Operand::parse("a,b:").unwrap(),
+            Operand::Broadcast {
+                user: None,
+                hosts: vec!["a".into(), "b".into()],
+                port: None,
+                path: ".".into()
+            }
+        );
+        assert_eq!(
+            Operand::parse("rcp://n[1-2]:9000/d").unwrap(),
+            Operand::Broadcast {
+                user: None,
+                hosts: vec!["n1".into(), "n2".into()],
+                port: Some(9000),
+                path: "/d".into()
+            }
+        );
+        assert_eq!(
+            Operand::parse("rcp://n[1-2]/d").unwrap(),
+            Operand::Broadcast {
+                user: None,
+                hosts: vec!["n1".into(), "n2".into()],
+                port: Some(DEFAULT_PORT),
+                path: "/d".into()
+            }
+        );
+        let e = Operand::parse("node[3-1]:/x").unwrap_err();
+        assert!(format!("{e:#}").contains("goes down"), "{e:#}");
         assert!(Operand::parse("rcp://h").is_err());
         assert!(Operand::parse("rcp://h:x/p").is_err());
         assert!(Operand::parse("").is_err());

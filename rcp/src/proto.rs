@@ -70,6 +70,12 @@ pub mod flags {
     /// in it are sent (a pull's follow the request in `Names` messages);
     /// the destination is a directory, made if missing.
     pub const FILES_FROM: u32 = 1 << 20;
+    /// A broadcast hop (see `chain`): `Chain` messages follow the request
+    /// (and its rules), naming the nodes after this one; the receiver
+    /// forwards everything it is sent to the first of them, and before
+    /// its goodbye answers a `NodeDone` for itself and for each node
+    /// beyond it.
+    pub const CHAIN: u32 = 1 << 21;
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
         | RESUME
@@ -81,7 +87,8 @@ pub mod flags {
         | FILTERS
         | DRY_RUN
         | ITEMIZE
-        | FILES_FROM;
+        | FILES_FROM
+        | CHAIN;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -328,10 +335,56 @@ pub enum Msg {
         names: Vec<Vec<u8>>,
         more: bool,
     },
+    /// Sender → receiver, after a request with the `CHAIN` flag (and its
+    /// rules): the broadcast's nodes from the receiver on, in chain order
+    /// (the receiver first, under the name it reports itself by);
+    /// `more`: another `Chain` follows.
+    Chain {
+        hops: Vec<Hop>,
+        more: bool,
+    },
+    /// Receiver → sender, a broadcast's: how one node's copy ended (the
+    /// receiver's own, then those it heard from the nodes after it).
+    NodeDone(NodeResult),
 }
 
 /// The most names one `Names` message holds.
 pub const MAX_NAMES: usize = 4096;
+/// The most hops one `Chain` message holds (each at most about 700
+/// bytes: several messages carry a long chain).
+pub const MAX_HOPS: usize = 16;
+/// The longest one-time token a hop carries.
+pub const MAX_TOKEN: usize = 256;
+
+/// One node of a broadcast chain, as the node before it reaches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hop {
+    /// The node as the user named it (for the report).
+    pub name: String,
+    /// Where the node before it connects (resolved there).
+    pub host: String,
+    pub port: u16,
+    /// The node's one-time token (remote-shell mode); empty: the node is
+    /// a daemon holding the same shared secret as the one before it.
+    pub token: Vec<u8>,
+}
+
+/// One node's end of a broadcast.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NodeResult {
+    pub name: String,
+    /// Every entry arrived there, verified.
+    pub ok: bool,
+    pub files: u64,
+    pub bytes: u64,
+    /// From the node's session start to its end.
+    pub micros: u64,
+    /// Entries that failed there.
+    pub failed: u32,
+    /// Why, in words: the first failure, or what ended the node's copy
+    /// (empty when `ok`).
+    pub reason: String,
+}
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum ProtoError {
@@ -347,7 +400,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 24] = [
+const TAGS: [&str; 26] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -372,6 +425,8 @@ const TAGS: [&str; 24] = [
     "Batch",
     "Itemized",
     "Names",
+    "Chain",
+    "NodeDone",
 ];
 
 impl Msg {
@@ -401,6 +456,8 @@ impl Msg {
             Msg::Batch { .. } => 22,
             Msg::Itemized { .. } => 23,
             Msg::Names { .. } => 24,
+            Msg::Chain { .. } => 25,
+            Msg::NodeDone(_) => 26,
         }
     }
 
@@ -558,6 +615,25 @@ impl Msg {
                     w.push(u8::from(r.include));
                     put_bytes(&mut w, &r.pattern);
                 }
+            }
+            Msg::Chain { hops, more } => {
+                w.push(u8::from(*more));
+                w.extend_from_slice(&(hops.len() as u16).to_le_bytes());
+                for h in hops {
+                    put_bytes(&mut w, h.name.as_bytes());
+                    put_bytes(&mut w, h.host.as_bytes());
+                    w.extend_from_slice(&h.port.to_le_bytes());
+                    put_bytes(&mut w, &h.token);
+                }
+            }
+            Msg::NodeDone(n) => {
+                put_bytes(&mut w, n.name.as_bytes());
+                w.push(u8::from(n.ok));
+                w.extend_from_slice(&n.files.to_le_bytes());
+                w.extend_from_slice(&n.bytes.to_le_bytes());
+                w.extend_from_slice(&n.micros.to_le_bytes());
+                put_u32(&mut w, n.failed);
+                put_bytes(&mut w, truncate(&n.reason).as_bytes());
             }
         }
         w
@@ -748,6 +824,39 @@ impl Msg {
                 }
                 Msg::Join { session, stream }
             }
+            25 => {
+                let more = r.flag("chain.more")?;
+                let n = u16::from_le_bytes(r.array()?) as usize;
+                if n > MAX_HOPS {
+                    return Err(ProtoError::BadField("chain.count"));
+                }
+                let mut hops = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let name = r.name("chain.name")?;
+                    let host = r.name("chain.host")?;
+                    let port = u16::from_le_bytes(r.array()?);
+                    let token = r.bytes(MAX_TOKEN, "chain.token")?;
+                    if port == 0 {
+                        return Err(ProtoError::BadField("chain.port"));
+                    }
+                    hops.push(Hop {
+                        name,
+                        host,
+                        port,
+                        token,
+                    });
+                }
+                Msg::Chain { hops, more }
+            }
+            26 => Msg::NodeDone(NodeResult {
+                name: r.name("node_done.name")?,
+                ok: r.flag("node_done.ok")?,
+                files: r.u64()?,
+                bytes: r.u64()?,
+                micros: r.u64()?,
+                failed: r.u32()?,
+                reason: r.text()?,
+            }),
             other => return Err(ProtoError::UnknownTag(other)),
         };
         if !r.0.is_empty() {
@@ -950,6 +1059,14 @@ impl<'a> Reader<'a> {
         let b = self.bytes(MAX_TEXT, "text")?;
         String::from_utf8(b).map_err(|_| ProtoError::BadText)
     }
+    /// A host or node name: 1..=255 bytes of UTF-8.
+    fn name(&mut self, field: &'static str) -> Result<String, ProtoError> {
+        let b = self.bytes(crate::hostlist::MAX_NAME, field)?;
+        if b.is_empty() {
+            return Err(ProtoError::BadField(field));
+        }
+        String::from_utf8(b).map_err(|_| ProtoError::BadText)
+    }
 }
 
 #[cfg(test)]
@@ -1150,7 +1267,72 @@ mod tests {
                 names: vec![b"a".to_vec(), b"a/b c".to_vec()],
                 more: true,
             },
+            Msg::Chain {
+                hops: vec![
+                    Hop {
+                        name: "node02".into(),
+                        host: "10.0.0.2".into(),
+                        port: 40_001,
+                        token: b"t0k3n".to_vec(),
+                    },
+                    Hop {
+                        name: "node03".into(),
+                        host: "node03".into(),
+                        port: 7470,
+                        token: vec![],
+                    },
+                ],
+                more: false,
+            },
+            Msg::NodeDone(NodeResult {
+                name: "node02".into(),
+                ok: false,
+                files: 3,
+                bytes: 1 << 33,
+                micros: 1_234_567,
+                failed: 1,
+                reason: "big: No space left on device".into(),
+            }),
         ]
+    }
+
+    #[test]
+    fn chain_fields_are_checked() {
+        let hop = |name: &str, port: u16, token: usize| Hop {
+            name: name.into(),
+            host: "h".into(),
+            port,
+            token: vec![b'x'; token],
+        };
+        let chain = |hops| Msg::decode(&Msg::Chain { hops, more: false }.encode());
+        assert!(chain(vec![hop("a", 1, MAX_TOKEN)]).is_ok());
+        assert!(chain(vec![]).is_ok());
+        assert_eq!(
+            chain(vec![hop("a", 1, 0); MAX_HOPS + 1]),
+            Err(ProtoError::BadField("chain.count"))
+        );
+        assert_eq!(
+            chain(vec![hop("a", 0, 0)]),
+            Err(ProtoError::BadField("chain.port"))
+        );
+        assert_eq!(
+            chain(vec![hop("", 1, 0)]),
+            Err(ProtoError::BadField("chain.name"))
+        );
+        assert_eq!(
+            chain(vec![hop("a", 1, MAX_TOKEN + 1)]),
+            Err(ProtoError::BadField("chain.token"))
+        );
+        let mut bad_more = Msg::Chain {
+            hops: vec![hop("a", 1, 0)],
+            more: false,
+        }
+        .encode();
+        bad_more[1] = 2;
+        assert_eq!(
+            Msg::decode(&bad_more),
+            Err(ProtoError::BadField("chain.more"))
+        );
     }
 
     #[test]
@@ -1253,7 +1435,7 @@ mod tests {
             .encode()
         };
         assert_eq!(
-            Msg::decode(&push(1 << 21, 1)),
+            Msg::decode(&push(1 << 22, 1)),
             Err(ProtoError::BadField("flags"))
         );
         // One way of comparing files at a time.

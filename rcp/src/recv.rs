@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::archive::{Keep, Powers, Xattr, XattrInbox};
 use crate::arrivals::{Action, Arrivals, Place, Shape};
+use crate::chain::Relay;
 use crate::delete;
 use crate::digest::{self, Algorithm};
 use crate::existing;
@@ -149,6 +150,7 @@ pub async fn receive(
     opts: RecvOptions,
     filter: &Filter,
     progress: &Progress,
+    mut relay: Option<&mut Relay>,
 ) -> anyhow::Result<Received> {
     let link = &links[0];
     let engine = Engine::start(opts.engine, None)
@@ -193,6 +195,11 @@ pub async fn receive(
             let gone = || PeerLost("the sender went away before it was done".into());
             let (stream, item) = incoming.next().await.ok_or_else(gone)?;
             let item = item?.ok_or_else(gone)?;
+            // A broadcast node hands everything on before it works on it:
+            // the next node is a chunk behind, not a file.
+            if let Some(relay) = relay.as_deref_mut() {
+                relay.forward(&item).await;
+            }
             let actions = match item {
                 LinkIncoming::Chunk(chunk) => {
                     let h = chunk.header();

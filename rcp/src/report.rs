@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::digest::{self, Algorithm};
 use crate::exit::Exit;
-use crate::proto::FailKind;
+use crate::proto::{FailKind, NodeResult};
 
 /// Totals of one copy.
 #[derive(Debug, Default, Clone)]
@@ -47,6 +47,27 @@ pub struct Report {
     pub digest: Option<[u8; 32]>,
     /// Entries that failed.
     pub failed: Vec<Failure>,
+    /// A broadcast's: every node's end, in the order the user named them
+    /// (empty for any other copy).
+    pub nodes: Vec<NodeResult>,
+}
+
+impl Report {
+    /// A copy that sent nothing (a broadcast none of whose nodes started).
+    pub fn nothing(io_engine: Kind) -> Report {
+        Report {
+            stats: Stats::default(),
+            seconds: 0.0,
+            transport: "none",
+            protection: Protection::Authenticate,
+            io_engine,
+            streams: 0,
+            algorithm: None,
+            digest: None,
+            failed: Vec::new(),
+            nodes: Vec::new(),
+        }
+    }
 }
 
 /// Files and bytes so far, shown as a line on stderr when it is a
@@ -173,6 +194,9 @@ pub struct Summary {
     pub encrypted: bool,
     pub files: u64,
     pub io_engine: &'static str,
+    /// A broadcast's nodes, in the order named: each node's own end.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeSummary>,
     pub ok: bool,
     pub seconds: f64,
     /// The digest of the one file copied, only when it was verified and
@@ -205,6 +229,7 @@ impl Summary {
             encrypted: r.protection == Protection::Encrypt,
             files: r.stats.files,
             io_engine: r.io_engine.name(),
+            nodes: r.nodes.iter().map(NodeSummary::of).collect(),
             ok,
             seconds: r.seconds,
             sha256: shown(Algorithm::Sha256),
@@ -220,8 +245,37 @@ impl Summary {
     }
 }
 
+/// One node of a broadcast in the `--json` summary.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeSummary {
+    pub bytes: u64,
+    /// Entries that failed there.
+    pub failed: u32,
+    pub files: u64,
+    pub name: String,
+    pub ok: bool,
+    /// Why it failed (absent when `ok`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub seconds: f64,
+}
+
+impl NodeSummary {
+    fn of(n: &NodeResult) -> NodeSummary {
+        NodeSummary {
+            bytes: n.bytes,
+            failed: n.failed,
+            files: n.files,
+            name: n.name.clone(),
+            ok: n.ok,
+            reason: (!n.ok).then(|| n.reason.clone()),
+            seconds: n.micros as f64 / 1e6,
+        }
+    }
+}
+
 fn failed(r: &Report) -> bool {
-    !r.failed.is_empty() || r.stats.failed
+    !r.failed.is_empty() || r.stats.failed || r.nodes.iter().any(|n| !n.ok)
 }
 
 fn rate(r: &Report) -> f64 {
@@ -230,6 +284,9 @@ fn rate(r: &Report) -> f64 {
 
 /// The line a person reads on stderr at the end of a copy.
 pub fn human_line(r: &Report) -> String {
+    if !r.nodes.is_empty() {
+        return broadcast_line(r);
+    }
     let skipped = match (r.stats.skipped, r.stats.deleted) {
         (0, 0) => String::new(),
         (n, 0) => format!(" ({n} there already)"),
@@ -255,12 +312,45 @@ pub fn human_line(r: &Report) -> String {
     }
 }
 
+/// A broadcast's last line: the nodes, how many ended well, the data
+/// each received.
+fn broadcast_line(r: &Report) -> String {
+    let names: Vec<String> = r.nodes.iter().map(|n| n.name.clone()).collect();
+    let bad = r.nodes.iter().filter(|n| !n.ok).count();
+    let files = r.nodes.iter().map(|n| n.files).max().unwrap_or(0);
+    let bytes = r
+        .nodes
+        .iter()
+        .filter(|n| n.ok)
+        .map(|n| n.bytes)
+        .max()
+        .unwrap_or(0);
+    let line = format!(
+        "{} file(s), {bytes} bytes to each of {} node(s) ({}) in {:.2} s ({:.1} MB/s per node) over {}, {}",
+        files,
+        r.nodes.len(),
+        crate::hostlist::compress(&names),
+        r.seconds,
+        bytes as f64 / r.seconds.max(1e-9) / 1e6,
+        r.transport,
+        r.protection.name()
+    );
+    match (bad, r.algorithm) {
+        (0, Some(alg)) => format!("{line}, verified with {} on every node", alg.name()),
+        (0, None) => line,
+        (n, _) => format!("FAILED on {n} of {} node(s): {line}", r.nodes.len()),
+    }
+}
+
 /// Ends a copy: names each failed entry on stderr, then the summary as
 /// JSON on stdout (`json`), or as the human line on stderr (unless
 /// `quiet`).
 pub fn summarize(r: &Report, json: bool, quiet: bool) -> Exit {
     for f in &r.failed {
         eprintln!("rcp: {}: {}", f.path, f.reason);
+    }
+    for n in r.nodes.iter().filter(|n| !n.ok) {
+        eprintln!("rcp: {}: FAILED: {}", n.name, n.reason);
     }
     if json {
         // (A closed stdout is no reason to fail a copy that is done.)
@@ -360,7 +450,48 @@ mod tests {
             algorithm: alg,
             digest,
             failed,
+            nodes: Vec::new(),
         }
+    }
+
+    fn node(name: &str, reason: &str) -> NodeResult {
+        NodeResult {
+            name: name.into(),
+            ok: reason.is_empty(),
+            files: 1,
+            bytes: if reason.is_empty() { 300_000 } else { 0 },
+            micros: 400_000,
+            failed: u32::from(!reason.is_empty()),
+            reason: reason.into(),
+        }
+    }
+
+    #[test]
+    fn a_broadcast_summary_names_every_node_and_fails_if_one_did() {
+        let mut r = report(Some(Algorithm::Blake3), Some([2; 32]), vec![]);
+        r.nodes = vec![node("n1", ""), node("n2", ""), node("n3", "")];
+        assert_eq!(
+            human_line(&r),
+            "1 file(s), 300000 bytes to each of 3 node(s) (n[1-3]) in 0.50 s (0.6 MB/s per node) \
+             over tcp, encrypted, verified with blake3 on every node"
+        );
+        let v: serde_json::Value = serde_json::from_str(&Summary::new(&r).to_json()).unwrap();
+        assert_eq!(v["ok"], true);
+        assert_eq!(v["nodes"][2]["name"], "n3");
+        assert_eq!(v["nodes"][2]["seconds"], 0.4);
+        assert!(v["nodes"][2].get("reason").is_none());
+        r.nodes[1] = node("n2", "big: No space left on device");
+        assert!(
+            human_line(&r).starts_with("FAILED on 1 of 3 node(s): "),
+            "{}",
+            human_line(&r)
+        );
+        let v: serde_json::Value = serde_json::from_str(&Summary::new(&r).to_json()).unwrap();
+        assert_eq!(v["ok"], false);
+        assert!(v.get("blake3").is_none(), "no digest next to a failure");
+        assert_eq!(v["nodes"][1]["ok"], false);
+        assert_eq!(v["nodes"][1]["reason"], "big: No space left on device");
+        assert_eq!(summarize(&r, true, true), Exit::Partial);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::archive::{self, Keep};
 use crate::digest::Algorithm;
 use crate::exit::PeerLost;
 use crate::filter::Filter;
-use crate::proto::{Entry, EntryKind, Msg};
+use crate::proto::{Entry, EntryKind, Msg, NodeResult};
 use crate::report::{Failure, Progress, Stats};
 use crate::resume;
 use crate::resync::Policy;
@@ -153,6 +153,8 @@ pub struct Outcome {
     pub failed: Vec<Failure>,
     /// File digests (verified copies), by entry path.
     pub digests: Vec<(String, [u8; 32])>,
+    /// A broadcast's: how each node's copy ended, as the chain told it.
+    pub nodes: Vec<NodeResult>,
 }
 
 /// Sends `sources` over the session's `links` (the first carries the
@@ -484,9 +486,10 @@ pub async fn send(
     for s in stripers {
         stats.stream_bytes.push(s.await??);
     }
-    let (failed, removed) = answers.await??;
+    let (failed, removed, nodes) = answers.await??;
     stats.deleted = removed.len() as u64;
     outcome.failed.extend(failed);
+    outcome.nodes = nodes;
     Ok((stats, outcome))
 }
 
@@ -974,15 +977,16 @@ impl Waiting {
 
 type Asking = Arc<std::sync::Mutex<Waiting>>;
 
-/// What the receiver said: the entries that failed, and what it removed
-/// from the destination (`--delete`).
-type Said = (Vec<Failure>, Vec<Vec<u8>>);
+/// What the receiver said: the entries that failed, what it removed
+/// from the destination (`--delete`), and a broadcast's node results.
+type Said = (Vec<Failure>, Vec<Vec<u8>>, Vec<NodeResult>);
 
 /// Reads the receiver's answers until it says goodbye; every entry gets
 /// one. An entry answered in place is forgotten.
 async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow::Result<Said> {
     let mut failed = Vec::new();
     let mut removed = Vec::new();
+    let mut nodes = Vec::new();
     let done = |index: u32| {
         let mut names = names.lock().expect("names lock");
         if names.get(&index).is_some_and(|(_, is_dir)| !is_dir) {
@@ -1022,6 +1026,7 @@ async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow:
                 }
             }
             Msg::Removed { path } => removed.push(path),
+            Msg::NodeDone(r) if nodes.len() < crate::hostlist::MAX_HOSTS => nodes.push(r),
             // `-i` from a receiver that is not the client: printed here.
             Msg::Itemized { code, path } => {
                 crate::recv::print_itemized(&code, &path);
@@ -1049,5 +1054,5 @@ async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow:
             other => bail!("unexpected {} from the receiver", other.name()),
         }
     }
-    Ok((failed, removed))
+    Ok((failed, removed, nodes))
 }

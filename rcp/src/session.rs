@@ -13,12 +13,13 @@ use rfabric::transport::{Backend, Connection};
 use rfabric::wire::Role;
 
 use crate::archive::Keep;
+use crate::chain::{Onward, Relay};
 use crate::connect::link_config;
 use crate::digest::Algorithm;
 use crate::exit::{PeerLost, Refused};
 use crate::filter::{Filter, MAX_RULES};
 use crate::listed;
-use crate::proto::{MAX_NAMES, Msg, flags};
+use crate::proto::{Hop, MAX_HOPS, MAX_NAMES, Msg, NodeResult, flags};
 use crate::recv::{self, Itemize, RecvOptions};
 use crate::report::{Progress, Report, Stats};
 use crate::resync::Policy;
@@ -178,10 +179,13 @@ impl Params {
 /// What the client asks for.
 #[derive(Debug, Clone)]
 pub enum Request {
-    /// Local `sources` into the server's `dest`.
+    /// Local `sources` into the server's `dest`; `chain`: a broadcast,
+    /// the server the head of a chain of these further nodes (see
+    /// [`crate::chain`]).
     Push {
         sources: Vec<PathBuf>,
         dest: Vec<u8>,
+        chain: Option<Vec<Hop>>,
     },
     /// The server's `sources` into local `dest`.
     Pull {
@@ -224,7 +228,7 @@ pub struct Target {
 
 impl Target {
     /// A link to the server, authenticated and sealed.
-    async fn open(&self, secret: &[u8], params: &Params) -> anyhow::Result<Link> {
+    pub(crate) async fn open(&self, secret: &[u8], params: &Params) -> anyhow::Result<Link> {
         // (A server that accepted but does not answer, stopped or hung, is
         // silent before any heartbeat can tell.)
         let set_up = async {
@@ -281,6 +285,7 @@ pub async fn client(
     }
     let (stats, outcome, seconds) = result?;
     let streams = links.len();
+    let nodes = outcome.nodes;
     let digest = match outcome.digests.as_slice() {
         [(_, d)] if stats.files == 1 => Some(*d),
         _ => None,
@@ -295,6 +300,7 @@ pub async fn client(
         algorithm,
         digest,
         failed: outcome.failed,
+        nodes,
     })
 }
 
@@ -389,7 +395,11 @@ async fn client_session(
     let started = Instant::now();
     let control = links[0].clone();
     let (stats, outcome) = match request {
-        Request::Push { sources, dest } => {
+        Request::Push {
+            sources,
+            dest,
+            chain,
+        } => {
             let local = match &params.listed {
                 Some(names) => Sources::Listed {
                     base: listed_base(&sources)?,
@@ -398,14 +408,18 @@ async fn client_session(
                 },
                 None => Sources::Operands(local_sources(&sources)?),
             };
+            let chained = if chain.is_some() { flags::CHAIN } else { 0 };
             let push = Msg::Push {
-                flags: params.flags(),
+                flags: params.flags() | chained,
                 streams: params.streams,
                 sources: sources.len() as u32,
                 dest,
             };
             control.send_message(&push.encode()).await?;
             send_rules(&control, &params.filter).await?;
+            if let Some(hops) = &chain {
+                send_hops(&control, hops).await?;
+            }
             let session = expect_ready(&control).await?;
             join_streams(target, links, secret, session, params.clone()).await?;
             let (stats, outcome) = send::send(
@@ -440,12 +454,14 @@ async fn client_session(
                 params.recv_options(true),
                 &params.filter,
                 progress,
+                None,
             )
             .await?;
             streams::finish_all(links).await?;
             let outcome = send::Outcome {
                 digests: got.digests,
                 failed: got.failed,
+                nodes: Vec::new(),
             };
             (got.stats, outcome)
         }
@@ -480,7 +496,7 @@ fn fitting<T>(
 
 /// The filter rules after a request, as `Rules` messages that fit the
 /// link's.
-async fn send_rules(link: &Link, filter: &Filter) -> anyhow::Result<()> {
+pub(crate) async fn send_rules(link: &Link, filter: &Filter) -> anyhow::Result<()> {
     let room = link.max_message().saturating_sub(16);
     let runs = fitting(filter.texts().iter().cloned(), room, MAX_RULES, |t| {
         t.pattern.len() + 3
@@ -513,6 +529,44 @@ async fn send_names(link: &Link, names: &[Vec<u8>]) -> anyhow::Result<()> {
         link.send_message(&m.encode()).await?;
     }
     Ok(())
+}
+
+/// A broadcast's further nodes after its request, as `Chain` messages
+/// that fit the link's (one, empty, for a chain that ends here).
+pub(crate) async fn send_hops(link: &Link, hops: &[Hop]) -> anyhow::Result<()> {
+    let room = link.max_message().saturating_sub(16);
+    let size = |h: &Hop| h.name.len() + h.host.len() + h.token.len() + 8;
+    let mut runs = fitting(hops.iter().cloned(), room, MAX_HOPS, size);
+    if runs.is_empty() {
+        runs.push(Vec::new());
+    }
+    let last = runs.len() - 1;
+    for (i, hops) in runs.into_iter().enumerate() {
+        let m = Msg::Chain {
+            hops,
+            more: i < last,
+        };
+        link.send_message(&m.encode()).await?;
+    }
+    Ok(())
+}
+
+/// The further nodes that follow a request with the `CHAIN` flag.
+async fn receive_hops(link: &Link) -> anyhow::Result<Vec<Hop>> {
+    let mut all = Vec::new();
+    loop {
+        let Msg::Chain { hops, more } = setup_msg(link).await? else {
+            bail!("the broadcast's chain did not follow its request");
+        };
+        all.extend(hops);
+        if all.len() > crate::hostlist::MAX_HOSTS {
+            bail!("a chain of more than {} nodes", crate::hostlist::MAX_HOSTS);
+        }
+        if !more {
+            break;
+        }
+    }
+    Ok(all)
 }
 
 /// The names that follow a pull with the `FILES_FROM` flag, checked and
@@ -561,7 +615,7 @@ async fn receive_rules(link: &Link, flags: u32) -> anyhow::Result<Arc<Filter>> {
 }
 
 /// Waits for the server's `Ready`; returns the session id in it.
-async fn expect_ready(link: &Link) -> anyhow::Result<[u8; 16]> {
+pub(crate) async fn expect_ready(link: &Link) -> anyhow::Result<[u8; 16]> {
     match next_msg(link).await? {
         Msg::Ready { session, .. } => Ok(session),
         Msg::Fail { reason } => Err(Refused(reason).into()),
@@ -744,8 +798,24 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             sources,
             dest,
         } => {
+            let started = Instant::now();
             let filter = receive_rules(&link, flags).await?;
+            let chain = if flags & flags::CHAIN != 0 {
+                Some(receive_hops(&link).await?)
+            } else {
+                None
+            };
             let params = config.params.with_request(flags, streams, filter)?;
+            let own_name = match &chain {
+                Some(hops) if streams != 1 => bail!("a broadcast hop is one stream, not {streams}"),
+                Some(hops) => Some(
+                    hops.first()
+                        .context("the broadcast's chain does not name this node")?
+                        .name
+                        .clone(),
+                ),
+                None => None,
+            };
             let mut base = confined_base(
                 &config.roots,
                 &dest,
@@ -757,6 +827,32 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                     requested_path(&dest)?.into_os_string().into_encoded_bytes(),
                 ));
             }
+            let mut relay = match chain {
+                Some(hops) if hops.len() > 1 => {
+                    let onward = Onward {
+                        flags,
+                        sources,
+                        dest,
+                    };
+                    let transport = match link.backend() {
+                        Backend::Tcp => Transport::Tcp,
+                        Backend::Rdma => Transport::Rdma,
+                    };
+                    let next = hops[1..].to_vec();
+                    Some(
+                        Relay::open(
+                            next,
+                            onward,
+                            &params.filter,
+                            &params,
+                            transport,
+                            &config.secret,
+                        )
+                        .await,
+                    )
+                }
+                _ => None,
+            };
             *links = ready(&link, config, true, streams).await?;
             let got = recv::receive(
                 links,
@@ -764,11 +860,30 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 params.recv_options(false),
                 &params.filter,
                 &progress,
+                relay.as_mut(),
             )
-            .await?;
+            .await;
+            let got = match got {
+                Ok(got) => got,
+                Err(e) => {
+                    if let Some(relay) = relay {
+                        relay.abort();
+                    }
+                    return Err(e);
+                }
+            };
             if config.log {
                 for f in &got.failed {
                     tracing::warn!(path = f.path, kind = ?f.kind, "{}: {}", f.path, f.reason);
+                }
+            }
+            if let Some(name) = own_name {
+                let mut results = vec![own_result(name, &got, started)];
+                if let Some(relay) = relay {
+                    results.extend(relay.finish().await);
+                }
+                for r in results {
+                    link.send_message(&Msg::NodeDone(r).encode()).await?;
                 }
             }
             streams::finish_all(links).await?;
@@ -820,6 +935,24 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
         other => bail!("expected a request, got {}", other.name()),
     };
     Ok(Served::Session(stats))
+}
+
+/// How this node's part of a broadcast ended.
+fn own_result(name: String, got: &recv::Received, started: Instant) -> NodeResult {
+    let reason = match got.failed.first() {
+        Some(f) => format!("{}: {}", f.path, f.reason),
+        None if got.stats.failed => "an entry failed".into(),
+        None => String::new(),
+    };
+    NodeResult {
+        name,
+        ok: reason.is_empty(),
+        files: got.stats.files,
+        bytes: got.stats.bytes,
+        micros: started.elapsed().as_micros() as u64,
+        failed: got.failed.len() as u32,
+        reason,
+    }
 }
 
 /// Accepts the request: tells the client the session id, waits for the

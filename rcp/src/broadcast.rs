@@ -1,0 +1,286 @@
+//! One source to many nodes: `rcp big.sif 'node[01-16]:/scratch/'`.
+//!
+//! The nodes form a chain in the order named ([`crate::chain`]): the
+//! source sends each chunk once, to the first node, and each node passes
+//! it on to the next as it writes it, so the whole takes about one copy's
+//! time plus a chunk's per node (the model in `docs/rcp.md`).
+//!
+//! A round: start `rcp server-once` on every node still to be served,
+//! through `--rsh` and at most `--fanout-bootstrap` at once (each with
+//! its own one-time token), or take the daemons of `rcp://` operands;
+//! then run one chain over those that started. Every node answers how
+//! its copy ended. A node that failed, or went silent, is cut out by the
+//! node before it, and the nodes after it hear nothing more: they are
+//! served again by the next round, as a chain of their own. Each round
+//! settles at least one node, so there are at most as many rounds as
+//! nodes; in the common case (nothing fails) there is one.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use rfabric::endpoint;
+use tokio::process::Child;
+
+use crate::chain::lost_node;
+use crate::cli::CopyArgs;
+use crate::proto::{Hop, NodeResult};
+use crate::report::{Progress, Report};
+use crate::session::{self, Params, Request, Target};
+use crate::shell;
+
+/// How a broadcast reaches its nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Via {
+    /// `rcp server-once` started through `--rsh` as `user@node` (or
+    /// `node`).
+    Shell { user: Option<String> },
+    /// `rcp serve` on every node on `port`, all with the secret of
+    /// `--secret-file`.
+    Daemon { port: u16 },
+}
+
+/// What a broadcast copies, and where.
+#[derive(Debug, Clone)]
+pub struct Broadcast {
+    pub sources: Vec<PathBuf>,
+    /// The node names, in chain order.
+    pub nodes: Vec<String>,
+    pub via: Via,
+    /// The destination path on every node.
+    pub dest: Vec<u8>,
+}
+
+/// How long a node's `rcp server-once` may take to end once its round
+/// is over (its session ended or failed): then it is stopped.
+const REMOTE_END: Duration = Duration::from_secs(10);
+
+/// A node ready for a round: where the node before it connects.
+struct Started {
+    node: usize,
+    hop: Hop,
+    /// The remote shell running `rcp server-once` there.
+    child: Option<Child>,
+}
+
+/// Runs the broadcast to the end: every node has a result in the report
+/// (`nodes`, in the order named); `failed` stays empty (each node's
+/// failures are in its result).
+pub async fn run(
+    b: Broadcast,
+    a: &CopyArgs,
+    p: Params,
+    progress: &Progress,
+) -> anyhow::Result<Report> {
+    if p.streams != 1 {
+        bail!("--streams does not apply to a broadcast: each hop of the chain is one link");
+    }
+    let secret = match b.via {
+        Via::Daemon { .. } => {
+            let file = a
+                .secret_file
+                .as_ref()
+                .context("rcp:// operands need --secret-file (the daemons' shared secret)")?;
+            Some(rfabric::auth::read_secret(file)?)
+        }
+        Via::Shell { .. } => None,
+    };
+    let started = Instant::now();
+    let mut results: Vec<Option<NodeResult>> = vec![None; b.nodes.len()];
+    let mut pending: Vec<usize> = (0..b.nodes.len()).collect();
+    let mut report: Option<Report> = None;
+    while !pending.is_empty() {
+        let mut chain = Vec::new();
+        for (node, reached) in start(&b, &pending, a).await {
+            match reached {
+                Ok(s) => chain.push(s),
+                Err(e) => {
+                    let why = format!("cannot start rcp there: {e:#}");
+                    results[node] = Some(lost_node(&b.nodes[node], why));
+                }
+            }
+        }
+        let Some(head) = chain.first() else {
+            break;
+        };
+        let head_secret = match &secret {
+            Some(s) => s.clone(),
+            None => head.hop.token.clone(),
+        };
+        // (The head's own token goes no further than the head.)
+        let hops: Vec<Hop> = chain
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Hop {
+                token: if i == 0 {
+                    Vec::new()
+                } else {
+                    s.hop.token.clone()
+                },
+                ..s.hop.clone()
+            })
+            .collect();
+        let round = async {
+            let target = Target {
+                addr: endpoint::resolve(&head.hop.host, head.hop.port)?,
+                transport: a.tuning.transport,
+            };
+            let request = Request::Push {
+                sources: b.sources.clone(),
+                dest: b.dest.clone(),
+                chain: Some(hops),
+            };
+            session::client(target, &head_secret, request, p.clone(), progress).await
+        };
+        match round.await {
+            Ok(r) => {
+                for result in &r.nodes {
+                    let here = chain.iter().find(|s| b.nodes[s.node] == result.name);
+                    if let Some(s) = here {
+                        results[s.node].get_or_insert_with(|| result.clone());
+                    }
+                }
+                report = Some(merge(report, r));
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                results[head.node] = Some(lost_node(&b.nodes[head.node], why));
+            }
+        }
+        for s in &mut chain {
+            if let Some(child) = &mut s.child
+                && tokio::time::timeout(REMOTE_END, child.wait())
+                    .await
+                    .is_err()
+            {
+                let _ = child.kill().await;
+            }
+        }
+        let unsettled: Vec<usize> = chain
+            .iter()
+            .map(|s| s.node)
+            .filter(|&n| results[n].is_none())
+            .collect();
+        // (A round that settled nobody would repeat for ever.)
+        if unsettled.len() == chain.len() {
+            for n in unsettled {
+                let why = "the chain broke before it, and again when it was run alone".into();
+                results[n] = Some(lost_node(&b.nodes[n], why));
+            }
+            break;
+        }
+        pending = unsettled;
+    }
+    let nodes: Vec<NodeResult> = results
+        .into_iter()
+        .zip(&b.nodes)
+        .map(|(r, name)| r.unwrap_or_else(|| lost_node(name, "never reached".into())))
+        .collect();
+    let mut report = report.unwrap_or_else(|| Report::nothing(p.io_engine));
+    report.seconds = started.elapsed().as_secs_f64();
+    report.failed.clear();
+    report.nodes = nodes;
+    Ok(report)
+}
+
+/// The rounds' reports as one: the bytes the source sent in all of them;
+/// how the sessions ran, as the first said.
+fn merge(so_far: Option<Report>, r: Report) -> Report {
+    let Some(mut all) = so_far else {
+        return r;
+    };
+    all.stats.bytes += r.stats.bytes;
+    all.stats.failed |= r.stats.failed;
+    all
+}
+
+/// Starts what serves `nodes` of `b`: `rcp server-once` through the
+/// remote shell on each (at most `--fanout-bootstrap` starting at once),
+/// or nothing for daemons. In the order of `nodes`.
+async fn start(
+    b: &Broadcast,
+    nodes: &[usize],
+    a: &CopyArgs,
+) -> Vec<(usize, anyhow::Result<Started>)> {
+    let user = match &b.via {
+        Via::Daemon { port } => {
+            return nodes
+                .iter()
+                .map(|&node| {
+                    let hop = Hop {
+                        name: b.nodes[node].clone(),
+                        host: b.nodes[node].clone(),
+                        port: *port,
+                        token: Vec::new(),
+                    };
+                    (
+                        node,
+                        Ok(Started {
+                            node,
+                            hop,
+                            child: None,
+                        }),
+                    )
+                })
+                .collect();
+        }
+        Via::Shell { user } => user.clone(),
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(a.fanout_bootstrap as usize));
+    let starting: Vec<_> = nodes
+        .iter()
+        .map(|&node| {
+            let host = b.nodes[node].clone();
+            let login = match &user {
+                Some(u) => format!("{u}@{host}"),
+                None => host.clone(),
+            };
+            let (rsh, tuning, slots) = (a.rsh.clone(), a.tuning.clone(), Arc::clone(&slots));
+            let task = tokio::spawn(async move {
+                let _slot = slots.acquire_owned().await.expect("never closed");
+                let remote = shell::start(&rsh, &login, &tuning).await?;
+                anyhow::Ok(Started {
+                    node,
+                    hop: Hop {
+                        name: host.clone(),
+                        host,
+                        port: remote.port,
+                        token: remote.token,
+                    },
+                    child: Some(remote.child),
+                })
+            });
+            (node, task)
+        })
+        .collect();
+    let mut out = Vec::with_capacity(starting.len());
+    for (node, task) in starting {
+        let started = task
+            .await
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("internal error: {e}")));
+        out.push((node, started));
+    }
+    out
+}
+
+/// The hosts of a `--hosts` file: one a line (each may be a host list),
+/// blank lines and `#` comments skipped.
+pub fn hosts_file(text: &str) -> anyhow::Result<Vec<String>> {
+    let mut all = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let hosts = crate::hostlist::expand(line).with_context(|| format!("line {}", n + 1))?;
+        all.extend(hosts);
+    }
+    if all.is_empty() {
+        bail!("names no host");
+    }
+    let joined = all.join(",");
+    // (Refuses a host named twice across lines.)
+    crate::hostlist::expand(&joined)?;
+    Ok(all)
+}

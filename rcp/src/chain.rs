@@ -1,0 +1,263 @@
+//! A broadcast node's onward hop: the [`Relay`] a receiver in a chain
+//! forwards everything it is sent through, in order, to the next node.
+//!
+//! The source writes each chunk once, to the first node. Each node hands
+//! every message and chunk on before it works on it itself, so the data
+//! moves down the chain a chunk behind the node before; its landing slot
+//! is credited back upstream only once both its own write and the
+//! forward are done (the forward copies the payload into a buffer
+//! registered with the onward link, then the link posts the write: a
+//! slow node downstream holds the credits of every node before it, and
+//! the chain runs at the pace of its slowest hop, with no unbounded
+//! queue anywhere).
+//!
+//! Every node checks every chunk and file digest itself (the digests are
+//! the source's, carried on), and answers a [`NodeResult`] before its
+//! goodbye: its own, then those it heard from the nodes after it. A next
+//! node that fails or goes silent is cut out: this node stops forwarding,
+//! finishes its own copy, and reports that node with the reason. The
+//! nodes beyond it report nothing; the source runs them again as a chain
+//! of their own ([`crate::broadcast`]).
+
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use rfabric::link::{ChunkMeta, Incoming, Link};
+use rfabric::memory::BufferPool;
+use rfabric::transport::Region;
+
+use crate::filter::Filter;
+use crate::proto::{Hop, Msg, NodeResult, flags};
+use crate::session::{self, Params, Target};
+
+/// Buffers the payloads of forwarded chunks wait in until their writes
+/// completed: the onward link's window bounds how many are in flight.
+fn forward_buffers(params: &Params) -> usize {
+    (params.window as usize).clamp(2, 64)
+}
+
+/// The request a node sends on, as it received it (the chain after it).
+#[derive(Debug, Clone)]
+pub struct Onward {
+    pub flags: u32,
+    pub sources: u32,
+    pub dest: Vec<u8>,
+}
+
+/// This node's link to the next node, while it carries the broadcast.
+struct Next {
+    link: Link,
+    pool: Arc<BufferPool>,
+    region: Region,
+    /// The next nodes' answers, read as they come: their results.
+    answers: tokio::task::JoinHandle<Heard>,
+}
+
+/// What the next node said before its goodbye (or before it was lost).
+#[derive(Debug, Default)]
+struct Heard {
+    results: Vec<NodeResult>,
+    /// Why its answers ended other than by a goodbye.
+    lost: Option<String>,
+}
+
+/// The onward hop of a node in a chain.
+pub struct Relay {
+    /// The next node.
+    hop: Hop,
+    next: Option<Next>,
+    /// Why forwarding stopped (set once).
+    broken: Option<String>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("next", &self.hop.name)
+            .field("forwarding", &self.next.is_some())
+            .field("broken", &self.broken)
+            .finish()
+    }
+}
+
+impl Relay {
+    /// Reaches `hops[0]` and asks it to receive what this node receives,
+    /// as the head of the chain `hops` (itself first). A next node that cannot be reached
+    /// gives a relay that forwards nothing and reports why.
+    pub async fn open(
+        hops: Vec<Hop>,
+        onward: Onward,
+        filter: &Filter,
+        params: &Params,
+        target_transport: rfabric::endpoint::Transport,
+        own_secret: &[u8],
+    ) -> Relay {
+        let hop = hops.first().expect("a relay has a next node").clone();
+        let secret = if hop.token.is_empty() {
+            own_secret.to_vec()
+        } else {
+            hop.token.clone()
+        };
+        let opened = async {
+            let addr = rfabric::endpoint::resolve(&hop.host, hop.port)?;
+            let target = Target {
+                addr,
+                transport: target_transport,
+            };
+            let link = target.open(&secret, params).await?;
+            let request = Msg::Push {
+                flags: onward.flags | flags::CHAIN,
+                streams: 1,
+                sources: onward.sources,
+                dest: onward.dest.clone(),
+            };
+            let asked = async {
+                link.send_message(&request.encode()).await?;
+                session::send_rules(&link, filter).await?;
+                session::send_hops(&link, &hops).await?;
+                session::expect_ready(&link).await
+            };
+            if let Err(e) = asked.await {
+                link.abort("the chain could not be set up");
+                return Err(e);
+            }
+            let pool = BufferPool::new(forward_buffers(params), link.max_chunk().max(1))?;
+            let region = link.register(pool.memory())?;
+            let answers = tokio::spawn(listen(link.clone()));
+            anyhow::Ok(Next {
+                link,
+                pool,
+                region,
+                answers,
+            })
+        };
+        match opened.await {
+            Ok(next) => Relay {
+                hop,
+                next: Some(next),
+                broken: None,
+            },
+            Err(e) => Relay {
+                broken: Some(format!("cannot reach it: {e:#}")),
+                hop,
+                next: None,
+            },
+        }
+    }
+
+    /// Sends `item` on to the next node, as it came. A failure cuts the
+    /// next node out (the copy here goes on).
+    pub async fn forward(&mut self, item: &Incoming) {
+        let Some(next) = &self.next else {
+            return;
+        };
+        let sent = match item {
+            Incoming::Message(bytes) => next.link.send_message(bytes).await,
+            Incoming::Chunk(chunk) => {
+                let h = chunk.header();
+                let meta = ChunkMeta {
+                    owner: h.owner,
+                    offset: h.offset,
+                    flags: h.flags,
+                    digest: h.digest,
+                };
+                let mut buf = next.pool.acquire().await;
+                buf.fill_from(chunk.payload());
+                next.link.send_chunk(meta, &next.region, buf).await
+            }
+        };
+        if let Err(e) = sent {
+            self.cut(format!("forwarding to it failed: {e}"));
+        }
+    }
+
+    /// Stops forwarding: the next node is out of this chain.
+    fn cut(&mut self, why: String) {
+        if let Some(next) = self.next.take() {
+            next.link.abort("cut out of the chain");
+            next.answers.abort();
+        }
+        self.broken.get_or_insert(why);
+    }
+
+    /// The copy here is over (this node's own copy succeeded or failed):
+    /// waits for the next nodes' results and says goodbye to the next
+    /// node. The next node is reported whatever happened to it; the nodes
+    /// beyond it only as they reported themselves.
+    pub async fn finish(mut self) -> Vec<NodeResult> {
+        let mut heard = Heard::default();
+        if let Some(next) = self.next.take() {
+            heard = next.answers.await.unwrap_or_else(|e| Heard {
+                results: Vec::new(),
+                lost: Some(e.to_string()),
+            });
+            if heard.lost.is_none() {
+                if let Err(e) = next.link.finish().await {
+                    heard.lost = Some(format!("no orderly goodbye: {e}"));
+                }
+            } else {
+                next.link.abort("its answers ended in an error");
+            }
+        }
+        let why = self.broken.take().or(heard.lost);
+        if !heard.results.iter().any(|r| r.name == self.hop.name) {
+            let reason = why.unwrap_or_else(|| "ended without a result".into());
+            heard.results.insert(0, lost_node(&self.hop.name, reason));
+        }
+        heard.results
+    }
+
+    /// Ends the onward hop now: this node's session failed.
+    pub fn abort(mut self) {
+        self.cut("the node before it failed".into());
+    }
+}
+
+/// A node that reported nothing of its own, with why.
+pub fn lost_node(name: &str, reason: String) -> NodeResult {
+    NodeResult {
+        name: name.to_string(),
+        ok: false,
+        files: 0,
+        bytes: 0,
+        micros: 0,
+        failed: 0,
+        reason,
+    }
+}
+
+/// Reads the next node's answers until its goodbye: its results and
+/// those of the nodes after it (answers about single entries are its own
+/// business: it reports its failures in its result).
+async fn listen(link: Link) -> Heard {
+    let mut heard = Heard::default();
+    let ended = async {
+        while let Some(item) = link.recv().await? {
+            let Incoming::Message(bytes) = item else {
+                bail!("the next node sent data");
+            };
+            match Msg::decode(&bytes)? {
+                Msg::NodeDone(r) => {
+                    if heard.results.len() >= crate::hostlist::MAX_HOSTS {
+                        bail!("more node results than a chain has nodes");
+                    }
+                    heard.results.push(r);
+                }
+                Msg::Fail { reason } => bail!("it gave up: {reason}"),
+                Msg::EntryOk { .. }
+                | Msg::EntriesOk { .. }
+                | Msg::EntryFailed { .. }
+                | Msg::Itemized { .. }
+                | Msg::Removed { .. } => {}
+                other => bail!("unexpected {} from the next node", other.name()),
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await
+    .context("lost");
+    if let Err(e) = ended {
+        heard.lost = Some(format!("{e:#}"));
+    }
+    heard
+}
