@@ -182,9 +182,11 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
     if let Some(hosts) = listed_nodes(&a)? {
         let last = a.operands.last().expect("clap asks for two or more");
         let Some(path) = last.strip_prefix(':') else {
-            bail!(
-                "with --hosts or --slurm the destination is :PATH (the path on every node), not {last:?}"
-            );
+            return Err(broadcast::Usage(format!(
+                "with --hosts or --slurm the destination is :PATH (the path on every node), \
+                 not {last:?}"
+            ))
+            .into());
         };
         *operands.last_mut().expect("two or more") = Operand::Broadcast {
             user: None,
@@ -238,7 +240,12 @@ fn listed_nodes(a: &CopyArgs) -> anyhow::Result<Option<Vec<String>>> {
     if a.slurm {
         let list = std::env::var("SLURM_JOB_NODELIST")
             .or_else(|_| std::env::var("SLURM_NODELIST"))
-            .context("--slurm: SLURM_JOB_NODELIST is not set (run it inside a Slurm allocation)")?;
+            .map_err(|_| {
+                broadcast::Usage(
+                    "--slurm: SLURM_JOB_NODELIST is not set (run it inside a Slurm allocation)"
+                        .into(),
+                )
+            })?;
         let hosts = crate::hostlist::expand(&list)
             .with_context(|| format!("--slurm: SLURM_JOB_NODELIST={list:?}"))?;
         return Ok(Some(hosts));
@@ -262,10 +269,11 @@ fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
         (a.files_from.is_some(), "--files-from"),
     ];
     if let Some((_, flag)) = refused.iter().find(|(on, _)| *on) {
-        bail!(
+        return Err(broadcast::Usage(format!(
             "{flag} is not supported with a broadcast yet: every node gets every file \
              (its answers would differ from node to node)"
-        );
+        ))
+        .into());
     }
     Ok(Params {
         policy: crate::resync::Policy {

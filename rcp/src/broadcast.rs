@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use rfabric::endpoint;
 use tokio::process::Child;
 
@@ -29,6 +29,11 @@ use crate::proto::{Hop, NodeResult};
 use crate::report::{Progress, Report};
 use crate::session::{self, Params, Request, Target};
 use crate::shell;
+
+/// A command line a broadcast cannot run (exit status 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
 
 /// How a broadcast reaches its nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,7 +79,10 @@ pub async fn run(
     progress: &Progress,
 ) -> anyhow::Result<Report> {
     if p.streams != 1 {
-        bail!("--streams does not apply to a broadcast: each hop of the chain is one link");
+        return Err(Usage(
+            "--streams does not apply to a broadcast: each hop of the chain is one link".into(),
+        )
+        .into());
     }
     let secret = match b.via {
         Via::Daemon { .. } => {
@@ -148,11 +156,15 @@ pub async fn run(
                 results[head.node] = Some(lost_node(&b.nodes[head.node], why));
             }
         }
+        // A node the round settled ends by itself; one it did not is
+        // waiting for a link that will not come (it is started afresh).
         for s in &mut chain {
+            let settled = results[s.node].is_some();
             if let Some(child) = &mut s.child
-                && tokio::time::timeout(REMOTE_END, child.wait())
-                    .await
-                    .is_err()
+                && (!settled
+                    || tokio::time::timeout(REMOTE_END, child.wait())
+                        .await
+                        .is_err())
             {
                 let _ = child.kill().await;
             }
@@ -277,7 +289,7 @@ pub fn hosts_file(text: &str) -> anyhow::Result<Vec<String>> {
         all.extend(hosts);
     }
     if all.is_empty() {
-        bail!("names no host");
+        return Err(Usage("names no host".into()).into());
     }
     let joined = all.join(",");
     // (Refuses a host named twice across lines.)

@@ -55,6 +55,9 @@ impl Exit {
         if has::<crate::digest::FipsRefusesBlake3>(error)
             || has::<crate::filter::FilterError>(error)
             || has::<crate::listed::ListError>(error)
+            || has::<crate::hostlist::HostlistError>(error)
+            || has::<crate::app::PlanError>(error)
+            || has::<crate::broadcast::Usage>(error)
         {
             Exit::Usage
         } else if has::<Refused>(error) {
@@ -138,6 +141,10 @@ mod tests {
             Exit::Corrupted
         );
         assert_eq!(Exit::of_error(&anyhow::anyhow!("other")), Exit::Partial);
+        let usage: anyhow::Error = crate::broadcast::Usage("a broadcast's".into()).into();
+        assert_eq!(Exit::of_error(&usage), Exit::Usage);
+        let usage = crate::hostlist::expand("n[2-1]").context("an operand");
+        assert_eq!(Exit::of_error(&usage.unwrap_err()), Exit::Usage);
         let tampered = anyhow::Error::new(LinkError::Peer {
             code: rfabric::wire::ErrorCode::Tampered,
             text: "chunk 3 failed its session check".into(),

@@ -1,0 +1,403 @@
+//! Broadcast over a cluster on this host: every "node" a network
+//! namespace with its own address on one bridge and its own disk
+//! (`tests/broadcast/cluster`), rcp started in each through an `--rsh`
+//! that enters the namespace (as ssh would log in). A big file, a sparse
+//! file and an archive tree reach all eight nodes byte for byte; a node
+//! killed mid-broadcast, a full disk and a wrong token fail only their
+//! own node. Needs root (namespaces, bind mounts); says so and passes
+//! without it.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use test_support::Scratch;
+
+mod common;
+use common::RCP;
+use common::trees::{differences, generate, is_root};
+
+const CLUSTER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/broadcast/cluster");
+
+/// A cluster of `n` nodes for one test: made on creation, removed on drop.
+struct Cluster {
+    name: String,
+    n: usize,
+    octet: u8,
+    /// Where the rsh, the hooks and each node's disk (`node-K`) are.
+    dir: PathBuf,
+    /// The path every node writes to (its own disk is mounted there).
+    dest: PathBuf,
+    mounts: Vec<PathBuf>,
+}
+
+impl Cluster {
+    /// `None` (after saying why) where namespaces cannot be made.
+    fn new(t: &Scratch, name: &str, n: usize, octet: u8, rate: Option<&str>) -> Option<Cluster> {
+        if !is_root() {
+            eprintln!("skipped: broadcast tests make network namespaces, which needs root");
+            return None;
+        }
+        let dir = t.path("cluster");
+        let dest = t.path("dst");
+        std::fs::create_dir_all(&dest).unwrap();
+        for k in 1..=n {
+            std::fs::create_dir_all(dir.join(format!("node-{k}"))).unwrap();
+        }
+        // (A cluster a killed run left behind goes first.)
+        let _ = Command::new(CLUSTER)
+            .args(["down", name, &n.to_string()])
+            .output();
+        let mut up = Command::new(CLUSTER);
+        up.args(["up", name, &n.to_string(), &octet.to_string()]);
+        up.args(rate);
+        ok(&mut up);
+        let cluster = Cluster {
+            name: name.into(),
+            n,
+            octet,
+            dir,
+            dest,
+            mounts: Vec::new(),
+        };
+        ok(Command::new(CLUSTER).args([
+            "rsh",
+            name,
+            cluster.dir.to_str().unwrap(),
+            cluster.dest.to_str().unwrap(),
+        ]));
+        Some(cluster)
+    }
+
+    /// `10.OCTET.0.[1-N]:DEST/rel`.
+    fn operand(&self, rel: &str) -> String {
+        format!(
+            "10.{}.0.[1-{}]:{}/{rel}",
+            self.octet,
+            self.n,
+            self.dest.display()
+        )
+    }
+
+    fn disk(&self, k: usize) -> PathBuf {
+        self.dir.join(format!("node-{k}"))
+    }
+
+    /// Node `k`'s disk holds only `bytes` (a tmpfs that size).
+    fn small_disk(&mut self, k: usize, bytes: usize) {
+        let disk = self.disk(k);
+        ok(Command::new("mount").args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={bytes}"),
+            "tmpfs",
+            disk.to_str().unwrap(),
+        ]));
+        self.mounts.push(disk);
+    }
+
+    /// rcp broadcasting `args` through this cluster's rsh.
+    fn rcp(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(RCP);
+        let bin = Path::new(RCP).parent().unwrap();
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        c.env("PATH", path)
+            .args(["--rsh", self.dir.join("rsh").to_str().unwrap()])
+            .args(["--timeout", "10", "--json"])
+            .args(args);
+        c
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for m in &self.mounts {
+            let _ = Command::new("umount").arg(m).output();
+        }
+        let _ = Command::new(CLUSTER)
+            .args(["down", &self.name, &self.n.to_string()])
+            .output();
+    }
+}
+
+fn ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn summary(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The nodes' results by name: (ok, reason).
+fn nodes(v: &serde_json::Value) -> Vec<(String, bool, String)> {
+    v["nodes"]
+        .as_array()
+        .expect("a broadcast names its nodes")
+        .iter()
+        .map(|n| {
+            (
+                n["name"].as_str().unwrap().to_string(),
+                n["ok"].as_bool().unwrap(),
+                n["reason"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+fn random_file(path: &Path, len: usize, seed: u64) {
+    std::fs::write(path, test_support::pattern(len, seed)).unwrap();
+}
+
+#[test]
+fn a_file_a_sparse_file_and_a_tree_reach_all_eight_nodes() {
+    let t = Scratch::new("bcast-all");
+    let Some(c) = Cluster::new(&t, "rbca", 8, 201, None) else {
+        return;
+    };
+    let big = t.path("big");
+    random_file(&big, 5 * 1024 * 1024 + 4321, 1);
+    // The shape: one data chunk that is not the first.
+    let sparse = t.path("sparse");
+    let f = std::fs::File::create(&sparse).unwrap();
+    f.set_len(64 << 20).unwrap();
+    drop(f);
+    let data = test_support::pattern(1 << 20, 2);
+    std::os::unix::fs::FileExt::write_at(
+        &std::fs::File::options().write(true).open(&sparse).unwrap(),
+        &data,
+        40 << 20,
+    )
+    .unwrap();
+    let tree = t.path("tree");
+    let made = generate(&tree, 7);
+    assert!(made.files > 3, "{made:?}");
+
+    let out = ok(c
+        .rcp(&["--chunk-size", "256K"])
+        .args([big.to_str().unwrap(), sparse.to_str().unwrap()])
+        .arg(c.operand("")));
+    let v = summary(&out);
+    let all = nodes(&v);
+    assert_eq!(all.len(), 8, "{v}");
+    for (k, (name, good, why)) in all.iter().enumerate() {
+        assert_eq!(name, &format!("10.201.0.{}", k + 1));
+        assert!(good, "{name}: {why}");
+        for f in ["big", "sparse"] {
+            let there = std::fs::read(c.disk(k + 1).join(f)).unwrap();
+            assert!(
+                there == std::fs::read(t.path(f)).unwrap(),
+                "{name}: {f} differs"
+            );
+        }
+        // Holes stay holes: the sparse file takes about its one chunk.
+        let meta = std::fs::metadata(c.disk(k + 1).join("sparse")).unwrap();
+        assert!(
+            std::os::unix::fs::MetadataExt::blocks(&meta) * 512 < 8 << 20,
+            "{name}: the sparse file was filled in"
+        );
+    }
+    assert_eq!(v["ok"], true);
+
+    // An archive tree, as rsync -aHAX would copy it, to every node.
+    let out = ok(c.rcp(&["-aHAX"]).arg(&tree).arg(c.operand("")));
+    let v = summary(&out);
+    assert!(nodes(&v).iter().all(|(_, good, _)| *good), "{v}");
+    for k in 1..=8 {
+        let diff = differences(&tree, &c.disk(k).join("tree"));
+        assert!(diff.is_empty(), "node {k}: {diff:#?}");
+    }
+}
+
+#[test]
+fn a_node_killed_mid_broadcast_is_cut_out_and_the_others_finish() {
+    let t = Scratch::new("bcast-kill");
+    // Slow links (a node's disk fills in seconds, not milliseconds), so
+    // that the kill lands mid-copy.
+    let Some(c) = Cluster::new(&t, "rbck", 8, 202, Some("200mbit")) else {
+        return;
+    };
+    let big = t.path("big");
+    random_file(&big, 24 << 20, 3);
+    std::fs::write(c.dir.join("kill-4"), b"").unwrap();
+    let child = c
+        .rcp(&["--chunk-size", "256K"])
+        .arg(&big)
+        .arg(c.operand(""))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Node 4 is killed once a fifth of the file reached it.
+    let part = c.disk(4).join(".rcp-big.part");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let landed = std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0);
+        if landed > 5 << 20 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 4 never got a fifth of the file"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = std::fs::read_to_string(c.dir.join("pid-4")).unwrap();
+    ok(Command::new("kill").args(["-9", pid.trim()]));
+    std::fs::remove_file(c.dir.join("kill-4")).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = summary(&out);
+    let all = nodes(&v);
+    assert_eq!(all.len(), 8);
+    let want = std::fs::read(&big).unwrap();
+    for (k, (name, good, why)) in all.iter().enumerate() {
+        let k = k + 1;
+        if k == 4 {
+            assert!(!good, "the killed node reported ok");
+            assert!(
+                why.contains("forwarding to it failed") || why.contains("lost"),
+                "{why}"
+            );
+            assert!(
+                !c.disk(4).join("big").exists(),
+                "a partial copy under the final name"
+            );
+            continue;
+        }
+        assert!(good, "{name}: {why}");
+        assert!(
+            std::fs::read(c.disk(k).join("big")).unwrap() == want,
+            "{name} differs"
+        );
+    }
+    assert_eq!(v["ok"], false);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("10.202.0.4: FAILED"));
+
+    // The failed node alone, resumed: what it had is kept.
+    ok(c.rcp(&["--resume", "--chunk-size", "256K"])
+        .arg(&big)
+        .arg(format!("10.202.0.4:{}/", c.dest.display())));
+    assert!(std::fs::read(c.disk(4).join("big")).unwrap() == want);
+}
+
+#[test]
+fn a_full_disk_and_a_wrong_token_fail_only_their_own_node() {
+    let t = Scratch::new("bcast-faults");
+    let Some(mut c) = Cluster::new(&t, "rbcf", 5, 203, None) else {
+        return;
+    };
+    c.small_disk(2, 1 << 20);
+    std::fs::write(c.dir.join("bad-token-4"), b"").unwrap();
+    let big = t.path("big");
+    random_file(&big, 3 << 20, 4);
+    let small = t.path("small");
+    random_file(&small, 1000, 5);
+    std::fs::set_permissions(&small, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let out = c
+        .rcp(&["-p"])
+        .args([&small, &big])
+        .arg(c.operand(""))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = summary(&out);
+    let all = nodes(&v);
+    for (k, (name, good, why)) in all.iter().enumerate() {
+        let k = k + 1;
+        match k {
+            2 => {
+                assert!(!good);
+                assert!(why.contains("No space left on device"), "{why}");
+                assert!(!c.disk(2).join("big").exists());
+                // What fits arrived whole.
+                assert!(
+                    std::fs::read(c.disk(2).join("small")).unwrap()
+                        == std::fs::read(&small).unwrap()
+                );
+            }
+            4 => {
+                assert!(!good);
+                assert!(why.contains("authentication failed"), "{why}");
+                assert!(!c.disk(4).join("big").exists() && !c.disk(4).join("small").exists());
+            }
+            _ => {
+                assert!(good, "{name}: {why}");
+                assert!(
+                    std::fs::read(c.disk(k).join("big")).unwrap() == std::fs::read(&big).unwrap()
+                );
+                let mode = std::fs::metadata(c.disk(k).join("small"))
+                    .unwrap()
+                    .permissions()
+                    .mode();
+                assert_eq!(mode & 0o777, 0o640, "{name}: -p kept the mode");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_broadcast_command_lines_are_refused_with_the_reason() {
+    let t = Scratch::new("bcast-usage");
+    let f = t.path("f");
+    std::fs::write(&f, b"x").unwrap();
+    let refused = |args: &[&str], why: &str| {
+        let out = Command::new(RCP).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{args:?}: {err}");
+    };
+    let fs = f.to_str().unwrap();
+    refused(&[fs, "node[3-1]:/x"], "goes down");
+    refused(&[fs, "node[1-2,2]:/x"], "named twice");
+    refused(&[fs, "n[1-3:/x"], "unclosed");
+    refused(&["n[1-2]:/x", "here"], "can only be a destination");
+    refused(
+        &["--resume", fs, "n[1-2]:/x"],
+        "--resume is not supported with a broadcast",
+    );
+    refused(
+        &["--streams", "2", fs, "n[1-2]:/x"],
+        "--streams does not apply",
+    );
+    refused(&["--hosts", fs, fs, "/x"], "the destination is :PATH");
+    let out = Command::new(RCP)
+        .env_remove("SLURM_JOB_NODELIST")
+        .env_remove("SLURM_NODELIST")
+        .args(["--slurm", fs, ":/x"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("SLURM_JOB_NODELIST is not set"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
