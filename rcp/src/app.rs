@@ -196,6 +196,10 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         };
     }
     let (dest, sources) = operands.split_last().expect("clap asks for two or more");
+    let mut a = a;
+    if matches!(dest, Operand::Broadcast { .. }) && !a.chunk_size_given {
+        a.tuning.chunk_size = broadcast::CHUNK;
+    }
     let engine = io_engine(&a.tuning, "rcp")?;
     let p = Params {
         resume: a.resume,

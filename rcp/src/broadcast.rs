@@ -30,6 +30,13 @@ use crate::report::{Progress, Report};
 use crate::session::{self, Params, Request, Target};
 use crate::shell;
 
+/// A broadcast's chunk size unless --chunk-size says otherwise. A node
+/// hands a chunk on once all of it landed, so every hop adds about a
+/// chunk's time on its link (and what queues before it) to the last
+/// node's finish: measured over eight nodes at 400 Mbit/s, 4 MiB chunks
+/// cost 280 ms a hop, 1 MiB 63 ms, 256 KiB 29 ms (`docs/rcp.md`).
+pub const CHUNK: usize = 256 * 1024;
+
 /// A command line a broadcast cannot run (exit status 2).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

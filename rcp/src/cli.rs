@@ -60,7 +60,9 @@ pub enum Cmd {
 
 #[derive(Args, Debug, Clone)]
 pub struct Tuning {
-    /// Bytes per chunk (suffixes K, M).
+    /// Bytes per chunk (suffixes K, M); a broadcast's default is 256K
+    /// (each node hands a chunk on once it is whole: smaller chunks keep
+    /// the chain's nodes closer together).
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     pub chunk_size: usize,
     /// Chunks in flight: landing slots of the receiver.
@@ -220,6 +222,10 @@ pub struct CopyArgs {
     /// The three above in command-line order (see [`parse`]).
     #[arg(skip)]
     pub rules: Vec<RuleArg>,
+    /// --chunk-size was given (a broadcast's default is smaller: see
+    /// [`crate::broadcast::CHUNK`]).
+    #[arg(skip)]
+    pub chunk_size_given: bool,
     /// Remote shell for host:path operands.
     #[arg(long, default_value = "ssh", value_name = "CMD")]
     pub rsh: String,
@@ -374,6 +380,8 @@ pub fn parse_from(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -
     );
     rules.sort_by_key(|(i, _)| *i);
     c.rules = rules.into_iter().map(|(_, r)| r).collect();
+    c.chunk_size_given =
+        matches.value_source("chunk_size") == Some(clap::parser::ValueSource::CommandLine);
     cli
 }
 
