@@ -24,7 +24,7 @@ use rfabric::endpoint;
 use tokio::process::Child;
 
 use crate::chain::lost_node;
-use crate::cli::CopyArgs;
+use crate::cli::{CopyArgs, Launcher};
 use crate::proto::{Hop, NodeResult};
 use crate::report::{Progress, Report};
 use crate::session::{self, Params, Request, Target};
@@ -72,8 +72,11 @@ const REMOTE_END: Duration = Duration::from_secs(10);
 struct Started {
     node: usize,
     hop: Hop,
-    /// The remote shell running `rcp server-once` there.
+    /// The remote shell running `rcp server-once` there (or the one srun
+    /// running it on every node of the round).
     child: Option<Child>,
+    /// `child` is the srun of the whole round.
+    for_all: bool,
 }
 
 /// Runs the broadcast to the end: every node has a result in the report
@@ -165,8 +168,9 @@ pub async fn run(
         }
         // A node the round settled ends by itself; one it did not is
         // waiting for a link that will not come (it is started afresh).
+        let all_settled = chain.iter().all(|s| results[s.node].is_some());
         for s in &mut chain {
-            let settled = results[s.node].is_some();
+            let settled = results[s.node].is_some() && (all_settled || !s.for_all);
             if let Some(child) = &mut s.child
                 && (!settled
                     || tokio::time::timeout(REMOTE_END, child.wait())
@@ -222,6 +226,19 @@ async fn start(
     nodes: &[usize],
     a: &CopyArgs,
 ) -> Vec<(usize, anyhow::Result<Started>)> {
+    if a.launcher == Launcher::Srun {
+        return match &b.via {
+            Via::Shell { user: None } => srun(b, nodes, a).await,
+            _ => nodes
+                .iter()
+                .map(|&n| {
+                    let why = "--launcher srun starts nodes as this user, not through rcp:// \
+                               or as user@node";
+                    (n, Err(Usage(why.into()).into()))
+                })
+                .collect(),
+        };
+    }
     let user = match &b.via {
         Via::Daemon { port } => {
             return nodes
@@ -239,6 +256,7 @@ async fn start(
                             node,
                             hop,
                             child: None,
+                            for_all: false,
                         }),
                     )
                 })
@@ -263,11 +281,13 @@ async fn start(
                     node,
                     hop: Hop {
                         name: host.clone(),
-                        host,
+                        // (Where it says it listens, else its name.)
+                        host: remote.addr.map_or(host, |a| a.to_string()),
                         port: remote.port,
                         token: remote.token,
                     },
                     child: Some(remote.child),
+                    for_all: false,
                 })
             });
             (node, task)
@@ -281,6 +301,103 @@ async fn start(
         out.push((node, started));
     }
     out
+}
+
+/// How long the nodes under one srun have to print their banners.
+const SRUN_START: Duration = Duration::from_secs(60);
+
+/// Starts `rcp server-once` on `nodes` of `b` with one `srun` (one task
+/// per node, `--label`led lines, each banner naming its Slurm node). The
+/// srun runs until its last task ends: every node's `Started` holds it
+/// through the first one (`child`), which the round waits for.
+async fn srun(
+    b: &Broadcast,
+    nodes: &[usize],
+    a: &CopyArgs,
+) -> Vec<(usize, anyhow::Result<Started>)> {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let names: Vec<String> = nodes.iter().map(|&n| b.nodes[n].clone()).collect();
+    let mut cmd = tokio::process::Command::new("srun");
+    cmd.args([
+        "--overlap",
+        "--label",
+        "--kill-on-bad-exit=0",
+        "--ntasks-per-node=1",
+    ])
+    .arg(format!("--nodes={}", names.len()))
+    .arg(format!("--nodelist={}", crate::hostlist::compress(&names)))
+    .args(shell::server_once_args(&a.tuning))
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::inherit())
+    .kill_on_drop(true);
+    let fail_all = |why: String| -> Vec<(usize, anyhow::Result<Started>)> {
+        nodes
+            .iter()
+            .map(|&n| (n, Err(anyhow::anyhow!("{why}"))))
+            .collect()
+    };
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return fail_all(format!("cannot run srun: {e}")),
+    };
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut found: Vec<Option<Started>> = (0..nodes.len()).map(|_| None).collect();
+    let mut why_not = None;
+    let reading = async {
+        while found.iter().any(Option::is_none) {
+            let Some(line) = lines.next_line().await? else {
+                anyhow::bail!("srun ended before every node started rcp");
+            };
+            // `TASK: RCP-SERVER 1 PORT TOKEN ADDR NODE`
+            let text = line.split_once(": ").map_or(line.as_str(), |(_, t)| t);
+            let banner = shell::parse_banner(text)?;
+            let (Some(node), Some(addr)) = (banner.node, banner.addr) else {
+                anyhow::bail!("a node under srun did not say its name and address: {line:?}");
+            };
+            let Some(i) = names.iter().position(|n| *n == node) else {
+                anyhow::bail!("srun started rcp on {node}, which the broadcast does not name");
+            };
+            found[i] = Some(Started {
+                node: nodes[i],
+                hop: Hop {
+                    name: node,
+                    host: addr.to_string(),
+                    port: banner.port,
+                    token: banner.token,
+                },
+                child: None,
+                for_all: true,
+            });
+        }
+        anyhow::Ok(())
+    };
+    match tokio::time::timeout(SRUN_START, reading).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => why_not = Some(format!("{e:#}")),
+        Err(_) => why_not = Some(format!("not started under srun within {SRUN_START:?}")),
+    }
+    // The srun's output goes on to nobody: its tasks say what they have
+    // to say on stderr.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let mut child = Some(child);
+    found
+        .into_iter()
+        .zip(nodes)
+        .map(|(f, &n)| match f {
+            Some(mut s) => {
+                s.child = child.take();
+                (n, Ok(s))
+            }
+            None => (
+                n,
+                Err(anyhow::anyhow!(
+                    "{}",
+                    why_not.clone().unwrap_or_else(|| "not started".into())
+                )),
+            ),
+        })
+        .collect()
 }
 
 /// The hosts of a `--hosts` file: one a line (each may be a host list),

@@ -20,14 +20,17 @@
 //! of their own ([`crate::broadcast`]).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{Context, bail};
+use rfabric::endpoint::Transport;
 use rfabric::link::{ChunkMeta, Incoming, Link};
 use rfabric::memory::BufferPool;
-use rfabric::transport::Region;
+use rfabric::transport::{Backend, Region};
 
 use crate::filter::Filter;
 use crate::proto::{Hop, Msg, NodeResult, flags};
+use crate::recv::Received;
 use crate::session::{self, Params, Target};
 
 /// Buffers the payloads of forwarded chunks wait in until their writes
@@ -81,15 +84,39 @@ impl std::fmt::Debug for Relay {
 }
 
 impl Relay {
+    /// The onward hop of the node first in `hops` (the chain from it on),
+    /// reached over `backend` as its own link came: none for the last node.
+    pub async fn onward(
+        hops: &[Hop],
+        onward: Onward,
+        params: &Params,
+        backend: Backend,
+        own_secret: &[u8],
+    ) -> Option<Relay> {
+        let next = hops.get(1..).filter(|rest| !rest.is_empty())?;
+        let transport = Transport::of(backend);
+        Some(
+            Relay::open(
+                next.to_vec(),
+                onward,
+                &params.filter,
+                params,
+                transport,
+                own_secret,
+            )
+            .await,
+        )
+    }
+
     /// Reaches `hops[0]` and asks it to receive what this node receives,
     /// as the head of the chain `hops` (itself first). A next node that cannot be reached
     /// gives a relay that forwards nothing and reports why.
-    pub async fn open(
+    async fn open(
         hops: Vec<Hop>,
         onward: Onward,
         filter: &Filter,
         params: &Params,
-        target_transport: rfabric::endpoint::Transport,
+        target_transport: Transport,
         own_secret: &[u8],
     ) -> Relay {
         let hop = hops.first().expect("a relay has a next node").clone();
@@ -210,6 +237,48 @@ impl Relay {
     /// Ends the onward hop now: this node's session failed.
     pub fn abort(mut self) {
         self.cut("the node before it failed".into());
+    }
+}
+
+/// Answers the node before this one how the broadcast ended here and
+/// beyond (`hops[0]` is this node): this node's result, then the next
+/// nodes' as `relay` heard them.
+pub async fn answer(
+    link: &Link,
+    hops: &[Hop],
+    got: &Received,
+    started: Instant,
+    relay: Option<Relay>,
+) -> anyhow::Result<()> {
+    let name = &hops
+        .first()
+        .context("the broadcast's chain does not name this node")?
+        .name;
+    let mut results = vec![own_result(name, got, started)];
+    if let Some(relay) = relay {
+        results.extend(relay.finish().await);
+    }
+    for r in results {
+        link.send_message(&Msg::NodeDone(r).encode()).await?;
+    }
+    Ok(())
+}
+
+/// How this node's own part of a broadcast ended.
+fn own_result(name: &str, got: &Received, started: Instant) -> NodeResult {
+    let reason = match got.failed.first() {
+        Some(f) => format!("{}: {}", f.path, f.reason),
+        None if got.stats.failed => "an entry failed".into(),
+        None => String::new(),
+    };
+    NodeResult {
+        name: name.to_string(),
+        ok: reason.is_empty(),
+        files: got.stats.files,
+        bytes: got.stats.bytes,
+        micros: started.elapsed().as_micros() as u64,
+        failed: got.failed.len() as u32,
+        reason,
     }
 }
 

@@ -239,6 +239,11 @@ pub struct CopyArgs {
     /// destination is then :PATH.
     #[arg(long)]
     pub slurm: bool,
+    /// How a broadcast starts rcp on its nodes: rsh runs --rsh once per
+    /// node; srun runs one `srun --overlap` over all of them, inside the
+    /// current Slurm allocation (or one it makes).
+    #[arg(long, value_enum, default_value_t = Launcher::Rsh)]
+    pub launcher: Launcher,
     /// A broadcast starts rcp on at most N nodes at once through --rsh
     /// (a thousand nodes are not a thousand ssh sessions at once).
     #[arg(long, default_value_t = 32, value_name = "N",
@@ -334,6 +339,13 @@ pub struct ServeArgs {
 pub struct ServerOnceArgs {
     #[command(flatten)]
     pub tuning: Tuning,
+}
+
+/// How a broadcast starts rcp on its nodes.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    Rsh,
+    Srun,
 }
 
 /// One filter option, as given.

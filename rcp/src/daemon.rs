@@ -123,7 +123,7 @@ pub async fn server_once(a: ServerOnceArgs) -> anyhow::Result<Exit> {
         .await
         .with_context(|| format!("cannot listen on {ip}"))?;
     let token = digest::hex(&auth::nonce());
-    println!("{}", shell::banner(listener.port()?, &token));
+    println!("{}", shell::banner(listener.port()?, &token, ip));
     let config = ServeConfig {
         roots: vec![PathBuf::from("/")],
         secret: token.into_bytes(),

@@ -9,17 +9,17 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use rfabric::link::{Incoming, Link};
-use rfabric::transport::{Backend, Connection};
+use rfabric::transport::Connection;
 use rfabric::wire::Role;
 
 use crate::archive::Keep;
-use crate::chain::{Onward, Relay};
+use crate::chain::{self, Onward, Relay};
 use crate::connect::link_config;
 use crate::digest::Algorithm;
 use crate::exit::{PeerLost, Refused};
 use crate::filter::{Filter, MAX_RULES};
 use crate::listed;
-use crate::proto::{Hop, MAX_HOPS, MAX_NAMES, Msg, NodeResult, flags};
+use crate::proto::{Hop, MAX_HOPS, MAX_NAMES, Msg, flags};
 use crate::recv::{self, Itemize, RecvOptions};
 use crate::report::{Progress, Report, Stats};
 use crate::resync::Policy;
@@ -179,9 +179,8 @@ impl Params {
 /// What the client asks for.
 #[derive(Debug, Clone)]
 pub enum Request {
-    /// Local `sources` into the server's `dest`; `chain`: a broadcast,
-    /// the server the head of a chain of these further nodes (see
-    /// [`crate::chain`]).
+    /// Local `sources` into the server's `dest`; `chain`: a broadcast's
+    /// nodes from the server on, the server first (see [`crate::chain`]).
     Push {
         sources: Vec<PathBuf>,
         dest: Vec<u8>,
@@ -351,10 +350,7 @@ async fn join_streams(
 ) -> anyhow::Result<()> {
     // Every stream over the transport the first one got.
     let target = Target {
-        transport: match links[0].backend() {
-            Backend::Tcp => Transport::Tcp,
-            Backend::Rdma => Transport::Rdma,
-        },
+        transport: Transport::of(links[0].backend()),
         ..target
     };
     let opening: Vec<_> = (1..params.streams)
@@ -531,8 +527,8 @@ async fn send_names(link: &Link, names: &[Vec<u8>]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A broadcast's further nodes after its request, as `Chain` messages
-/// that fit the link's (one, empty, for a chain that ends here).
+/// A broadcast's chain from the receiver on, after its request, as
+/// `Chain` messages that fit the link's.
 pub(crate) async fn send_hops(link: &Link, hops: &[Hop]) -> anyhow::Result<()> {
     let room = link.max_message().saturating_sub(16);
     let size = |h: &Hop| h.name.len() + h.host.len() + h.token.len() + 8;
@@ -551,7 +547,8 @@ pub(crate) async fn send_hops(link: &Link, hops: &[Hop]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The further nodes that follow a request with the `CHAIN` flag.
+/// The chain from this node on (this node first) that follows a request
+/// with the `CHAIN` flag.
 async fn receive_hops(link: &Link) -> anyhow::Result<Vec<Hop>> {
     let mut all = Vec::new();
     loop {
@@ -806,16 +803,9 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 None
             };
             let params = config.params.with_request(flags, streams, filter)?;
-            let own_name = match &chain {
-                Some(hops) if streams != 1 => bail!("a broadcast hop is one stream, not {streams}"),
-                Some(hops) => Some(
-                    hops.first()
-                        .context("the broadcast's chain does not name this node")?
-                        .name
-                        .clone(),
-                ),
-                None => None,
-            };
+            if chain.is_some() && streams != 1 {
+                bail!("a broadcast hop is one stream, not {streams}");
+            }
             let mut base = confined_base(
                 &config.roots,
                 &dest,
@@ -827,31 +817,16 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                     requested_path(&dest)?.into_os_string().into_encoded_bytes(),
                 ));
             }
-            let mut relay = match chain {
-                Some(hops) if hops.len() > 1 => {
+            let mut relay = match &chain {
+                Some(hops) => {
                     let onward = Onward {
                         flags,
                         sources,
                         dest,
                     };
-                    let transport = match link.backend() {
-                        Backend::Tcp => Transport::Tcp,
-                        Backend::Rdma => Transport::Rdma,
-                    };
-                    let next = hops[1..].to_vec();
-                    Some(
-                        Relay::open(
-                            next,
-                            onward,
-                            &params.filter,
-                            &params,
-                            transport,
-                            &config.secret,
-                        )
-                        .await,
-                    )
+                    Relay::onward(hops, onward, &params, link.backend(), &config.secret).await
                 }
-                _ => None,
+                None => None,
             };
             *links = ready(&link, config, true, streams).await?;
             let got = recv::receive(
@@ -877,14 +852,8 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                     tracing::warn!(path = f.path, kind = ?f.kind, "{}: {}", f.path, f.reason);
                 }
             }
-            if let Some(name) = own_name {
-                let mut results = vec![own_result(name, &got, started)];
-                if let Some(relay) = relay {
-                    results.extend(relay.finish().await);
-                }
-                for r in results {
-                    link.send_message(&Msg::NodeDone(r).encode()).await?;
-                }
+            if let Some(hops) = &chain {
+                chain::answer(&link, hops, &got, started, relay).await?;
             }
             streams::finish_all(links).await?;
             got.stats
@@ -935,24 +904,6 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
         other => bail!("expected a request, got {}", other.name()),
     };
     Ok(Served::Session(stats))
-}
-
-/// How this node's part of a broadcast ended.
-fn own_result(name: String, got: &recv::Received, started: Instant) -> NodeResult {
-    let reason = match got.failed.first() {
-        Some(f) => format!("{}: {}", f.path, f.reason),
-        None if got.stats.failed => "an entry failed".into(),
-        None => String::new(),
-    };
-    NodeResult {
-        name,
-        ok: reason.is_empty(),
-        files: got.stats.files,
-        bytes: got.stats.bytes,
-        micros: started.elapsed().as_micros() as u64,
-        failed: got.failed.len() as u32,
-        reason,
-    }
 }
 
 /// Accepts the request: tells the client the session id, waits for the

@@ -401,3 +401,93 @@ fn bad_broadcast_command_lines_are_refused_with_the_reason() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Slurm's own launch: a cluster of four slurmd nodes (and a controller
+/// and a login node, each in a namespace of its own), and `rcp --slurm
+/// --launcher srun` run inside an allocation of the four made with
+/// salloc on the login node.
+#[test]
+fn srun_starts_the_nodes_of_a_slurm_allocation() {
+    const SLURM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/broadcast/slurm");
+    if Command::new("slurmd").arg("-V").output().is_err() {
+        eprintln!("skipped: no slurmd here (scripts/setup installs it)");
+        return;
+    }
+    let t = Scratch::new("bcast-slurm");
+    // Four nodes, then the controller and the login node.
+    let Some(c) = Cluster::new(&t, "rbcs", 6, 204, None) else {
+        return;
+    };
+    let state = t.path("slurm");
+    std::fs::create_dir_all(&state).unwrap();
+    struct Down(PathBuf);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = Command::new(SLURM).arg("down").arg(&self.0).output();
+        }
+    }
+    let _down = Down(state.clone());
+    ok(Command::new(SLURM).args([
+        "up",
+        "rbcs",
+        "4",
+        "204",
+        state.to_str().unwrap(),
+        c.dir.to_str().unwrap(),
+        c.dest.to_str().unwrap(),
+    ]));
+    let big = t.path("big");
+    random_file(&big, 3 << 20, 6);
+    let bin = Path::new(RCP).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(SLURM)
+        .args(["login", "rbcs", "4", state.to_str().unwrap()])
+        .args([
+            "env",
+            &format!("PATH={path}"),
+            "salloc",
+            "--nodes=4",
+            "--quiet",
+        ])
+        .args([
+            RCP,
+            "--slurm",
+            "--launcher",
+            "srun",
+            "--json",
+            "--timeout",
+            "10",
+        ])
+        .arg(&big)
+        .arg(format!(":{}/", c.dest.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = summary(&out);
+    let names: Vec<String> = nodes(&v)
+        .into_iter()
+        .map(|(name, good, why)| {
+            assert!(good, "{name}: {why}");
+            name
+        })
+        .collect();
+    assert_eq!(names, ["n1", "n2", "n3", "n4"]);
+    let want = std::fs::read(&big).unwrap();
+    for k in 1..=4 {
+        assert!(
+            std::fs::read(c.disk(k).join("big")).unwrap() == want,
+            "node {k}"
+        );
+    }
+    // The controller and login nodes are no nodes of the allocation.
+    assert!(!c.disk(5).join("big").exists() && !c.disk(6).join("big").exists());
+}

@@ -24,6 +24,15 @@ pub enum Transport {
 }
 
 impl Transport {
+    /// The transport that insists on what `backend` is (a further link to
+    /// the same or the next peer goes the way the first one went).
+    pub fn of(backend: crate::transport::Backend) -> Transport {
+        match backend {
+            crate::transport::Backend::Tcp => Transport::Tcp,
+            crate::transport::Backend::Rdma => Transport::Rdma,
+        }
+    }
+
     /// The name users type.
     pub fn name(self) -> &'static str {
         match self {
