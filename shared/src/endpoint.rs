@@ -74,6 +74,8 @@ pub async fn connect(
 pub struct Listener {
     tcp: Option<TcpListener>,
     rdma: Option<VerbsListener>,
+    /// The port both listen on.
+    port: u16,
 }
 
 impl std::fmt::Debug for Listener {
@@ -111,8 +113,11 @@ impl Listener {
             (_, false) => Some(TcpListener::bind_unestablished(addr).await?),
         };
         // RDMA on the same port as tcp, so that one address serves both.
+        // RDMA alone on any port: one the kernel gives tcp now (rdma_cm
+        // would pick its own, and cannot say which).
         let port = match &tcp {
             Some(t) => t.local_addr()?.port(),
+            None if addr.port() == 0 => std::net::TcpListener::bind(addr)?.local_addr()?.port(),
             None => addr.port(),
         };
         let raddr = SocketAddr::new(addr.ip(), port);
@@ -121,15 +126,12 @@ impl Listener {
             Err(e) if transport == Transport::Rdma => return Err(e),
             Err(_) => None,
         };
-        Ok(Listener { tcp, rdma })
+        Ok(Listener { tcp, rdma, port })
     }
 
     /// The port listened on (tcp's, which rdma_cm shares).
     pub fn port(&self) -> Result<u16, TransportError> {
-        match &self.tcp {
-            Some(t) => Ok(t.local_addr()?.port()),
-            None => Err(TransportError::Invalid("no tcp listener".into())),
-        }
+        Ok(self.port)
     }
 
     pub fn has_rdma(&self) -> bool {
