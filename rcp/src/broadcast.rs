@@ -25,6 +25,7 @@ use tokio::process::Child;
 
 use crate::chain::lost_node;
 use crate::cli::{CopyArgs, Launcher};
+use crate::exit::Exit;
 use crate::proto::{Hop, NodeResult};
 use crate::report::{Progress, Report};
 use crate::session::{self, Params, Request, Target};
@@ -104,6 +105,8 @@ pub async fn run(
         }
         Via::Shell { .. } => None,
     };
+    // A source that cannot be read is found before any node is started.
+    drop(session::local_sources(&b.sources)?);
     let started = Instant::now();
     let mut results: Vec<Option<NodeResult>> = vec![None; b.nodes.len()];
     let mut pending: Vec<usize> = (0..b.nodes.len()).collect();
@@ -161,6 +164,9 @@ pub async fn run(
                 }
                 report = Some(merge(report, r));
             }
+            // This side's own trouble (a source it cannot read) stops the
+            // broadcast, as it would stop a copy: no node is to blame.
+            Err(e) if matches!(Exit::of_error(&e), Exit::Io | Exit::Usage) => return Err(e),
             Err(e) => {
                 let why = format!("{e:#}");
                 results[head.node] = Some(lost_node(&b.nodes[head.node], why));

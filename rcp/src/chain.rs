@@ -109,8 +109,9 @@ impl Relay {
     }
 
     /// Reaches `hops[0]` and asks it to receive what this node receives,
-    /// as the head of the chain `hops` (itself first). A next node that cannot be reached
-    /// gives a relay that forwards nothing and reports why.
+    /// as the head of the chain `hops` (itself first). A next node that
+    /// cannot be reached gives a relay that forwards nothing and reports
+    /// why.
     async fn open(
         hops: Vec<Hop>,
         onward: Onward,
@@ -188,8 +189,19 @@ impl Relay {
                     flags: h.flags,
                     digest: h.digest,
                 };
+                let payload = chunk.payload();
+                if payload.len() > next.pool.buffer_size() {
+                    let why = format!(
+                        "its landing slots hold {} bytes, this chain's chunks {} \
+                         (its --chunk-size is smaller)",
+                        next.pool.buffer_size(),
+                        payload.len()
+                    );
+                    self.cut(why);
+                    return;
+                }
                 let mut buf = next.pool.acquire().await;
-                buf.fill_from(chunk.payload());
+                buf.fill_from(payload);
                 next.link.send_chunk(meta, &next.region, buf).await
             }
         };

@@ -17,7 +17,7 @@ use crate::chain::{self, Onward, Relay};
 use crate::connect::link_config;
 use crate::digest::Algorithm;
 use crate::exit::{PeerLost, Refused};
-use crate::filter::{Filter, MAX_RULES};
+use crate::filter::{Filter, MAX_RULES, RuleText};
 use crate::listed;
 use crate::proto::{Hop, MAX_HOPS, MAX_NAMES, Msg, flags};
 use crate::recv::{self, Itemize, RecvOptions};
@@ -490,61 +490,52 @@ fn fitting<T>(
     runs
 }
 
-/// The filter rules after a request, as `Rules` messages that fit the
-/// link's.
-pub(crate) async fn send_rules(link: &Link, filter: &Filter) -> anyhow::Result<()> {
+/// `items` as messages that fit the link's, in order: `message(run,
+/// more)` for each run of at most `most` (`size`: an item's encoded
+/// length); `more` on all but the last. `at_least_one`: an empty list is
+/// one empty message (the receiver waits for it).
+async fn send_in_runs<T: Clone>(
+    link: &Link,
+    items: &[T],
+    most: usize,
+    size: impl Fn(&T) -> usize,
+    at_least_one: bool,
+    message: impl Fn(Vec<T>, bool) -> Msg,
+) -> anyhow::Result<()> {
     let room = link.max_message().saturating_sub(16);
-    let runs = fitting(filter.texts().iter().cloned(), room, MAX_RULES, |t| {
-        t.pattern.len() + 3
-    });
+    let mut runs = fitting(items.iter().cloned(), room, most, size);
+    if runs.is_empty() && at_least_one {
+        runs.push(Vec::new());
+    }
     let last = runs.len().saturating_sub(1);
-    for (i, rules) in runs.into_iter().enumerate() {
-        let m = Msg::Rules {
-            rules,
-            more: i < last,
-        };
-        link.send_message(&m.encode()).await?;
+    for (i, run) in runs.into_iter().enumerate() {
+        link.send_message(&message(run, i < last).encode()).await?;
     }
     Ok(())
 }
 
-/// A pull's `--files-from` names, as `Names` messages that fit the link's
-/// (one, empty, for an empty list: the server waits for it).
+/// The filter rules after a request, as `Rules` messages (none when there
+/// are none).
+pub(crate) async fn send_rules(link: &Link, filter: &Filter) -> anyhow::Result<()> {
+    let size = |t: &RuleText| t.pattern.len() + 3;
+    let message = |rules, more| Msg::Rules { rules, more };
+    send_in_runs(link, filter.texts(), MAX_RULES, size, false, message).await
+}
+
+/// A pull's `--files-from` names, as `Names` messages (one, empty, for
+/// an empty list).
 async fn send_names(link: &Link, names: &[Vec<u8>]) -> anyhow::Result<()> {
-    let room = link.max_message().saturating_sub(16);
-    let mut runs = fitting(names.iter().cloned(), room, MAX_NAMES, |n| n.len() + 2);
-    if runs.is_empty() {
-        runs.push(Vec::new());
-    }
-    let last = runs.len() - 1;
-    for (i, names) in runs.into_iter().enumerate() {
-        let m = Msg::Names {
-            names,
-            more: i < last,
-        };
-        link.send_message(&m.encode()).await?;
-    }
-    Ok(())
+    let size = |n: &Vec<u8>| n.len() + 2;
+    let message = |names, more| Msg::Names { names, more };
+    send_in_runs(link, names, MAX_NAMES, size, true, message).await
 }
 
 /// A broadcast's chain from the receiver on, after its request, as
-/// `Chain` messages that fit the link's.
+/// `Chain` messages.
 pub(crate) async fn send_hops(link: &Link, hops: &[Hop]) -> anyhow::Result<()> {
-    let room = link.max_message().saturating_sub(16);
     let size = |h: &Hop| h.name.len() + h.host.len() + h.token.len() + 8;
-    let mut runs = fitting(hops.iter().cloned(), room, MAX_HOPS, size);
-    if runs.is_empty() {
-        runs.push(Vec::new());
-    }
-    let last = runs.len() - 1;
-    for (i, hops) in runs.into_iter().enumerate() {
-        let m = Msg::Chain {
-            hops,
-            more: i < last,
-        };
-        link.send_message(&m.encode()).await?;
-    }
-    Ok(())
+    let message = |hops, more| Msg::Chain { hops, more };
+    send_in_runs(link, hops, MAX_HOPS, size, true, message).await
 }
 
 /// The chain from this node on (this node first) that follows a request

@@ -137,6 +137,16 @@ fn ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// The run ended with exit status 1: it ran, and something failed.
+fn some_failed(out: &Output) {
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn summary(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
@@ -264,12 +274,7 @@ fn a_node_killed_mid_broadcast_is_cut_out_and_the_others_finish() {
     ok(Command::new("kill").args(["-9", pid.trim()]));
     std::fs::remove_file(c.dir.join("kill-4")).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    some_failed(&out);
     let v = summary(&out);
     let all = nodes(&v);
     assert_eq!(all.len(), 8);
@@ -323,12 +328,7 @@ fn a_full_disk_and_a_wrong_token_fail_only_their_own_node() {
         .arg(c.operand(""))
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    some_failed(&out);
     let v = summary(&out);
     let all = nodes(&v);
     for (k, (name, good, why)) in all.iter().enumerate() {
