@@ -1,9 +1,10 @@
 //! What a command line does, once parsed: [`run`] dispatches to the copy
 //! or to a serving side ([`crate::daemon`]). A copy ([`copy`]) decides from
 //! its operands whether it is a push (local sources, remote destination),
-//! a pull (remote sources on one host, local destination) or a local copy
+//! a pull (remote sources on one host, local destination), a local copy
 //! (both sides here, through an in-process server on loopback, so that it
-//! runs the same verified pipeline), then runs it.
+//! runs the same verified pipeline) or a broadcast (a host list for the
+//! destination: [`crate::broadcast`]), then runs it.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -73,9 +74,10 @@ pub enum PlanError {
     ListedSource,
 }
 
-/// Push, pull or local: the destination is remote and every source local
-/// (push), or the destination is local and the sources all local (local
-/// copy) or all remote on one host (pull). Anything else is refused.
+/// Push, pull, local or broadcast: the destination is remote and every
+/// source local (push; a broadcast when the destination is a host list),
+/// or the destination is local and the sources all local (local copy) or
+/// all remote on one host (pull). Anything else is refused.
 pub fn plan<'a>(sources: &'a [Operand], dest: &'a Operand) -> Result<Plan<'a>, PlanError> {
     if sources
         .iter()
@@ -492,6 +494,42 @@ mod tests {
         assert_eq!(
             PlanError::MixedHosts.to_string(),
             "all remote sources must be on the same host"
+        );
+    }
+
+    #[test]
+    fn a_host_list_destination_makes_a_broadcast_and_is_no_source() {
+        let operands = ops(&["a", "b", "me@n[1-3]:/scratch"]);
+        let (dest, sources) = operands.split_last().unwrap();
+        match plan(sources, dest).unwrap() {
+            Plan::Broadcast(b) => {
+                assert_eq!(b.sources, [PathBuf::from("a"), PathBuf::from("b")]);
+                assert_eq!(b.nodes, ["n1", "n2", "n3"]);
+                assert_eq!(
+                    b.via,
+                    Via::Shell {
+                        user: Some("me".into())
+                    }
+                );
+                assert_eq!(b.dest, b"/scratch");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            plan_of(&["a", "rcp://n[1-2]:9/d"])
+                .unwrap()
+                .contains("Daemon { port: 9 }")
+        );
+        for words in [["n[1-2]:a", "here"], ["n[1-2]:a", "m[1-2]:b"]] {
+            assert_eq!(
+                plan_of(&words).unwrap_err(),
+                PlanError::ListedSource,
+                "{words:?}"
+            );
+        }
+        assert_eq!(
+            plan_of(&["node2:a", "n[1-2]:b"]).unwrap_err(),
+            PlanError::NoLocalSide
         );
     }
 

@@ -24,7 +24,7 @@ use rfabric::endpoint;
 use tokio::process::Child;
 
 use crate::chain::lost_node;
-use crate::cli::{CopyArgs, Launcher};
+use crate::cli::{CopyArgs, Launcher, Order};
 use crate::exit::Exit;
 use crate::proto::{Hop, NodeResult};
 use crate::report::{Progress, Report};
@@ -78,6 +78,8 @@ struct Started {
     child: Option<Child>,
     /// `child` is the srun of the whole round.
     for_all: bool,
+    /// Where it is in the network, as Slurm says (`top.s1.n1`).
+    topology: Option<String>,
 }
 
 /// Runs the broadcast to the end: every node has a result in the report
@@ -95,6 +97,11 @@ pub async fn run(
         )
         .into());
     }
+    if a.order == Order::Topology && a.launcher != Launcher::Srun {
+        let why = "--order topology needs --launcher srun (each node's place in the \
+                   network comes from Slurm, SLURM_TOPOLOGY_ADDR)";
+        return Err(Usage(why.into()).into());
+    }
     let secret = match b.via {
         Via::Daemon { .. } => {
             let file = a
@@ -111,6 +118,7 @@ pub async fn run(
     let mut results: Vec<Option<NodeResult>> = vec![None; b.nodes.len()];
     let mut pending: Vec<usize> = (0..b.nodes.len()).collect();
     let mut report: Option<Report> = None;
+    let mut rounds = Vec::new();
     while !pending.is_empty() {
         let mut chain = Vec::new();
         for (node, reached) in start(&b, &pending, a).await {
@@ -122,6 +130,16 @@ pub async fn run(
                 }
             }
         }
+        if a.order == Order::Topology {
+            let keys: Vec<Option<&str>> = chain.iter().map(|s| s.topology.as_deref()).collect();
+            let order = by_switch(&keys);
+            let mut taken: Vec<Option<Started>> = chain.into_iter().map(Some).collect();
+            chain = order
+                .iter()
+                .map(|&i| taken[i].take().expect("each once"))
+                .collect();
+        }
+        rounds.push(chain.iter().map(|s| b.nodes[s.node].clone()).collect());
         let Some(head) = chain.first() else {
             break;
         };
@@ -210,7 +228,63 @@ pub async fn run(
     report.seconds = started.elapsed().as_secs_f64();
     report.failed.clear();
     report.nodes = nodes;
+    report.rounds = rounds;
     Ok(report)
+}
+
+/// The chain's order by network switch: the nodes under one switch (a
+/// place `top.s1.n1` without its last part) next to one another, switches
+/// in the order their first node is named, each switch's nodes in the
+/// order named; a node with no place keeps its own, alone.
+fn by_switch(places: &[Option<&str>]) -> Vec<usize> {
+    let switch = |i: usize| places[i].map(|p| p.rsplit_once('.').map_or(p, |(sw, _)| sw));
+    let mut order: Vec<usize> = Vec::with_capacity(places.len());
+    let mut placed = vec![false; places.len()];
+    for i in 0..places.len() {
+        if placed[i] {
+            continue;
+        }
+        let here = switch(i);
+        for j in i..places.len() {
+            if !placed[j] && (j == i || (here.is_some() && switch(j) == here)) {
+                placed[j] = true;
+                order.push(j);
+            }
+        }
+    }
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topology_order_keeps_each_switch_together() {
+        let places = [
+            Some("top.s1.n1"),
+            Some("top.s2.n2"),
+            Some("top.s1.n3"),
+            None,
+            Some("top.s2.n4"),
+            Some("top.s1.n5"),
+            None,
+        ];
+        assert_eq!(by_switch(&places), [0, 2, 5, 1, 4, 3, 6]);
+        // No places at all: the named order.
+        assert_eq!(by_switch(&[None, None, None]), [0, 1, 2]);
+        // A bare node name is its own switch.
+        assert_eq!(by_switch(&[Some("a"), Some("b"), Some("a")]), [0, 2, 1]);
+    }
+
+    #[test]
+    fn hosts_files_read_lists_and_refuse_a_host_twice() {
+        let text = "# the rack\nn[1-3]\n\nlogin2  # and this\n";
+        assert_eq!(hosts_file(text).unwrap(), ["n1", "n2", "n3", "login2"]);
+        assert!(format!("{:#}", hosts_file("n[1-2]\nn2\n").unwrap_err()).contains("named twice"));
+        assert!(hosts_file("# nothing\n").is_err());
+        assert!(format!("{:#}", hosts_file("a\nn[2-1]\n").unwrap_err()).contains("line 2"));
+    }
 }
 
 /// The rounds' reports as one: the bytes the source sent in all of them;
@@ -263,6 +337,7 @@ async fn start(
                             hop,
                             child: None,
                             for_all: false,
+                            topology: None,
                         }),
                     )
                 })
@@ -294,6 +369,7 @@ async fn start(
                     },
                     child: Some(remote.child),
                     for_all: false,
+                    topology: None,
                 })
             });
             (node, task)
@@ -374,6 +450,7 @@ async fn srun(
                 },
                 child: None,
                 for_all: true,
+                topology: banner.topology,
             });
         }
         anyhow::Ok(())

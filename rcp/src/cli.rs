@@ -239,6 +239,11 @@ pub struct CopyArgs {
     /// destination is then :PATH.
     #[arg(long)]
     pub slurm: bool,
+    /// The order of a broadcast's chain: named (as the host list names
+    /// them), or topology: the nodes under one network switch next to one
+    /// another (Slurm's SLURM_TOPOLOGY_ADDR; needs --launcher srun).
+    #[arg(long, value_enum, default_value_t = Order::Named)]
+    pub order: Order,
     /// How a broadcast starts rcp on its nodes: rsh runs --rsh once per
     /// node; srun runs one `srun --overlap` over all of them, inside the
     /// current Slurm allocation (or one it makes).
@@ -339,6 +344,13 @@ pub struct ServeArgs {
 pub struct ServerOnceArgs {
     #[command(flatten)]
     pub tuning: Tuning,
+}
+
+/// The order of a broadcast's chain.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    Named,
+    Topology,
 }
 
 /// How a broadcast starts rcp on its nodes.

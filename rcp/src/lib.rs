@@ -5,10 +5,11 @@
 //! into registered buffers and writes each chunk one-sidedly into the
 //! receiver's landing slots as soon as a credit is free; the receiver writes
 //! them out with io_uring and returns the credit. Every chunk is hashed with
-//! SHA-256 on both sides; files arrive under temporary names and are renamed
+//! BLAKE3 (or SHA-256) on both sides; files arrive under temporary names and are renamed
 //! only when complete, verified and synced.
 //!
-//! Rooms: [`app`] (what a command line does: push, pull or local copy),
+//! Rooms: [`app`] (what a command line does: push, pull, local copy or
+//! broadcast),
 //! [`daemon`] (`rcp serve` and the far side of remote-shell mode),
 //! [`cli`] (the command line, as clap sees it), [`tuning`] (the storage
 //! engine and a session's parameters from the flags), [`operand`] (what
@@ -23,7 +24,9 @@
 //! (rsync's include and exclude rules, sans I/O), [`listed`]
 //! (`--files-from` lists, sans I/O),
 //! [`session`] (auth, request, pipelines),
-//! [`streams`] (striping a session over several links), [`connect`]
+//! [`streams`] (striping a session over several links), [`broadcast`]
+//! (one source to a host list's nodes) with [`chain`] (a node's onward
+//! hop) and [`hostlist`] (Slurm's host lists, sans I/O), [`connect`]
 //! (transport choice), [`shell`] (remote-shell mode), [`report`] (progress,
 //! the summary and the `--json` object, the outcome), [`digest`] (the
 //! digest definition, and the one hex encoder).

@@ -50,6 +50,8 @@ pub struct Report {
     /// A broadcast's: every node's end, in the order the user named them
     /// (empty for any other copy).
     pub nodes: Vec<NodeResult>,
+    /// A broadcast's: the nodes of each round's chain, in chain order.
+    pub rounds: Vec<Vec<String>>,
 }
 
 impl Report {
@@ -66,6 +68,7 @@ impl Report {
             digest: None,
             failed: Vec::new(),
             nodes: Vec::new(),
+            rounds: Vec::new(),
         }
     }
 }
@@ -198,6 +201,11 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeSummary>,
     pub ok: bool,
+    /// A broadcast's chains, one a round: the nodes in the order the data
+    /// went through them (a further round serves the nodes a failure cut
+    /// off).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rounds: Vec<Vec<String>>,
     pub seconds: f64,
     /// The digest of the one file copied, only when it was verified and
     /// nothing failed: a digest next to a failure would read as a promise.
@@ -231,6 +239,7 @@ impl Summary {
             io_engine: r.io_engine.name(),
             nodes: r.nodes.iter().map(NodeSummary::of).collect(),
             ok,
+            rounds: r.rounds.clone(),
             seconds: r.seconds,
             sha256: shown(Algorithm::Sha256),
             skipped: r.stats.skipped,
@@ -451,6 +460,7 @@ mod tests {
             digest,
             failed,
             nodes: Vec::new(),
+            rounds: Vec::new(),
         }
     }
 

@@ -300,6 +300,7 @@ pub async fn client(
         digest,
         failed: outcome.failed,
         nodes,
+        rounds: Vec::new(),
     })
 }
 

@@ -5,8 +5,10 @@
 //! authenticates with the one-time token (it travelled over the remote
 //! shell's own channel). The data never goes through the shell. ADDR is
 //! where the server listens (a broadcast's other nodes reach it there),
-//! NODE its Slurm node name when Slurm started it. (A client from before
-//! ADDR reads the first two fields only.)
+//! NODE its Slurm node name when Slurm started it, then TOPO its place in
+//! Slurm's network topology when Slurm knows one (`SLURM_TOPOLOGY_ADDR`,
+//! `top.s1.n1`). (A client from before ADDR reads the first two fields
+//! only.)
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -36,6 +38,7 @@ pub struct Banner {
     pub token: Vec<u8>,
     pub addr: Option<std::net::IpAddr>,
     pub node: Option<String>,
+    pub topology: Option<String>,
 }
 
 /// The arguments that start a one-shot server with this side's tuning.
@@ -89,6 +92,7 @@ pub fn parse_banner(line: &str) -> anyhow::Result<Banner> {
         token,
         addr,
         node: parts.next().map(String::from),
+        topology: parts.next().map(String::from),
     })
 }
 
@@ -127,10 +131,14 @@ pub async fn start(rsh: &str, login: &str, tuning: &Tuning) -> anyhow::Result<Re
 /// The banner a one-shot server prints (its Slurm node name when Slurm
 /// started it).
 pub fn banner(port: u16, token: &str, addr: std::net::IpAddr) -> String {
-    match std::env::var("SLURMD_NODENAME") {
-        Ok(node) if !node.is_empty() && !node.contains(char::is_whitespace) => {
-            format!("{BANNER} {port} {token} {addr} {node}")
-        }
+    let word = |var: &str| {
+        std::env::var(var)
+            .ok()
+            .filter(|v| !v.is_empty() && !v.contains(char::is_whitespace))
+    };
+    match (word("SLURMD_NODENAME"), word("SLURM_TOPOLOGY_ADDR")) {
+        (Some(node), Some(topo)) => format!("{BANNER} {port} {token} {addr} {node} {topo}"),
+        (Some(node), None) => format!("{BANNER} {port} {token} {addr} {node}"),
         _ => format!("{BANNER} {port} {token} {addr}"),
     }
 }
@@ -184,6 +192,9 @@ mod tests {
         let b = parse_banner("RCP-SERVER 1 4000 abc 10.0.0.7 n07").unwrap();
         assert_eq!(b.addr, Some("10.0.0.7".parse().unwrap()));
         assert_eq!(b.node.as_deref(), Some("n07"));
+        assert_eq!(b.topology, None);
+        let b = parse_banner("RCP-SERVER 1 4000 abc 10.0.0.7 n07 top.s2.n07").unwrap();
+        assert_eq!(b.topology.as_deref(), Some("top.s2.n07"));
         for bad in [
             "hello",
             "RCP-SERVER 1 0 abc",

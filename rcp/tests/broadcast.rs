@@ -389,6 +389,10 @@ fn bad_broadcast_command_lines_are_refused_with_the_reason() {
         "--streams does not apply",
     );
     refused(&["--hosts", fs, fs, "/x"], "the destination is :PATH");
+    refused(
+        &["--order", "topology", fs, "n[1-2]:/x"],
+        "--order topology needs --launcher srun",
+    );
     let out = Command::new(RCP)
         .env_remove("SLURM_JOB_NODELIST")
         .env_remove("SLURM_NODELIST")
@@ -444,50 +448,62 @@ fn srun_starts_the_nodes_of_a_slurm_allocation() {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let out = Command::new(SLURM)
-        .args(["login", "rbcs", "4", state.to_str().unwrap()])
-        .args([
-            "env",
-            &format!("PATH={path}"),
-            "salloc",
-            "--nodes=4",
-            "--quiet",
-        ])
-        .args([
-            RCP,
-            "--slurm",
-            "--launcher",
-            "srun",
-            "--json",
-            "--timeout",
-            "10",
-        ])
-        .arg(&big)
-        .arg(format!(":{}/", c.dest.display()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v = summary(&out);
-    let names: Vec<String> = nodes(&v)
-        .into_iter()
-        .map(|(name, good, why)| {
-            assert!(good, "{name}: {why}");
-            name
-        })
-        .collect();
-    assert_eq!(names, ["n1", "n2", "n3", "n4"]);
-    let want = std::fs::read(&big).unwrap();
-    for k in 1..=4 {
+    let broadcast = |order: &str| {
+        for k in 1..=4 {
+            let _ = std::fs::remove_file(c.disk(k).join("big"));
+        }
+        let out = Command::new(SLURM)
+            .args(["login", "rbcs", "4", state.to_str().unwrap()])
+            .args([
+                "env",
+                &format!("PATH={path}"),
+                "salloc",
+                "--nodes=4",
+                "--quiet",
+            ])
+            .args([RCP, "--slurm", "--launcher", "srun", "--order", order])
+            .args(["--json", "--timeout", "10"])
+            .arg(&big)
+            .arg(format!(":{}/", c.dest.display()))
+            .output()
+            .unwrap();
         assert!(
-            std::fs::read(c.disk(k).join("big")).unwrap() == want,
-            "node {k}"
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
         );
-    }
+        let v = summary(&out);
+        let names: Vec<String> = nodes(&v)
+            .into_iter()
+            .map(|(name, good, why)| {
+                assert!(good, "{name}: {why}");
+                name
+            })
+            .collect();
+        assert_eq!(
+            names,
+            ["n1", "n2", "n3", "n4"],
+            "results in the order named"
+        );
+        let want = std::fs::read(&big).unwrap();
+        for k in 1..=4 {
+            assert!(
+                std::fs::read(c.disk(k).join("big")).unwrap() == want,
+                "node {k}"
+            );
+        }
+        v["rounds"][0].clone()
+    };
+    assert_eq!(
+        broadcast("named"),
+        serde_json::json!(["n1", "n2", "n3", "n4"])
+    );
+    // Slurm's topology: n1 and n3 under one switch, n2 and n4 under another.
+    assert_eq!(
+        broadcast("topology"),
+        serde_json::json!(["n1", "n3", "n2", "n4"])
+    );
     // The controller and login nodes are no nodes of the allocation.
     assert!(!c.disk(5).join("big").exists() && !c.disk(6).join("big").exists());
 }
