@@ -237,54 +237,23 @@ pub async fn run(
 /// in the order their first node is named, each switch's nodes in the
 /// order named; a node with no place keeps its own, alone.
 fn by_switch(places: &[Option<&str>]) -> Vec<usize> {
-    let switch = |i: usize| places[i].map(|p| p.rsplit_once('.').map_or(p, |(sw, _)| sw));
-    let mut order: Vec<usize> = Vec::with_capacity(places.len());
-    let mut placed = vec![false; places.len()];
-    for i in 0..places.len() {
-        if placed[i] {
-            continue;
-        }
-        let here = switch(i);
-        for j in i..places.len() {
-            if !placed[j] && (j == i || (here.is_some() && switch(j) == here)) {
-                placed[j] = true;
-                order.push(j);
-            }
+    fn switch(place: Option<&str>) -> Option<&str> {
+        place.map(|p| p.rsplit_once('.').map_or(p, |(sw, _)| sw))
+    }
+    // Each switch's nodes, switches in the order of their first node; a
+    // node without a place is a group of its own.
+    let mut groups: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
+    for (i, place) in places.iter().enumerate() {
+        let sw = switch(*place);
+        match groups.iter_mut().find(|(g, _)| sw.is_some() && *g == sw) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((sw, vec![i])),
         }
     }
-    order
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_topology_order_keeps_each_switch_together() {
-        let places = [
-            Some("top.s1.n1"),
-            Some("top.s2.n2"),
-            Some("top.s1.n3"),
-            None,
-            Some("top.s2.n4"),
-            Some("top.s1.n5"),
-            None,
-        ];
-        assert_eq!(by_switch(&places), [0, 2, 5, 1, 4, 3, 6]);
-        // No places at all: the named order.
-        assert_eq!(by_switch(&[None, None, None]), [0, 1, 2]);
-        // A bare node name is its own switch.
-        assert_eq!(by_switch(&[Some("a"), Some("b"), Some("a")]), [0, 2, 1]);
-    }
-
-    #[test]
-    fn hosts_files_read_lists_and_refuse_a_host_twice() {
-        let text = "# the rack\nn[1-3]\n\nlogin2  # and this\n";
-        assert_eq!(hosts_file(text).unwrap(), ["n1", "n2", "n3", "login2"]);
-        assert!(format!("{:#}", hosts_file("n[1-2]\nn2\n").unwrap_err()).contains("named twice"));
-        assert!(hosts_file("# nothing\n").is_err());
-        assert!(format!("{:#}", hosts_file("a\nn[2-1]\n").unwrap_err()).contains("line 2"));
-    }
+    groups
+        .into_iter()
+        .flat_map(|(_, members)| members)
+        .collect()
 }
 
 /// The rounds' reports as one: the bytes the source sent in all of them;
@@ -502,4 +471,36 @@ pub fn hosts_file(text: &str) -> anyhow::Result<Vec<String>> {
     // (Refuses a host named twice across lines.)
     crate::hostlist::expand(&joined)?;
     Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topology_order_keeps_each_switch_together() {
+        let places = [
+            Some("top.s1.n1"),
+            Some("top.s2.n2"),
+            Some("top.s1.n3"),
+            None,
+            Some("top.s2.n4"),
+            Some("top.s1.n5"),
+            None,
+        ];
+        assert_eq!(by_switch(&places), [0, 2, 5, 1, 4, 3, 6]);
+        // No places at all: the named order.
+        assert_eq!(by_switch(&[None, None, None]), [0, 1, 2]);
+        // A bare node name is its own switch.
+        assert_eq!(by_switch(&[Some("a"), Some("b"), Some("a")]), [0, 2, 1]);
+    }
+
+    #[test]
+    fn hosts_files_read_lists_and_refuse_a_host_twice() {
+        let text = "# the rack\nn[1-3]\n\nlogin2  # and this\n";
+        assert_eq!(hosts_file(text).unwrap(), ["n1", "n2", "n3", "login2"]);
+        assert!(format!("{:#}", hosts_file("n[1-2]\nn2\n").unwrap_err()).contains("named twice"));
+        assert!(hosts_file("# nothing\n").is_err());
+        assert!(format!("{:#}", hosts_file("a\nn[2-1]\n").unwrap_err()).contains("line 2"));
+    }
 }
