@@ -507,3 +507,92 @@ fn srun_starts_the_nodes_of_a_slurm_allocation() {
     // The controller and login nodes are no nodes of the allocation.
     assert!(!c.disk(5).join("big").exists() && !c.disk(6).join("big").exists());
 }
+
+/// Daemons need no launcher: `rcp serve` on each node (in its namespace,
+/// on its own address), the source and every node proving the same
+/// shared secret to the next. A daemon that holds another secret fails
+/// its own node only ("authentication failed" from the node before it),
+/// and the node after it is served in a second round.
+#[test]
+fn daemons_take_a_broadcast_with_their_shared_secret() {
+    let t = Scratch::new("bcast-daemons");
+    let Some(c) = Cluster::new(&t, "rbcd", 4, 205, None) else {
+        return;
+    };
+    let secret = common::secret(&t, "secret");
+    let other = common::secret(&t, "other");
+    struct Daemons(Vec<std::process::Child>);
+    impl Drop for Daemons {
+        fn drop(&mut self) {
+            for d in &mut self.0 {
+                let _ = d.kill();
+                let _ = d.wait();
+            }
+        }
+    }
+    let mut daemons = Daemons(Vec::new());
+    for k in 1..=4 {
+        let key = if k == 3 { &other } else { &secret };
+        let log = std::fs::File::create(c.dir.join(format!("serve-{k}.log"))).unwrap();
+        daemons.0.push(
+            Command::new("ip")
+                .args(["netns", "exec", &format!("rbcd-{k}"), "sh", "-c"])
+                .arg(r#"mount --bind "$0" "$1" && exec "$2" serve --listen "$3" --root "$1" --secret-file "$4""#)
+                .arg(c.disk(k))
+                .arg(&c.dest)
+                .arg(RCP)
+                .arg(format!("10.205.0.{k}:7470"))
+                .arg(key)
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+    }
+    // Each daemon says it listens before the copy starts.
+    for k in 1..=4 {
+        let log = c.dir.join(format!("serve-{k}.log"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("listening")
+        {
+            assert!(Instant::now() < deadline, "daemon {k} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let big = t.path("big");
+    random_file(&big, 2 << 20, 8);
+    let out = Command::new(RCP)
+        .args(["--json", "--timeout", "10", "--secret-file"])
+        .arg(&secret)
+        .arg(&big)
+        .arg(format!("rcp://10.205.0.[1-4]/{}/", c.dest.display()))
+        .output()
+        .unwrap();
+    some_failed(&out);
+    let v = summary(&out);
+    let want = std::fs::read(&big).unwrap();
+    for (k, (name, good, why)) in nodes(&v).into_iter().enumerate() {
+        let k = k + 1;
+        if k == 3 {
+            assert!(
+                !good && why.contains("authentication failed"),
+                "{name}: {why}"
+            );
+            assert!(!c.disk(3).join("big").exists());
+        } else {
+            assert!(good, "{name}: {why}");
+            assert!(
+                std::fs::read(c.disk(k).join("big")).unwrap() == want,
+                "{name}"
+            );
+        }
+    }
+    assert_eq!(
+        v["rounds"],
+        serde_json::json!([
+            ["10.205.0.1", "10.205.0.2", "10.205.0.3", "10.205.0.4"],
+            ["10.205.0.4"]
+        ])
+    );
+}
