@@ -351,10 +351,10 @@ async fn remote_copy(
         Operand::Shell { login, host, .. } => {
             let mut remote = shell::start(&a.rsh, login, &a.tuning).await?;
             let target = Target {
-                addr: endpoint::resolve(host, remote.port)?,
+                addr: endpoint::resolve(host, remote.banner.port)?,
                 transport: a.tuning.transport,
             };
-            let report = session::client(target, &remote.token, request, p, progress).await;
+            let report = session::client(target, &remote.banner.token, request, p, progress).await;
             let status = remote.child.wait().await?;
             let report = report?;
             if !status.success() && report.failed.is_empty() {

@@ -326,17 +326,17 @@ async fn start(
             let (rsh, tuning, slots) = (a.rsh.clone(), a.tuning.clone(), Arc::clone(&slots));
             let task = tokio::spawn(async move {
                 let _slot = slots.acquire_owned().await.expect("never closed");
-                let remote = shell::start(&rsh, &login, &tuning).await?;
+                let shell::Remote { child, banner } = shell::start(&rsh, &login, &tuning).await?;
                 anyhow::Ok(Started {
                     node,
                     hop: Hop {
                         name: host.clone(),
                         // (Where it says it listens, else its name.)
-                        host: remote.addr.map_or(host, |a| a.to_string()),
-                        port: remote.port,
-                        token: remote.token,
+                        host: banner.addr.map_or(host, |a| a.to_string()),
+                        port: banner.port,
+                        token: banner.token,
                     },
-                    child: Some(remote.child),
+                    child: Some(child),
                     for_all: false,
                     topology: None,
                 })

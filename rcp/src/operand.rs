@@ -80,8 +80,7 @@ impl Operand {
                     path: path.into(),
                 });
             }
-            let host = login.rsplit('@').next().unwrap_or(login).to_string();
-            let host = host
+            let host = list
                 .trim_start_matches('[')
                 .trim_end_matches(']')
                 .to_string();

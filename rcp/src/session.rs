@@ -539,43 +539,58 @@ pub(crate) async fn send_hops(link: &Link, hops: &[Hop]) -> anyhow::Result<()> {
     send_in_runs(link, hops, MAX_HOPS, size, true, message).await
 }
 
+/// The items of the messages that follow a request (`Rules`, `Names`,
+/// `Chain`), in order: `take` gives a message's items and its `more`, or
+/// `None` for any other message (`missing` says what did not follow);
+/// more than `most` items in all are refused (`too_many`).
+async fn receive_in_runs<T>(
+    link: &Link,
+    most: usize,
+    missing: &str,
+    too_many: &str,
+    take: impl Fn(Msg) -> Option<(Vec<T>, bool)>,
+) -> anyhow::Result<Vec<T>> {
+    let mut all = Vec::new();
+    loop {
+        let Some((items, more)) = take(setup_msg(link).await?) else {
+            bail!("{missing}");
+        };
+        all.extend(items);
+        if all.len() > most {
+            bail!("{too_many}");
+        }
+        if !more {
+            return Ok(all);
+        }
+    }
+}
+
 /// The chain from this node on (this node first) that follows a request
 /// with the `CHAIN` flag.
 async fn receive_hops(link: &Link) -> anyhow::Result<Vec<Hop>> {
-    let mut all = Vec::new();
-    loop {
-        let Msg::Chain { hops, more } = setup_msg(link).await? else {
-            bail!("the broadcast's chain did not follow its request");
-        };
-        all.extend(hops);
-        if all.len() > crate::hostlist::MAX_HOSTS {
-            bail!("a chain of more than {} nodes", crate::hostlist::MAX_HOSTS);
-        }
-        if !more {
-            break;
-        }
-    }
-    Ok(all)
+    let most = crate::hostlist::MAX_HOSTS;
+    let missing = "the broadcast's chain did not follow its request";
+    let too_many = format!("a chain of more than {most} nodes");
+    receive_in_runs(link, most, missing, &too_many, |m| match m {
+        Msg::Chain { hops, more } => Some((hops, more)),
+        _ => None,
+    })
+    .await
 }
 
 /// The names that follow a pull with the `FILES_FROM` flag, checked and
 /// in the walk's order.
 async fn receive_names(link: &Link) -> anyhow::Result<Arc<Vec<Vec<u8>>>> {
-    let mut all = Vec::new();
-    loop {
-        let Msg::Names { names, more } = setup_msg(link).await? else {
-            bail!("the request's --files-from names did not follow it");
-        };
-        for n in names {
-            tree::relative(listed::bare(&n))?;
-            all.push(n);
-        }
-        if all.len() > listed::MAX_LISTED {
-            bail!("more than {} --files-from names", listed::MAX_LISTED);
-        }
-        if !more {
-            break;
-        }
+    let most = listed::MAX_LISTED;
+    let missing = "the request's --files-from names did not follow it";
+    let too_many = format!("more than {most} --files-from names");
+    let mut all = receive_in_runs(link, most, missing, &too_many, |m| match m {
+        Msg::Names { names, more } => Some((names, more)),
+        _ => None,
+    })
+    .await?;
+    for n in &all {
+        tree::relative(listed::bare(n))?;
     }
     listed::sort(&mut all);
     Ok(Arc::new(all))
@@ -583,21 +598,17 @@ async fn receive_names(link: &Link) -> anyhow::Result<Arc<Vec<Vec<u8>>>> {
 
 /// The filter rules that follow a request with the `FILTERS` flag.
 async fn receive_rules(link: &Link, flags: u32) -> anyhow::Result<Arc<Filter>> {
-    let mut texts = Vec::new();
-    if flags & flags::FILTERS != 0 {
-        loop {
-            let Msg::Rules { rules, more } = setup_msg(link).await? else {
-                bail!("the request's filter rules did not follow it");
-            };
-            texts.extend(rules);
-            if texts.len() > crate::filter::MAX_RULES {
-                bail!("more than {} filter rules", crate::filter::MAX_RULES);
-            }
-            if !more {
-                break;
-            }
-        }
-    }
+    let texts = if flags & flags::FILTERS != 0 {
+        let missing = "the request's filter rules did not follow it";
+        let too_many = format!("more than {MAX_RULES} filter rules");
+        receive_in_runs(link, MAX_RULES, missing, &too_many, |m| match m {
+            Msg::Rules { rules, more } => Some((rules, more)),
+            _ => None,
+        })
+        .await?
+    } else {
+        Vec::new()
+    };
     Ok(Arc::new(
         Filter::new(texts).map_err(|e| refused(&e.to_string()))?,
     ))

@@ -1,6 +1,6 @@
 //! Remote-shell mode, as scp: `rcp SRC host:DEST` runs `rcp` on the far side
 //! through `--rsh` (ssh by default). That side starts a one-shot server and
-//! prints one line, `RCP-SERVER 1 PORT TOKEN ADDR [NODE]`; the client
+//! prints one line, `RCP-SERVER 1 PORT TOKEN ADDR [NODE [TOPO]]`; the client
 //! connects to the same host on that port over the fabric and
 //! authenticates with the one-time token (it travelled over the remote
 //! shell's own channel). The data never goes through the shell. ADDR is
@@ -25,10 +25,8 @@ const BANNER: &str = "RCP-SERVER 1";
 #[derive(Debug)]
 pub struct Remote {
     pub child: Child,
-    pub port: u16,
-    pub token: Vec<u8>,
-    /// Where it listens, as it says.
-    pub addr: Option<std::net::IpAddr>,
+    /// What it printed: where it listens, with what token.
+    pub banner: Banner,
 }
 
 /// What a one-shot server's banner says.
@@ -119,17 +117,14 @@ pub async fn start(rsh: &str, login: &str, tuning: &Tuning) -> anyhow::Result<Re
         Ok(_) => bail!("the remote side ended without starting rcp (is rcp installed there?)"),
         Err(_) => bail!("the remote side did not answer within 60 s"),
     }
-    let b = parse_banner(&line)?;
     Ok(Remote {
         child,
-        port: b.port,
-        token: b.token,
-        addr: b.addr,
+        banner: parse_banner(&line)?,
     })
 }
 
-/// The banner a one-shot server prints (its Slurm node name when Slurm
-/// started it).
+/// The banner a one-shot server prints (its Slurm node name, and its place
+/// in Slurm's topology, when Slurm started it).
 pub fn banner(port: u16, token: &str, addr: std::net::IpAddr) -> String {
     let word = |var: &str| {
         std::env::var(var)
