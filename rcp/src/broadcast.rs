@@ -97,6 +97,10 @@ pub async fn run(
         )
         .into());
     }
+    if a.launcher == Launcher::Srun && b.via != (Via::Shell { user: None }) {
+        let why = "--launcher srun starts nodes as this user, not through rcp:// or as user@node";
+        return Err(Usage(why.into()).into());
+    }
     if a.order == Order::Topology && a.launcher != Launcher::Srun {
         let why = "--order topology needs --launcher srun (each node's place in the \
                    network comes from Slurm, SLURM_TOPOLOGY_ADDR)";
@@ -276,17 +280,7 @@ async fn start(
     a: &CopyArgs,
 ) -> Vec<(usize, anyhow::Result<Started>)> {
     if a.launcher == Launcher::Srun {
-        return match &b.via {
-            Via::Shell { user: None } => srun(b, nodes, a).await,
-            _ => nodes
-                .iter()
-                .map(|&n| {
-                    let why = "--launcher srun starts nodes as this user, not through rcp:// \
-                               or as user@node";
-                    (n, Err(Usage(why.into()).into()))
-                })
-                .collect(),
-        };
+        return srun(b, nodes, a).await;
     }
     let user = match &b.via {
         Via::Daemon { port } => {

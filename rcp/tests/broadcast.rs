@@ -390,6 +390,10 @@ fn bad_broadcast_command_lines_are_refused_with_the_reason() {
     );
     refused(&["--hosts", fs, fs, "/x"], "the destination is :PATH");
     refused(
+        &["--launcher", "srun", fs, "me@n[1-2]:/x"],
+        "--launcher srun starts nodes as this user",
+    );
+    refused(
         &["--order", "topology", fs, "n[1-2]:/x"],
         "--order topology needs --launcher srun",
     );
