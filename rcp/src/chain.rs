@@ -28,7 +28,6 @@ use rfabric::link::{ChunkMeta, Incoming, Link};
 use rfabric::memory::BufferPool;
 use rfabric::transport::{Backend, Region};
 
-use crate::filter::Filter;
 use crate::proto::{Hop, Msg, NodeResult, flags};
 use crate::recv::Received;
 use crate::session::{self, Params, Target};
@@ -94,18 +93,7 @@ impl Relay {
         own_secret: &[u8],
     ) -> Option<Relay> {
         let next = hops.get(1..).filter(|rest| !rest.is_empty())?;
-        let transport = Transport::of(backend);
-        Some(
-            Relay::open(
-                next.to_vec(),
-                onward,
-                &params.filter,
-                params,
-                transport,
-                own_secret,
-            )
-            .await,
-        )
+        Some(Relay::open(next, onward, params, Transport::of(backend), own_secret).await)
     }
 
     /// Reaches `hops[0]` and asks it to receive what this node receives,
@@ -113,9 +101,8 @@ impl Relay {
     /// cannot be reached gives a relay that forwards nothing and reports
     /// why.
     async fn open(
-        hops: Vec<Hop>,
+        hops: &[Hop],
         onward: Onward,
-        filter: &Filter,
         params: &Params,
         target_transport: Transport,
         own_secret: &[u8],
@@ -141,8 +128,8 @@ impl Relay {
             };
             let asked = async {
                 link.send_message(&request.encode()).await?;
-                session::send_rules(&link, filter).await?;
-                session::send_hops(&link, &hops).await?;
+                session::send_rules(&link, &params.filter).await?;
+                session::send_hops(&link, hops).await?;
                 session::expect_ready(&link).await
             };
             if let Err(e) = asked.await {
