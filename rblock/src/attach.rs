@@ -8,11 +8,13 @@
 //! nbd.ko (8.1 and later) while nbd-client is only in EPEL, so nothing from
 //! outside is needed. A kernel without the family gets `modprobe nbd`
 //! once, and if that does not bring it, the nbd-client program
-//! ([`nbd_client`]).
+//! ([`nbd_client`]). Either way the device's request queue is then set
+//! up for the fabric behind it ([`queue`]).
 
 mod kernel_socket;
 mod nbd_client;
 pub mod netlink;
+pub mod queue;
 
 use std::fmt;
 use std::os::fd::AsRawFd;
@@ -62,17 +64,56 @@ impl fmt::Display for Attached {
     }
 }
 
+/// An attached device: how, and the largest request its queue lets the
+/// kernel build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    pub how: Attached,
+    /// `max_sectors_kb` as raised, or why it stayed the kernel's.
+    pub request_limit_kb: Result<u32, String>,
+}
+
+impl fmt::Display for Attachment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "({})", self.how)?;
+        match &self.request_limit_kb {
+            Ok(kb) => write!(f, ", requests up to {kb} KiB"),
+            Err(why) => write!(f, ", requests as large as the kernel's default ({why})"),
+        }
+    }
+}
+
 /// Attaches `device` to the NBD export `name` served on the unix socket
 /// `sock`, with `connections` kernel connections and a request timeout of
-/// `timeout` seconds; says how.
+/// `timeout` seconds, and lets the kernel build requests of up to
+/// `request_bytes` (what the fabric carries at once); says how.
 pub async fn attach(
     device: &Path,
     sock: &Path,
     name: &str,
     connections: u16,
     timeout: u64,
-) -> anyhow::Result<Attached> {
+    request_bytes: u32,
+) -> anyhow::Result<Attachment> {
     let index = device_index(device)?;
+    let how = attach_sockets(index, device, sock, name, connections, timeout).await?;
+    let request_limit_kb =
+        blocking(move || queue::raise_request_limit(index, request_bytes)).await?;
+    Ok(Attachment {
+        how,
+        request_limit_kb,
+    })
+}
+
+/// [`attach`] without the queue's set-up.
+async fn attach_sockets(
+    index: u32,
+    device: &Path,
+    sock: &Path,
+    name: &str,
+    connections: u16,
+    timeout: u64,
+) -> anyhow::Result<Attached> {
     let family = match open_family(true).await? {
         Ok(family) => family,
         Err(why) => {

@@ -89,6 +89,7 @@ pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
         let device = a.device.clone();
         let sock = private.as_ref().map(|(_, s)| s.clone());
         let lanes = a.connections;
+        let request_bytes = remote.request_in_one_go();
         let name = name.clone();
         let attach_error = Arc::clone(&attach_error);
         async move {
@@ -97,10 +98,12 @@ pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
                 return;
             };
             let timeout = a.give_up_after + 30;
-            match crate::attach::attach(&device, &sock, &name, lanes, timeout).await {
+            let attached =
+                crate::attach::attach(&device, &sock, &name, lanes, timeout, request_bytes);
+            match attached.await {
                 Ok(how) => tracing::info!(
                     device = %device.display(),
-                    "attached as {} ({how})",
+                    "attached as {} {how}",
                     device.display()
                 ),
                 Err(e) => {

@@ -35,3 +35,25 @@ fn the_report_says_which_way_and_how_many_connections() {
         format!("nbd-client, 4 connections; {why}")
     );
 }
+
+#[test]
+fn the_report_says_how_large_a_request_may_be() {
+    let how = Attached::Netlink { connections: 2 };
+    let raised = Attachment {
+        how: how.clone(),
+        request_limit_kb: Ok(8192),
+    };
+    assert_eq!(
+        raised.to_string(),
+        "(kernel netlink, 2 connections), requests up to 8192 KiB"
+    );
+    let kept = Attachment {
+        how,
+        request_limit_kb: Err("cannot read /sys/block/nbd1/queue/max_hw_sectors_kb: gone".into()),
+    };
+    assert_eq!(
+        kept.to_string(),
+        "(kernel netlink, 2 connections), requests as large as the kernel's default \
+         (cannot read /sys/block/nbd1/queue/max_hw_sectors_kb: gone)"
+    );
+}

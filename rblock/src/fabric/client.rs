@@ -62,6 +62,9 @@ const CHALLENGE_TIME: Duration = Duration::from_secs(30);
 pub struct Remote {
     target: Target,
     pub opened: Opened,
+    /// Bytes of one request's data a lane carries at once: its landing
+    /// window (the slots times their size, as the first link set them).
+    window: u32,
     lanes: Vec<Lane>,
     next_lane: AtomicUsize,
     /// Set by `close`: no more dialling.
@@ -154,6 +157,9 @@ impl Remote {
         let (first, opened) = open_session(&target)
             .await
             .with_context(|| format!("cannot open {}/{}", target.addr, target.name))?;
+        let window = u32::try_from(first.link.max_chunk())
+            .unwrap_or(u32::MAX)
+            .saturating_mul(SLOTS);
         let mut all = Vec::with_capacity(lanes);
         all.push(Lane::up(Arc::clone(&first), give_up));
         for _ in 1..lanes.max(1) {
@@ -165,6 +171,7 @@ impl Remote {
         let remote = Arc::new(Remote {
             target,
             opened,
+            window,
             lanes: all,
             next_lane: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
@@ -203,6 +210,12 @@ impl Remote {
 
     pub fn lanes(&self) -> usize {
         self.lanes.len()
+    }
+
+    /// The largest request whose data a lane carries in one go: its
+    /// window, within what the server accepts.
+    pub fn request_in_one_go(&self) -> u32 {
+        self.window.min(self.opened.max_request)
     }
 
     /// Says goodbye on every lane (the server then sees a clean end).
