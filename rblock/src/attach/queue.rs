@@ -3,9 +3,10 @@
 //!
 //! The nbd driver accepts requests of up to `max_hw_sectors_kb` (32 MiB
 //! on the kernels we know), but the block layer caps what it builds at
-//! `max_sectors_kb`, by default 1280 KiB (512 KiB on older kernels): a
-//! 4 MiB direct write reaches `connect` as four requests, each a round
-//! trip of its own across the fabric. A lane carries one request's data
+//! `max_sectors_kb`, which an nbd device has far lower (128 KiB on the
+//! VM tier's Debian 6.1 kernel; at most 1280 KiB anywhere): a 4 MiB
+//! direct write reaches `connect` as 32 requests, each a round trip of
+//! its own across the fabric. A lane carries one request's data
 //! in pieces with all of its landing window in flight at once, so the
 //! cap is raised to that window (or the hardware limit, if lower).
 //!
