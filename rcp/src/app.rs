@@ -259,16 +259,14 @@ fn listed_nodes(a: &CopyArgs) -> anyhow::Result<Option<Vec<String>>> {
     Ok(None)
 }
 
-/// A broadcast's parameters: every node gets every file (what each has
-/// already is not asked: the chain carries one stream of data for all),
-/// and the options that depend on one receiver's answers are refused.
+/// A broadcast's parameters: the options that would act on one
+/// receiver's destination as a whole are refused. Which files are sent
+/// again (the quick check, `-c`, `--size-only`, `-u`, `--ignore-existing`)
+/// and `--resume` work as for one receiver: each node answers every file
+/// for itself and the nodes after it, so what any node lacks is sent once
+/// down the chain (see `merge`).
 fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
     let refused = [
-        (a.resume, "--resume"),
-        (a.checksum, "--checksum"),
-        (a.size_only, "--size-only"),
-        (a.ignore_existing, "--ignore-existing"),
-        (a.update, "--update"),
         (a.delete, "--delete"),
         (a.dry_run, "--dry-run"),
         (a.itemize_changes, "--itemize-changes"),
@@ -276,19 +274,12 @@ fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
     ];
     if let Some((_, flag)) = refused.iter().find(|(on, _)| *on) {
         return Err(broadcast::Usage(format!(
-            "{flag} is not supported with a broadcast yet: every node gets every file \
-             (its answers would differ from node to node)"
+            "{flag} is not supported with a broadcast yet: it would act on each node's \
+             destination on its own"
         ))
         .into());
     }
-    Ok(Params {
-        policy: crate::resync::Policy {
-            check: crate::resync::Check::Never,
-            ignore_existing: false,
-            update: false,
-        },
-        ..p
-    })
+    Ok(p)
 }
 
 /// Two remote operands name the same place: the same login for a remote

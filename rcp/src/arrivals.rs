@@ -17,6 +17,10 @@
 //!   more than that is a violation.
 //! - Nothing but data for open files follows `Done`; the copy is over when
 //!   `Done` came, every file is finished and no held chunk is left.
+//! - A broadcast node may let a file pass: one it needs nothing of while a
+//!   node after it does ([`Shape::Passing`]). Its chunks are held to the
+//!   same rules and dropped once forwarded; if no node needed any of it,
+//!   no data and no end come, and `Done` closes it.
 //!
 //! `C` is whatever the caller carries with a chunk (a landed [`Chunk`] in
 //! rcp's receiver, a plain number in the simulations): the machine holds
@@ -47,6 +51,10 @@ pub enum Shape {
         chunk: u32,
         sent: Option<u64>,
     },
+    /// A file this node needs nothing of, whose data may still pass
+    /// through to the nodes after it (a broadcast): its chunks are
+    /// checked and counted like a file's, and dropped.
+    Passing { size: u64, chunk: u32 },
     /// A directory or symlink: no data.
     Other,
 }
@@ -78,6 +86,8 @@ pub enum Violation {
     TooManyChunks { entry: u32, sent: u64 },
     #[error("{what} after the sender's Done")]
     AfterDone { what: &'static str },
+    #[error("entry {0}: data passing through without its end before the sender's Done")]
+    PassingUnended(u32),
 }
 
 #[derive(Debug)]
@@ -86,6 +96,8 @@ struct OpenFile {
     chunk: u32,
     landed: u64,
     sent: Option<u64>,
+    /// Passing through: chunks are dropped, and nothing is finished.
+    passing: bool,
 }
 
 impl OpenFile {
@@ -156,7 +168,12 @@ impl<C> Arrivals<C> {
         }
         self.announced = Some(index);
         let mut actions = Vec::new();
-        if let Shape::File { size, chunk, sent } = shape {
+        let file = match shape {
+            Shape::File { size, chunk, sent } => Some((size, chunk, sent, false)),
+            Shape::Passing { size, chunk } => Some((size, chunk, None, true)),
+            Shape::Other => None,
+        };
+        if let Some((size, chunk, sent, passing)) = file {
             self.open.insert(
                 index,
                 OpenFile {
@@ -164,6 +181,7 @@ impl<C> Arrivals<C> {
                     chunk,
                     landed: 0,
                     sent,
+                    passing,
                 },
             );
             for (place, c) in self.early.remove(&u64::from(index)).unwrap_or_default() {
@@ -224,6 +242,18 @@ impl<C> Arrivals<C> {
             });
         }
         self.done = true;
+        // A passing file no node wanted anything of gets no end.
+        let mut unended = Vec::new();
+        self.open.retain(|&index, f| {
+            let closed = f.passing && f.sent.is_none();
+            if closed && f.landed > 0 {
+                unended.push(index);
+            }
+            !closed
+        });
+        if let Some(&index) = unended.iter().min() {
+            return Err(Violation::PassingUnended(index));
+        }
         self.check_held()
     }
 
@@ -252,7 +282,12 @@ impl<C> Arrivals<C> {
         };
         let k = file.place(entry, &place)?;
         file.landed += 1;
-        let mut actions = vec![Action::Land { entry, k, chunk: c }];
+        // (A passing chunk was forwarded already: dropping it frees its
+        // slot.)
+        let mut actions = Vec::new();
+        if !file.passing {
+            actions.push(Action::Land { entry, k, chunk: c });
+        }
         actions.extend(self.finish_if_complete(entry)?);
         Ok(actions)
     }
@@ -260,8 +295,9 @@ impl<C> Arrivals<C> {
     fn finish_if_complete(&mut self, entry: u32) -> Result<Option<Action<C>>, Violation> {
         let file = self.open.get(&entry).expect("an open file");
         if file.complete(entry)? {
+            let passing = file.passing;
             self.open.remove(&entry);
-            return Ok(Some(Action::Finish { entry }));
+            return Ok((!passing).then_some(Action::Finish { entry }));
         }
         Ok(None)
     }

@@ -18,6 +18,11 @@
 //! finishes its own copy, and reports that node with the reason. The
 //! nodes beyond it report nothing; the source runs them again as a chain
 //! of their own ([`crate::broadcast`]).
+//!
+//! When files are answered (a re-sync, `--resume`), a node answers each
+//! once for itself and every node after it: its own answer merged with
+//! the next node's ([`crate::merge`], through a [`Merging`]), so the
+//! source sends one stream of what any node lacks.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,9 +33,76 @@ use rfabric::link::{ChunkMeta, Incoming, Link};
 use rfabric::memory::BufferPool;
 use rfabric::transport::{Backend, Region};
 
+use crate::merge::{Merge, MergeViolation, Said};
 use crate::proto::{Hop, Msg, NodeResult, flags};
 use crate::recv::Received;
 use crate::session::{self, Params, Target};
+
+/// This node's answers and the next node's, merged: each merged answer
+/// goes out on `out` (to the node before, once the receiver runs).
+#[derive(Debug)]
+pub struct Merging {
+    merge: std::sync::Mutex<Merge>,
+    out: tokio::sync::mpsc::UnboundedSender<(u32, Said)>,
+}
+
+/// Where a node's merged answers come out.
+pub type MergedAnswers = tokio::sync::mpsc::UnboundedReceiver<(u32, Said)>;
+
+impl Merging {
+    fn new() -> (Arc<Merging>, MergedAnswers) {
+        let (out, rx) = tokio::sync::mpsc::unbounded_channel();
+        let m = Merging {
+            merge: std::sync::Mutex::new(Merge::new()),
+            out,
+        };
+        (Arc::new(m), rx)
+    }
+
+    fn emit(&self, merged: impl IntoIterator<Item = (u32, Said)>) {
+        for m in merged {
+            // (Nobody listens once the receiver is over: nothing is asked
+            // then.)
+            let _ = self.out.send(m);
+        }
+    }
+
+    /// This node's own answer about entry `index`.
+    pub fn own(&self, index: u32, said: Said) {
+        let merged = self.merge.lock().expect("merge lock").own(index, said);
+        self.emit(merged);
+    }
+
+    /// One of the next node's answers (a message it sent).
+    fn next(&self, msg: Msg) -> Result<(), MergeViolation> {
+        let mut merge = self.merge.lock().expect("merge lock");
+        let merged = match msg {
+            Msg::Have {
+                index,
+                first,
+                digests,
+            } => vec![merge.next_have(index, first, digests)?],
+            Msg::EntriesWanted { indices } => indices
+                .into_iter()
+                .map(|i| merge.next(i, Said::All))
+                .collect::<Result<_, _>>()?,
+            Msg::EntriesSkipped { indices } => indices
+                .into_iter()
+                .map(|i| merge.next(i, Said::Nothing))
+                .collect::<Result<_, _>>()?,
+            _ => Vec::new(),
+        };
+        drop(merge);
+        self.emit(merged.into_iter().flatten());
+        Ok(())
+    }
+
+    /// The next node answers no more.
+    fn gone(&self) {
+        let merged = self.merge.lock().expect("merge lock").next_gone();
+        self.emit(merged);
+    }
+}
 
 /// Buffers the payloads of forwarded chunks wait in until their writes
 /// completed: the onward link's window bounds how many are in flight.
@@ -53,6 +125,10 @@ struct Next {
     region: Region,
     /// The next nodes' answers, read as they come: their results.
     answers: tokio::task::JoinHandle<Heard>,
+    /// With merged answers: where the next node's answers meet this
+    /// node's, and where the merged ones come out (until the receiver
+    /// takes them).
+    merging: Option<(Arc<Merging>, Option<MergedAnswers>)>,
 }
 
 /// What the next node said before its goodbye (or before it was lost).
@@ -138,12 +214,17 @@ impl Relay {
             }
             let pool = BufferPool::new(forward_buffers(params), link.max_chunk().max(1))?;
             let region = link.register(pool.memory())?;
-            let answers = tokio::spawn(listen(link.clone()));
+            let merging = (onward.flags & flags::MERGED_ANSWERS != 0).then(Merging::new);
+            let answers = tokio::spawn(listen(
+                link.clone(),
+                merging.as_ref().map(|(m, _)| Arc::clone(m)),
+            ));
             anyhow::Ok(Next {
                 link,
                 pool,
                 region,
                 answers,
+                merging: merging.map(|(m, rx)| (m, Some(rx))),
             })
         };
         match opened.await {
@@ -197,11 +278,23 @@ impl Relay {
         }
     }
 
+    /// Where this node's own answers go to be merged with the next
+    /// node's, and where the merged ones come out (once): none when the
+    /// chain does not merge answers or no next node is reached (its own
+    /// then go as they are).
+    pub fn take_merging(&mut self) -> Option<(Arc<Merging>, MergedAnswers)> {
+        let (m, rx) = self.next.as_mut()?.merging.as_mut()?;
+        Some((Arc::clone(m), rx.take()?))
+    }
+
     /// Stops forwarding: the next node is out of this chain.
     fn cut(&mut self, why: String) {
         if let Some(next) = self.next.take() {
             next.link.abort("cut out of the chain");
             next.answers.abort();
+            if let Some((m, _)) = &next.merging {
+                m.gone();
+            }
         }
         self.broken.get_or_insert(why);
     }
@@ -295,9 +388,19 @@ pub fn lost_node(name: &str, reason: String) -> NodeResult {
 }
 
 /// Reads the next node's answers until its goodbye: its results and
-/// those of the nodes after it (answers about single entries are its own
-/// business: it reports its failures in its result).
-async fn listen(link: Link) -> Heard {
+/// those of the nodes after it, and with merged answers what it needs of
+/// each file (verdicts about single entries are its own business: it
+/// reports its failures in its result). However they end, this node's
+/// own answers then go alone.
+async fn listen(link: Link, merging: Option<Arc<Merging>>) -> Heard {
+    let heard = listen_until_goodbye(&link, merging.as_deref()).await;
+    if let Some(m) = merging {
+        m.gone();
+    }
+    heard
+}
+
+async fn listen_until_goodbye(link: &Link, merging: Option<&Merging>) -> Heard {
     let mut heard = Heard::default();
     let ended = async {
         while let Some(item) = link.recv().await? {
@@ -312,6 +415,11 @@ async fn listen(link: Link) -> Heard {
                     heard.results.push(r);
                 }
                 Msg::Fail { reason } => bail!("it gave up: {reason}"),
+                m @ (Msg::Have { .. } | Msg::EntriesWanted { .. } | Msg::EntriesSkipped { .. })
+                    if merging.is_some() =>
+                {
+                    merging.expect("merging").next(m)?;
+                }
                 Msg::EntryOk { .. }
                 | Msg::EntriesOk { .. }
                 | Msg::EntryFailed { .. }

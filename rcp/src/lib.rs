@@ -26,7 +26,8 @@
 //! [`session`] (auth, request, pipelines),
 //! [`streams`] (striping a session over several links), [`broadcast`]
 //! (one source to a host list's nodes) with [`chain`] (a node's onward
-//! hop) and [`hostlist`] (Slurm's host lists, sans I/O), [`connect`]
+//! hop), [`merge`] (a node's answers merged with the next node's, sans
+//! I/O) and [`hostlist`] (Slurm's host lists, sans I/O), [`connect`]
 //! (transport choice), [`shell`] (remote-shell mode), [`report`] (progress,
 //! the summary and the `--json` object, the outcome), [`digest`] (the
 //! digest definition, and the one hex encoder).
@@ -50,6 +51,7 @@ pub mod exit;
 pub mod filter;
 pub mod hostlist;
 pub mod listed;
+pub mod merge;
 pub mod operand;
 pub mod proto;
 pub mod recv;

@@ -76,6 +76,12 @@ pub mod flags {
     /// its goodbye answers a `NodeDone` for itself and for each node
     /// beyond it.
     pub const CHAIN: u32 = 1 << 21;
+    /// With `CHAIN`, when files are answered (a re-sync, `--resume`):
+    /// each node answers a file once for itself and every node after it,
+    /// its own answer merged with the next node's (see `merge`), and lets
+    /// the data of a file it needs nothing of pass on. (A node from before
+    /// it refuses the request rather than answer for itself alone.)
+    pub const MERGED_ANSWERS: u32 = 1 << 22;
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
         | RESUME
@@ -88,7 +94,8 @@ pub mod flags {
         | DRY_RUN
         | ITEMIZE
         | FILES_FROM
-        | CHAIN;
+        | CHAIN
+        | MERGED_ANSWERS;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -964,7 +971,8 @@ impl<'a> Reader<'a> {
     }
     fn flags(&mut self) -> Result<u32, ProtoError> {
         let f = self.u32()?;
-        if f & !flags::KNOWN != 0 || (f & flags::CHECKS).count_ones() > 1 {
+        let merged_unchained = f & flags::MERGED_ANSWERS != 0 && f & flags::CHAIN == 0;
+        if f & !flags::KNOWN != 0 || (f & flags::CHECKS).count_ones() > 1 || merged_unchained {
             return Err(ProtoError::BadField("flags"));
         }
         Ok(f)
@@ -1435,9 +1443,16 @@ mod tests {
             .encode()
         };
         assert_eq!(
-            Msg::decode(&push(1 << 22, 1)),
+            Msg::decode(&push(1 << 23, 1)),
             Err(ProtoError::BadField("flags"))
         );
+        // Merged answers only in a chain.
+        assert_eq!(
+            Msg::decode(&push(flags::MERGED_ANSWERS | flags::RESUME, 1)),
+            Err(ProtoError::BadField("flags"))
+        );
+        let chained = flags::MERGED_ANSWERS | flags::RESUME | flags::CHAIN;
+        assert!(Msg::decode(&push(chained, 1)).is_ok());
         // One way of comparing files at a time.
         assert_eq!(
             Msg::decode(&push(flags::QUICK_CHECK | flags::CHECKSUM, 1)),

@@ -19,12 +19,13 @@ use tokio::task::JoinHandle;
 
 use crate::archive::{Keep, Powers, Xattr, XattrInbox};
 use crate::arrivals::{Action, Arrivals, Place, Shape};
-use crate::chain::Relay;
+use crate::chain::{Merging, Relay};
 use crate::delete;
 use crate::digest::{self, Algorithm};
 use crate::existing;
 use crate::exit::{Corrupted, Exit, PeerLost};
 use crate::filter::Filter;
+use crate::merge::Said;
 use crate::proto::{Entry, EntryKind, FailKind, MAX_OKS, Msg, Verdict as EntryVerdict};
 use crate::report::{Failure, Progress, Stats};
 use crate::resume::have_batches;
@@ -61,6 +62,10 @@ pub struct RecvOptions {
     /// session's `--timeout`: within it a copy whose peer died lets go);
     /// `None` waits as long as it takes.
     pub busy_wait: Option<std::time::Duration>,
+    /// A broadcast node whose chain merges answers: a file it needs
+    /// nothing of may still carry data for the nodes after it, which
+    /// passes through.
+    pub passing: bool,
 }
 
 /// Where `-i`'s lines go.
@@ -171,17 +176,32 @@ pub async fn receive(
     // slots, so the window bounds them).
     let mut arrivals: Arrivals<Chunk> = Arrivals::new();
     let (answers, answerer) = Answers::start(link.clone(), opts.itemize);
+    // A broadcast node's own answers meet the next node's; the merged ones
+    // go to the node before it with the rest of its answers.
+    let (merging, merged) = match relay.as_deref_mut().and_then(Relay::take_merging) {
+        Some((m, rx)) => (Some(m), Some(rx)),
+        None => (None, None),
+    };
+    let merged_out = merged.map(|mut rx| {
+        let answers = answers.clone();
+        tokio::spawn(async move {
+            while let Some((index, said)) = rx.recv().await {
+                answers.said(index, said);
+            }
+        })
+    });
     let how = Fidelity {
         preserve: opts.preserve,
         keep: opts.keep,
         powers: Powers::here(opts.owners_allowed),
     };
     let mut new = Creator {
-        link,
         base: &base,
         opts,
         how,
         answers: &answers,
+        merging,
+        failed_here: Vec::new(),
         files: 0,
         skipped: 0,
         progress,
@@ -243,7 +263,10 @@ pub async fn receive(
                                 digest,
                             } => {
                                 let finish = arrivals.end(index, chunks)?;
-                                files.get_mut(&index).expect("an open file").digest = Some(digest);
+                                // (A file passing through is no file here.)
+                                if let Some(file) = files.get_mut(&index) {
+                                    file.digest = Some(digest);
+                                }
                                 finish.into_iter().collect()
                             }
                             Msg::Done { .. } => {
@@ -280,6 +303,11 @@ pub async fn receive(
         anyhow::Ok(())
     }
     .await;
+    // Every file was answered by the sender's Done (or the copy failed):
+    // no merged answer is still to go.
+    if let Some(task) = merged_out {
+        task.abort();
+    }
     drop(incoming);
     drop(arrivals);
     let mut ok = result.is_ok();
@@ -291,6 +319,7 @@ pub async fn receive(
     } = finals.all().await;
     new.skipped += unchanged;
     progress.there_already(unchanged);
+    failed.append(&mut new.failed_here);
     ok &= failed.is_empty();
     // Files still open were never finished: nothing of them stays.
     for (_, file) in files.drain() {
@@ -431,11 +460,16 @@ impl Finals {
 
 /// What creates the entries the rules accepted, and what it created.
 struct Creator<'a> {
-    link: &'a Link,
     base: &'a Base,
     opts: RecvOptions,
     how: Fidelity,
     answers: &'a Answers,
+    /// A broadcast node's: where its answers about files meet the next
+    /// node's.
+    merging: Option<Arc<Merging>>,
+    /// Failures no answer tells (a broadcast node's: an `EntryFailed`
+    /// before the data would keep it from the nodes after this one).
+    failed_here: Vec<Failure>,
     /// Files received (or found there already).
     files: u64,
     /// Files there already: nothing of them was sent.
@@ -519,6 +553,10 @@ impl Creator<'_> {
                 chunk: e.chunk,
                 sent: end.map(|(sent, _)| sent),
             },
+            (EntryKind::File, Decision::Skip { .. }) if self.opts.passing => Shape::Passing {
+                size: e.size,
+                chunk: e.chunk,
+            },
             _ => Shape::Other,
         };
         let actions = arrivals.announce(e.index, shape)?;
@@ -537,7 +575,13 @@ impl Creator<'_> {
                         Ok(()) => {
                             self.skipped += 1;
                             self.progress.there_already(1);
-                            self.answers.skipped(e.index);
+                            self.answer_file(e.index, Said::Nothing);
+                        }
+                        Err(err) if self.opts.passing => {
+                            let (kind, reason) = failed(&err);
+                            let path = tree::show(&e.path);
+                            self.failed_here.push(Failure { path, kind, reason });
+                            self.answer_file(e.index, Said::Nothing);
                         }
                         Err(err) => self.answers.send(e.index, Err(failed(&err))),
                     }
@@ -554,7 +598,7 @@ impl Creator<'_> {
                 let mut file = self.open_file(e, xattrs, end, basis).await?;
                 file.itemize = there_itemized.map(|there| (there, self.kept()));
                 if asks && !told {
-                    self.answers.wanted(file.entry.index);
+                    self.answer_file(file.entry.index, Said::All);
                 }
                 files.insert(file.entry.index, file);
             }
@@ -598,6 +642,15 @@ impl Creator<'_> {
 }
 
 impl Creator<'_> {
+    /// What this node needs of file `index`: to the sender, or, in a
+    /// chain that merges answers, to be merged with the next node's.
+    fn answer_file(&self, index: u32, said: Said) {
+        match &self.merging {
+            Some(m) => m.own(index, said),
+            None => self.answers.said(index, said),
+        }
+    }
+
     /// What `-i` compares.
     fn kept(&self) -> Kept {
         Kept {
@@ -718,10 +771,9 @@ impl Creator<'_> {
         };
         let known = match digests {
             Some(digests) => {
-                for msg in have_batches(e.index, &digests) {
-                    self.link.send_message(&msg.encode()).await?;
-                }
-                digests.into_iter().map(Some).collect()
+                let known = digests.iter().copied().map(Some).collect();
+                self.answer_file(e.index, Said::Have(digests));
+                known
             }
             None => Vec::new(),
         };
@@ -935,6 +987,8 @@ enum Answer {
     Wanted,
     /// Re-sync: it is there already.
     Skipped,
+    /// Resume or `-c`: the digests of the chunks there.
+    Have(Vec<[u8; 32]>),
     /// `--delete`: this path is gone from the destination.
     Removed(Vec<u8>),
     /// `-i`: what changes at this path.
@@ -971,6 +1025,11 @@ impl Answers {
                         Answer::Verdict(Ok(())) => oks.push(index),
                         Answer::Wanted => wanted.push(index),
                         Answer::Skipped => skipped.push(index),
+                        Answer::Have(digests) => {
+                            for m in have_batches(index, &digests) {
+                                link.send_message(&m.encode()).await?;
+                            }
+                        }
                         Answer::Removed(path) => {
                             link.send_message(&Msg::Removed { path }.encode()).await?;
                         }
@@ -1013,8 +1072,16 @@ impl Answers {
         self.say(index, Answer::Verdict(result));
     }
 
-    fn wanted(&self, index: u32) {
-        self.say(index, Answer::Wanted);
+    /// What is needed of file `index`.
+    fn said(&self, index: u32, said: Said) {
+        self.say(
+            index,
+            match said {
+                Said::Nothing => Answer::Skipped,
+                Said::All => Answer::Wanted,
+                Said::Have(digests) => Answer::Have(digests),
+            },
+        );
     }
 
     fn skipped(&self, index: u32) {

@@ -136,6 +136,11 @@ impl Params {
         })
     }
 
+    /// Whether the receiver answers every file before its data is sent.
+    fn asks(&self) -> bool {
+        self.policy.asks() || self.resume || self.dry_run
+    }
+
     /// The sender's options.
     fn send_options(&self) -> SendOptions {
         SendOptions {
@@ -172,6 +177,7 @@ impl Params {
             },
             engine: self.io_engine,
             busy_wait: self.silence,
+            passing: false,
         }
     }
 }
@@ -405,7 +411,12 @@ async fn client_session(
                 },
                 None => Sources::Operands(local_sources(&sources)?),
             };
-            let chained = if chain.is_some() { flags::CHAIN } else { 0 };
+            // A chain whose files are answered merges the nodes' answers.
+            let chained = match &chain {
+                None => 0,
+                Some(_) if params.asks() => flags::CHAIN | flags::MERGED_ANSWERS,
+                Some(_) => flags::CHAIN,
+            };
             let push = Msg::Push {
                 flags: params.flags() | chained,
                 streams: params.streams,
@@ -832,15 +843,12 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 None => None,
             };
             *links = ready(&link, config, true, streams).await?;
-            let got = recv::receive(
-                links,
-                base,
-                params.recv_options(false),
-                &params.filter,
-                &progress,
-                relay.as_mut(),
-            )
-            .await;
+            let opts = RecvOptions {
+                passing: flags & flags::MERGED_ANSWERS != 0,
+                ..params.recv_options(false)
+            };
+            let got =
+                recv::receive(links, base, opts, &params.filter, &progress, relay.as_mut()).await;
             let got = match got {
                 Ok(got) => got,
                 Err(e) => {

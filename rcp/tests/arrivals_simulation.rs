@@ -2,7 +2,8 @@
 //!
 //! Each schedule draws a tree of entries (files of random sizes and chunk
 //! sizes, some sent only in part as a resume or a sparse file would, some
-//! announced whole; directories; symlinks) and lets a model sender put its
+//! announced whole; files a broadcast node lets pass, with data for the
+//! nodes after it or none; directories; symlinks) and lets a model sender put its
 //! messages and chunks on a random number of streams, as rcp does: stream
 //! 0 carries the messages in order and data too, the others data only.
 //! Each stream is FIFO; the receiver sees a random merge of them, so chunks
@@ -10,7 +11,8 @@
 //!
 //! An honest schedule must never be called a violation, must land every
 //! chunk sent exactly once at its own chunk number, must finish every file
-//! exactly once and only after all its chunks and its end, and must be over
+//! exactly once and only after all its chunks and its end, must land and
+//! finish nothing of a passing file, and must be over
 //! exactly when its last item is taken. A schedule with one planted fault
 //! the rules can see (an announcement out of order, an end said twice, one
 //! chunk too many, data for a directory, a chunk outside its file, a
@@ -46,6 +48,9 @@ struct Model {
     chunks: Vec<ModelChunk>,
     /// Per file: how many chunks were sent.
     files: HashMap<u32, u64>,
+    /// Files passing through (not in `files`), and their chunks' ids.
+    passing: HashSet<u32>,
+    passing_chunks: HashSet<usize>,
     dirs: Vec<u32>,
 }
 
@@ -54,6 +59,8 @@ fn draw(rng: &mut SmallRng) -> Model {
     let mut streams = vec![VecDeque::new(); nstreams];
     let mut chunks = Vec::new();
     let mut files = HashMap::new();
+    let mut passing = HashSet::new();
+    let mut passing_chunks = HashSet::new();
     let mut dirs = Vec::new();
     let entries = rng.random_range(1..=30u32);
     // Indices grow, with gaps (a walk skips what it cannot read).
@@ -70,15 +77,24 @@ fn draw(rng: &mut SmallRng) -> Model {
         let count = size.div_ceil(u64::from(chunk));
         // A resumed or sparse file sends only some of its chunks.
         let partial = rng.random_bool(0.3);
+        // A file this node needs nothing of: some node after it may need
+        // some of it, or none does (then neither data nor end comes).
+        let passes = rng.random_bool(0.2);
+        let needed = !passes || rng.random_bool(0.7);
         let sent: Vec<u64> = (0..count)
-            .filter(|_| !partial || rng.random_bool(0.6))
+            .filter(|_| needed && (!partial || rng.random_bool(0.6)))
             .collect();
-        let whole = sent.len() <= 1 && rng.random_bool(0.7);
-        files.insert(index, sent.len() as u64);
-        let shape = Shape::File {
-            size,
-            chunk,
-            sent: whole.then_some(sent.len() as u64),
+        let whole = !passes && sent.len() <= 1 && rng.random_bool(0.7);
+        let shape = if passes {
+            passing.insert(index);
+            Shape::Passing { size, chunk }
+        } else {
+            files.insert(index, sent.len() as u64);
+            Shape::File {
+                size,
+                chunk,
+                sent: whole.then_some(sent.len() as u64),
+            }
         };
         streams[0].push_back(Item::Announce(index, shape));
         for &k in &sent {
@@ -86,6 +102,9 @@ fn draw(rng: &mut SmallRng) -> Model {
             let len = (size - offset).min(u64::from(chunk)) as u32;
             let id = chunks.len();
             chunks.push(ModelChunk { entry: index, k });
+            if passes {
+                passing_chunks.insert(id);
+            }
             let s = rng.random_range(0..nstreams);
             let place = Place {
                 entry: u64::from(index),
@@ -94,7 +113,7 @@ fn draw(rng: &mut SmallRng) -> Model {
             };
             streams[s].push_back(Item::Data(place, id));
         }
-        if !whole {
+        if !whole && needed {
             streams[0].push_back(Item::End(index, sent.len() as u64));
         }
     }
@@ -103,6 +122,8 @@ fn draw(rng: &mut SmallRng) -> Model {
         streams,
         chunks,
         files,
+        passing,
+        passing_chunks,
         dirs,
     }
 }
@@ -166,6 +187,10 @@ fn honest_schedules_land_every_chunk_once_and_finish_every_file_once() {
         for act in actions {
             match act {
                 Action::Land { entry, k, chunk } => {
+                    assert!(
+                        !model.passing.contains(&entry),
+                        "seed {seed}: passing entry {entry} landed"
+                    );
                     let m = &model.chunks[chunk];
                     assert_eq!((entry, k), (m.entry, m.k), "seed {seed}: misplaced");
                     assert!(landed.insert(chunk), "seed {seed}: chunk {chunk} twice");
@@ -186,7 +211,11 @@ fn honest_schedules_land_every_chunk_once_and_finish_every_file_once() {
                 }
             }
         }
-        assert_eq!(landed.len(), model.chunks.len(), "seed {seed}: lost chunks");
+        assert_eq!(
+            landed.len(),
+            model.chunks.len() - model.passing_chunks.len(),
+            "seed {seed}: lost chunks"
+        );
         assert_eq!(finished.len(), model.files.len(), "seed {seed}: files left");
     }
 }

@@ -302,11 +302,118 @@ fn a_node_killed_mid_broadcast_is_cut_out_and_the_others_finish() {
     assert_eq!(v["ok"], false);
     assert!(String::from_utf8_lossy(&out.stderr).contains("10.202.0.4: FAILED"));
 
-    // The failed node alone, resumed: what it had is kept.
-    ok(c.rcp(&["--resume", "--chunk-size", "256K"])
+    // The same broadcast again with --resume completes the failed node:
+    // what it had is kept, the others (which have it all) only pass on
+    // what it lacks, in one round.
+    let out = ok(c
+        .rcp(&["--resume", "--chunk-size", "256K"])
         .arg(&big)
-        .arg(format!("10.202.0.4:{}/", c.dest.display())));
-    assert!(std::fs::read(c.disk(4).join("big")).unwrap() == want);
+        .arg(c.operand("")));
+    let v = summary(&out);
+    assert!(nodes(&v).iter().all(|(_, good, _)| *good), "{v}");
+    assert_eq!(v["rounds"].as_array().unwrap().len(), 1, "{v}");
+    let sent = v["bytes"].as_u64().unwrap();
+    assert!(
+        sent > 0 && sent <= (24 << 20) - (4 << 20),
+        "{sent} bytes sent: node 4 had more than 5 MiB"
+    );
+    for k in 1..=8 {
+        assert!(
+            std::fs::read(c.disk(k).join("big")).unwrap() == want,
+            "node {k} differs"
+        );
+    }
+    // Once more: every node has every chunk, nothing is sent.
+    let v = summary(&ok(c
+        .rcp(&["--resume", "--chunk-size", "256K"])
+        .arg(&big)
+        .arg(c.operand(""))));
+    assert_eq!(v["bytes"], 0, "{v}");
+}
+
+/// Each node's data bytes, in the order named.
+fn node_bytes(v: &serde_json::Value) -> Vec<u64> {
+    let all = v["nodes"].as_array().expect("a broadcast names its nodes");
+    all.iter().map(|n| n["bytes"].as_u64().unwrap()).collect()
+}
+
+#[test]
+fn a_re_broadcast_sends_what_any_node_lacks_once_and_the_others_let_it_pass() {
+    let t = Scratch::new("bcast-resync");
+    let Some(c) = Cluster::new(&t, "rbcr", 5, 205, None) else {
+        return;
+    };
+    let big = t.path("big");
+    random_file(&big, (3 << 20) + 777, 6);
+    let small = t.path("small");
+    random_file(&small, 1000, 7);
+    let run = |args: &[&str]| {
+        let v = summary(&ok(c
+            .rcp(&[&["--chunk-size", "256K"], args].concat())
+            .args([&big, &small])
+            .arg(c.operand(""))));
+        assert!(nodes(&v).iter().all(|(_, good, _)| *good), "{v}");
+        v
+    };
+    let same_everywhere = || {
+        for k in 1..=5 {
+            for f in [&big, &small] {
+                let name = f.file_name().unwrap();
+                assert!(
+                    std::fs::read(c.disk(k).join(name)).unwrap() == std::fs::read(f).unwrap(),
+                    "node {k}: {name:?} differs"
+                );
+            }
+        }
+    };
+    let v = run(&["-p"]);
+    assert_eq!(v["bytes"], (3 << 20) + 777 + 1000, "{v}");
+    same_everywhere();
+
+    // Unchanged: the quick check skips both files on every node.
+    let v = run(&["-p"]);
+    assert_eq!(v["bytes"], 0, "{v}");
+    assert_eq!(v["skipped"], 2, "{v}");
+    assert_eq!(node_bytes(&v), vec![0; 5], "{v}");
+
+    // Node 2 lost big: it is sent once, and the nodes that have it (the
+    // first before node 2, the last after it) let it pass.
+    std::fs::remove_file(c.disk(2).join("big")).unwrap();
+    let v = run(&["-p"]);
+    assert_eq!(v["bytes"], (3 << 20) + 777, "{v}");
+    assert_eq!(node_bytes(&v), vec![0, (3 << 20) + 777, 0, 0, 0], "{v}");
+    same_everywhere();
+
+    // One chunk of node 3's big changed behind the quick check's back
+    // (same size, same time): -c sends that chunk alone, once; the merged
+    // digests cannot say which node differs, so every node writes it
+    // (the same bytes, for all but node 3).
+    let theirs = c.disk(3).join("big");
+    let mtime = std::fs::metadata(&theirs).unwrap().modified().unwrap();
+    let f = std::fs::File::options().write(true).open(&theirs).unwrap();
+    std::os::unix::fs::FileExt::write_at(&f, b"changed", (1 << 20) + 5).unwrap();
+    f.set_modified(mtime).unwrap();
+    drop(f);
+    assert_eq!(run(&["-p"])["bytes"], 0, "the quick check cannot see it");
+    let v = run(&["-p", "-c"]);
+    assert_eq!(v["bytes"], 256 * 1024, "{v}");
+    assert_eq!(node_bytes(&v), vec![256 * 1024; 5], "{v}");
+    same_everywhere();
+
+    // --ignore-existing leaves a changed source file alone everywhere.
+    random_file(&small, 1200, 8);
+    let v = run(&["-p", "--ignore-existing"]);
+    assert_eq!(v["bytes"], 0, "{v}");
+    for k in 1..=5 {
+        assert_eq!(
+            std::fs::metadata(c.disk(k).join("small")).unwrap().len(),
+            1000
+        );
+    }
+    // And the default sends it to all.
+    let v = run(&["-p"]);
+    assert_eq!(v["bytes"], 1200, "{v}");
+    same_everywhere();
 }
 
 #[test]
@@ -381,8 +488,8 @@ fn bad_broadcast_command_lines_are_refused_with_the_reason() {
     refused(&[fs, "n[1-3:/x"], "unclosed");
     refused(&["n[1-2]:/x", "here"], "can only be a destination");
     refused(
-        &["--resume", fs, "n[1-2]:/x"],
-        "--resume is not supported with a broadcast",
+        &["-r", "--delete", fs, "n[1-2]:/x"],
+        "--delete is not supported with a broadcast",
     );
     refused(
         &["--streams", "2", fs, "n[1-2]:/x"],

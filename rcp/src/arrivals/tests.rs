@@ -250,3 +250,63 @@ fn unfinished_files_are_listed_for_clean_up() {
     left.sort_unstable();
     assert_eq!(left, vec![0, 2]);
 }
+
+fn passing(size: u64, chunk: u32) -> Shape {
+    Shape::Passing { size, chunk }
+}
+
+#[test]
+fn a_passing_file_checks_and_drops_its_chunks_and_is_never_finished() {
+    let mut a = Arrivals::new();
+    a.announce(0, passing(250, 100)).unwrap();
+    // A chunk that overtook the announcement of a passing file, too.
+    a.chunk(at(1, 0, 50), 7).unwrap();
+    a.announce(1, passing(50, 100)).unwrap();
+    assert_eq!(a.chunk(at(0, 0, 100), 1).unwrap(), vec![]);
+    assert_eq!(a.end(0, 3).unwrap(), None);
+    assert_eq!(a.chunk(at(0, 200, 50), 3).unwrap(), vec![]);
+    assert!(matches!(
+        a.chunk(at(0, 250, 100), 9),
+        Err(Violation::Outside { entry: 0, .. })
+    ));
+    assert_eq!(
+        a.chunk(at(0, 100, 100), 2).unwrap(),
+        vec![],
+        "over, and no finish"
+    );
+    assert_eq!(a.end(1, 1).unwrap(), None, "its one chunk had come");
+    a.done().unwrap();
+    assert!(a.is_over());
+    // Over means over: one more is stray.
+    assert!(matches!(
+        a.chunk(at(0, 0, 100), 4),
+        Err(Violation::StrayData(0))
+    ));
+}
+
+#[test]
+fn a_passing_file_nobody_needed_is_closed_by_done() {
+    let mut a: Arrivals<u8> = Arrivals::new();
+    a.announce(0, passing(100, 100)).unwrap();
+    a.announce(1, file(100, 100)).unwrap();
+    a.end(1, 0).unwrap();
+    a.done().unwrap();
+    assert!(a.is_over(), "no end and no data: nothing was sent");
+}
+
+#[test]
+fn a_passing_file_with_data_and_no_end_at_done_is_a_violation() {
+    let mut a = Arrivals::new();
+    a.announce(0, passing(200, 100)).unwrap();
+    a.chunk(at(0, 0, 100), 1).unwrap();
+    assert_eq!(a.done(), Err(Violation::PassingUnended(0)));
+    // More chunks than sent, as for any file.
+    let mut a = Arrivals::new();
+    a.announce(0, passing(200, 100)).unwrap();
+    a.end(0, 1).unwrap();
+    a.chunk(at(0, 0, 100), 1).unwrap();
+    assert!(matches!(
+        a.chunk(at(0, 100, 100), 2),
+        Err(Violation::StrayData(0))
+    ));
+}
