@@ -77,16 +77,18 @@ pub enum MergeViolation {
 /// answers what nobody asked.
 const MAX_AHEAD: usize = 16 * 1024;
 
-/// The answers of this node and the next one, until both are in.
+/// The answers of this node and the next one, until both are in. Only
+/// answers waiting for their other half are kept (no record of files
+/// answered: a tree of millions of files must not cost memory per file),
+/// so a next node that answers a file again after its merged answer went
+/// only adds one that waits for ever, within [`MAX_AHEAD`]; the merged
+/// answers never repeat a file.
 #[derive(Debug, Default)]
 pub struct Merge {
     own: HashMap<u32, Said>,
     next: HashMap<u32, Said>,
     /// The next node's digests, batch by batch.
     next_haves: Haves,
-    /// Files whose merged answer went: an answer about one again is a
-    /// violation (of the next node) or a bug (here).
-    answered: std::collections::HashSet<u32>,
     next_gone: bool,
 }
 
@@ -99,14 +101,10 @@ impl Merge {
     /// node's is in (or it answers no more).
     pub fn own(&mut self, index: u32, said: Said) -> Option<(u32, Said)> {
         if self.next_gone {
-            self.answered.insert(index);
             return Some((index, said));
         }
         match self.next.remove(&index) {
-            Some(theirs) => {
-                self.answered.insert(index);
-                Some((index, said.with(theirs)))
-            }
+            Some(theirs) => Some((index, said.with(theirs))),
             None => {
                 self.own.insert(index, said);
                 None
@@ -119,15 +117,12 @@ impl Merge {
         if self.next_gone {
             return Ok(None);
         }
-        if self.answered.contains(&index) || self.next.contains_key(&index) {
+        if self.next.contains_key(&index) {
             return Err(MergeViolation::AnsweredTwice(index));
         }
         self.next_haves.forget(index);
         match self.own.remove(&index) {
-            Some(mine) => {
-                self.answered.insert(index);
-                Ok(Some((index, mine.with(said))))
-            }
+            Some(mine) => Ok(Some((index, mine.with(said)))),
             None if self.next.len() >= MAX_AHEAD => Err(MergeViolation::TooFarAhead(MAX_AHEAD)),
             None => {
                 self.next.insert(index, said);
@@ -148,7 +143,7 @@ impl Merge {
             return Ok(None);
         }
         if first == 0 && !self.next_haves.is_waiting(index) {
-            if self.answered.contains(&index) || self.next.contains_key(&index) {
+            if self.next.contains_key(&index) {
                 return Err(MergeViolation::AnsweredTwice(index));
             }
             self.next_haves.ask(index);
@@ -167,7 +162,6 @@ impl Merge {
         self.next_haves = Haves::new();
         let mut out: Vec<(u32, Said)> = self.own.drain().collect();
         out.sort_by_key(|(i, _)| *i);
-        self.answered.extend(out.iter().map(|(i, _)| *i));
         out
     }
 }
@@ -244,8 +238,6 @@ mod tests {
             m.next(1, Said::Nothing),
             Err(MergeViolation::AnsweredTwice(1))
         );
-        assert_eq!(m.own(1, Said::Nothing), Some((1, Said::All)));
-        assert_eq!(m.next(1, Said::All), Err(MergeViolation::AnsweredTwice(1)));
         assert_eq!(
             m.next_have(1, 0, vec![]),
             Err(MergeViolation::AnsweredTwice(1))
@@ -254,6 +246,10 @@ mod tests {
             m.next_have(2, 5, vec![d(1)]),
             Err(MergeViolation::Have(HaveViolation::NotAsked(2)))
         );
+        // Once merged, an answer again is held, never merged a second time.
+        assert_eq!(m.own(1, Said::Nothing), Some((1, Said::All)));
+        assert_eq!(m.next(1, Said::Nothing), Ok(None));
+        assert_eq!(m.next_gone(), vec![]);
     }
 
     #[test]
