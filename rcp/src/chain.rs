@@ -5,11 +5,18 @@
 //! every message and chunk on before it works on it itself, so the data
 //! moves down the chain a chunk behind the node before; its landing slot
 //! is credited back upstream only once both its own write and the
-//! forward are done (the forward copies the payload into a buffer
-//! registered with the onward link, then the link posts the write: a
-//! slow node downstream holds the credits of every node before it, and
-//! the chain runs at the pace of its slowest hop, with no unbounded
-//! queue anywhere).
+//! forward are done: a slow node downstream holds the credits of every
+//! node before it, and the chain runs at the pace of its slowest hop,
+//! with no unbounded queue anywhere.
+//!
+//! The forward is a one-sided write straight from the landing slot (the
+//! landing ring registered with the onward link too; the onward link
+//! holds the chunk until its write completes), where the onward link's
+//! seal leaves payloads alone: over RDMA, and wherever the chunk's digest
+//! vouches for it and the link authenticates without encrypting. Where
+//! the onward link encrypts, the payload is copied into a buffer of the
+//! onward link and sealed there: the slot holds the plaintext this node
+//! is still hashing and writing.
 //!
 //! Every node checks every chunk and file digest itself (the digests are
 //! the source's, carried on), and answers a [`NodeResult`] before its
@@ -29,7 +36,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use rfabric::endpoint::Transport;
-use rfabric::link::{ChunkMeta, Incoming, Link};
+use rfabric::link::{Chunk, ChunkMeta, Incoming, Link};
 use rfabric::memory::BufferPool;
 use rfabric::transport::{Backend, Region};
 
@@ -123,6 +130,9 @@ struct Next {
     link: Link,
     pool: Arc<BufferPool>,
     region: Region,
+    /// The landing ring chunks arrive in, registered with this link (at
+    /// the first chunk forwarded from its slot).
+    landed: Option<Region>,
     /// The next nodes' answers, read as they come: their results.
     answers: tokio::task::JoinHandle<Heard>,
     /// With merged answers: where the next node's answers meet this
@@ -223,6 +233,7 @@ impl Relay {
                 link,
                 pool,
                 region,
+                landed: None,
                 answers,
                 merging: merging.map(|(m, rx)| (m, Some(rx))),
             })
@@ -241,36 +252,62 @@ impl Relay {
         }
     }
 
-    /// Sends `item` on to the next node, as it came. A failure cuts the
-    /// next node out (the copy here goes on).
-    pub async fn forward(&mut self, item: &Incoming) {
+    /// Sends a message on to the next node, as it came. A failure cuts
+    /// the next node out (the copy here goes on).
+    pub async fn forward_message(&mut self, bytes: &[u8]) {
         let Some(next) = &self.next else {
             return;
         };
-        let sent = match item {
-            Incoming::Message(bytes) => next.link.send_message(bytes).await,
-            Incoming::Chunk(chunk) => {
-                let h = chunk.header();
-                let meta = ChunkMeta {
-                    owner: h.owner,
-                    offset: h.offset,
-                    flags: h.flags,
-                    digest: h.digest,
-                };
-                let payload = chunk.payload();
-                if payload.len() > next.pool.buffer_size() {
-                    let why = format!(
-                        "its landing slots hold {} bytes, this chain's chunks {} \
-                         (its --chunk-size is smaller)",
-                        next.pool.buffer_size(),
-                        payload.len()
-                    );
-                    self.cut(why);
-                    return;
+        if let Err(e) = next.link.send_message(bytes).await {
+            self.cut(format!("forwarding to it failed: {e}"));
+        }
+    }
+
+    /// Sends a landed chunk on to the next node, as it came: from its
+    /// landing slot where the onward seal leaves the payload alone, else
+    /// from a copy. A failure cuts the next node out (the copy here goes
+    /// on).
+    pub async fn forward_chunk(&mut self, chunk: &Arc<Chunk>) {
+        let Some(next) = &mut self.next else {
+            return;
+        };
+        let h = chunk.header();
+        let meta = ChunkMeta {
+            owner: h.owner,
+            offset: h.offset,
+            flags: h.flags,
+            digest: h.digest,
+        };
+        let payload = chunk.payload();
+        if payload.len() > next.link.max_chunk().min(next.pool.buffer_size()) {
+            let why = format!(
+                "its landing slots hold {} bytes, this chain's chunks {} \
+                 (its --chunk-size is smaller)",
+                next.link.max_chunk(),
+                payload.len()
+            );
+            self.cut(why);
+            return;
+        }
+        let sent = if next.link.seals_payload(h.flags) {
+            let mut buf = next.pool.acquire().await;
+            buf.fill_from(payload);
+            next.link.send_chunk(meta, &next.region, buf).await
+        } else {
+            let region = match &next.landed {
+                Some(r) if Arc::ptr_eq(r.memory(), chunk.memory()) => Ok(r.clone()),
+                _ => next.link.register(chunk.memory()),
+            };
+            match region {
+                Ok(region) => {
+                    let sent = next
+                        .link
+                        .send_landed(meta, &region, Arc::clone(chunk))
+                        .await;
+                    next.landed = Some(region);
+                    sent
                 }
-                let mut buf = next.pool.acquire().await;
-                buf.fill_from(payload);
-                next.link.send_chunk(meta, &next.region, buf).await
+                Err(e) => Err(e),
             }
         };
         if let Err(e) = sent {

@@ -174,7 +174,7 @@ pub async fn receive(
     // The rules of what may arrive when (and the chunks that overtook
     // their entry's announcement on another stream: they hold their
     // slots, so the window bounds them).
-    let mut arrivals: Arrivals<Chunk> = Arrivals::new();
+    let mut arrivals: Arrivals<Arc<Chunk>> = Arrivals::new();
     let (answers, answerer) = Answers::start(link.clone(), opts.itemize);
     // A broadcast node's own answers meet the next node's; the merged ones
     // go to the node before it with the rest of its answers.
@@ -216,12 +216,15 @@ pub async fn receive(
             let (stream, item) = incoming.next().await.ok_or_else(gone)?;
             let item = item?.ok_or_else(gone)?;
             // A broadcast node hands everything on before it works on it:
-            // the next node is a chunk behind, not a file.
-            if let Some(relay) = relay.as_deref_mut() {
-                relay.forward(&item).await;
-            }
+            // the next node is a chunk behind, not a file. (A chunk is
+            // shared: the onward link may send it from its slot while it
+            // is written here; its credit goes back when both are done.)
             let actions = match item {
                 LinkIncoming::Chunk(chunk) => {
+                    let chunk = Arc::new(chunk);
+                    if let Some(relay) = relay.as_deref_mut() {
+                        relay.forward_chunk(&chunk).await;
+                    }
                     let h = chunk.header();
                     stats.stream_bytes[stream as usize] += u64::from(h.payload_len);
                     let place = Place {
@@ -235,6 +238,9 @@ pub async fn receive(
                     bail!("a message arrived on data stream {stream}")
                 }
                 LinkIncoming::Message(bytes) => {
+                    if let Some(relay) = relay.as_deref_mut() {
+                        relay.forward_message(&bytes).await;
+                    }
                     let mut actions = Vec::new();
                     for m in Msg::decode(&bytes)?.unbatched()? {
                         actions.extend(match m {
@@ -494,11 +500,11 @@ impl Creator<'_> {
     /// rules say to do next (land the file's early chunks, finish it).
     async fn create(
         &mut self,
-        arrivals: &mut Arrivals<Chunk>,
+        arrivals: &mut Arrivals<Arc<Chunk>>,
         files: &mut HashMap<u32, File>,
         e: Entry,
         end: Option<(u64, [u8; 32])>,
-    ) -> anyhow::Result<Vec<Action<Chunk>>> {
+    ) -> anyhow::Result<Vec<Action<Arc<Chunk>>>> {
         if e.meta.is_some() != self.opts.keep.any() {
             bail!("entry {} does not match the request's metadata", e.index);
         }
@@ -681,9 +687,9 @@ impl Creator<'_> {
     /// place; directories are kept to list what `--delete` would remove.
     fn dry(
         &mut self,
-        arrivals: &mut Arrivals<Chunk>,
+        arrivals: &mut Arrivals<Arc<Chunk>>,
         e: Entry,
-    ) -> anyhow::Result<Vec<Action<Chunk>>> {
+    ) -> anyhow::Result<Vec<Action<Arc<Chunk>>>> {
         let actions = arrivals.announce(e.index, Shape::Other)?;
         let there = existing::there(self.base, &e);
         match e.kind {
@@ -793,7 +799,7 @@ impl Creator<'_> {
 /// Starts the hash and write of a landed chunk, chunk `k` of `file`.
 fn land(
     file: &mut File,
-    chunk: Chunk,
+    chunk: Arc<Chunk>,
     k: u64,
     engine: &Engine,
     opts: RecvOptions,
@@ -811,7 +817,7 @@ fn land(
 async fn write_chunk(
     engine: Engine,
     out: Arc<PartFile>,
-    chunk: Chunk,
+    chunk: Arc<Chunk>,
     k: u64,
     verify: Option<Algorithm>,
 ) -> ChunkResult {

@@ -6,6 +6,10 @@
 //!   slot with one notified write. The buffer is owned by the link until the
 //!   write completes, which is how the transport's "don't touch posted
 //!   memory" contract is kept without `unsafe` in callers.
+//!   [`Link::send_landed`] does the same for a chunk that landed on another
+//!   link, straight from its landing slot (a broadcast node forwarding it):
+//!   the link holds the [`Chunk`], and with it the slot and its credit,
+//!   until the write completes.
 //! * [`Link::recv`] yields landed chunks (read in place; dropping the
 //!   [`Chunk`] returns its slot credit) and application messages, in the
 //!   order the peer sent them.
@@ -193,8 +197,19 @@ impl Chunk {
         self.seq
     }
 
+    /// The landing ring the chunk lies in: register it with another link
+    /// to send the chunk on from there ([`Link::send_landed`]).
+    pub fn memory(&self) -> &Arc<Memory> {
+        self.inner.ring.memory()
+    }
+
+    /// Where the payload starts in [`Chunk::memory`].
+    fn payload_offset(&self) -> usize {
+        self.index as usize * self.inner.config.slot_size as usize + CHUNK_HEADER_LEN
+    }
+
     pub fn payload(&self) -> &[u8] {
-        let start = self.index as usize * self.inner.config.slot_size as usize + CHUNK_HEADER_LEN;
+        let start = self.payload_offset();
         // SAFETY: the slot is in state Landed until this chunk is dropped; the
         // ring's write gate refuses every peer write into it meanwhile (on
         // verbs the NIC cannot be stopped, but a peer that writes there breaks
@@ -240,8 +255,34 @@ impl WriteGate for RingGate {
 
 /// What an outstanding send-side request holds on to.
 enum InFlight {
-    Chunk { _buf: PoolBuf, header: u32 },
+    Chunk { _payload: Payload, header: u32 },
     Control { buf: u32 },
+}
+
+/// What a chunk's payload is sent from; held until its write completes.
+enum Payload {
+    /// A buffer of the sender's pool (sealing may encrypt it in place).
+    Pool(PoolBuf),
+    /// A chunk that landed on another link, sent on as it is (never
+    /// changed: it is only sent where sealing leaves payloads alone).
+    Landed(Arc<Chunk>),
+}
+
+impl Payload {
+    fn memory(&self) -> &Arc<Memory> {
+        match self {
+            Payload::Pool(buf) => buf.pool().memory(),
+            Payload::Landed(chunk) => chunk.memory(),
+        }
+    }
+
+    /// Offset and length in [`Payload::memory`].
+    fn range(&self) -> (usize, usize) {
+        match self {
+            Payload::Pool(buf) => (buf.offset(), buf.len()),
+            Payload::Landed(chunk) => (chunk.payload_offset(), chunk.payload().len()),
+        }
+    }
 }
 
 struct State {
@@ -593,17 +634,58 @@ impl Link {
         &self,
         meta: ChunkMeta,
         region: &Region,
-        mut buf: PoolBuf,
+        buf: PoolBuf,
     ) -> Result<(), LinkError> {
-        if !Arc::ptr_eq(region.memory(), buf.pool().memory()) {
+        self.post_chunk(meta, region, Payload::Pool(buf)).await
+    }
+
+    /// Whether this link's seal would change the payload of a chunk sent
+    /// with `flags` (encrypt it): such a chunk cannot go by
+    /// [`Link::send_landed`].
+    pub fn seals_payload(&self, flags: u32) -> bool {
+        let digest_inside = flags & chunk_flags::DIGEST != 0;
+        self.state()
+            .sealer
+            .as_ref()
+            .is_some_and(|s| s.covers_payload(digest_inside))
+    }
+
+    /// Sends `chunk`, which landed on another link, on as it is: the
+    /// write reads its payload straight from that link's landing slot.
+    /// `region` is that landing ring ([`Chunk::memory`]) registered with
+    /// this link. The link holds the chunk (its slot, and the credit its
+    /// sender waits for) until the write completes. Refused where this
+    /// link's seal would change the payload ([`Link::seals_payload`]).
+    pub async fn send_landed(
+        &self,
+        meta: ChunkMeta,
+        region: &Region,
+        chunk: Arc<Chunk>,
+    ) -> Result<(), LinkError> {
+        if self.seals_payload(meta.flags) {
             return Err(LinkError::Config(
-                "buffer is not from the given region".into(),
+                "this link's seal changes payloads: a landed chunk cannot be sent as it is".into(),
             ));
         }
-        if buf.len() > self.max_chunk() {
+        self.post_chunk(meta, region, Payload::Landed(chunk)).await
+    }
+
+    async fn post_chunk(
+        &self,
+        meta: ChunkMeta,
+        region: &Region,
+        mut payload: Payload,
+    ) -> Result<(), LinkError> {
+        if !Arc::ptr_eq(region.memory(), payload.memory()) {
+            return Err(LinkError::Config(
+                "payload is not in the given region".into(),
+            ));
+        }
+        let (offset, len) = payload.range();
+        if len > self.max_chunk() {
             return Err(LinkError::Config(format!(
                 "chunk of {} bytes exceeds the peer's slot payload of {}",
-                buf.len(),
+                len,
                 self.max_chunk()
             )));
         }
@@ -624,7 +706,7 @@ impl Link {
                 if queue_room && st.outbound.slots_available() > 0 && !st.header_busy[next_header] {
                     let ticket = st.outbound.try_slot().expect("credit checked");
                     let mut header = ChunkHeader {
-                        payload_len: buf.len() as u32,
+                        payload_len: len as u32,
                         owner: meta.owner,
                         offset: meta.offset,
                         flags: meta.flags,
@@ -635,10 +717,19 @@ impl Link {
                     if let Some(sealer) = &st.sealer {
                         let covered = header.encode();
                         let digest_inside = meta.flags & chunk_flags::DIGEST != 0;
+                        let body = match &mut payload {
+                            Payload::Pool(buf) => buf.data_mut(),
+                            // (Checked on entry: the seal covers the header
+                            // alone, and the sealer is set once.)
+                            Payload::Landed(_) => {
+                                debug_assert!(!sealer.covers_payload(digest_inside));
+                                &mut []
+                            }
+                        };
                         header.tag = sealer.seal_chunk(
                             ticket.seq,
                             &covered[..CHUNK_HEADER_SEALED_LEN],
-                            buf.data_mut(),
+                            body,
                             digest_inside,
                         );
                     }
@@ -653,22 +744,24 @@ impl Link {
                             .headers
                             .segment(hoff, CHUNK_HEADER_LEN)
                             .expect("header in range"),
-                        region
-                            .segment(buf.offset(), buf.len())
-                            .expect("buffer in its region"),
+                        region.segment(offset, len).expect("payload in its region"),
                     ];
                     let remote = slot_addr(&inner.peer.ring, ticket.index);
                     let wr = st.next_wr;
                     st.next_wr += 1;
-                    // SAFETY: the header slot and the buffer stay untouched
-                    // until the completion: the buffer is owned by `in_flight`
-                    // and the header slot is marked busy.
+                    // SAFETY: the header slot and the payload stay untouched
+                    // until the completion: the header slot is marked busy,
+                    // and the payload is owned by `in_flight`: a pool
+                    // buffer's lease, or a landed chunk, whose slot its ring
+                    // keeps closed to peer writes while it lives (and which
+                    // nobody writes locally: a chunk gives its payload out
+                    // to read only).
                     unsafe { inner.conn.write_notify(wr, &sgl, remote, ticket.note)? };
                     st.header_busy[ticket.index as usize] = true;
                     st.in_flight.insert(
                         wr,
                         InFlight::Chunk {
-                            _buf: buf,
+                            _payload: payload,
                             header: ticket.index,
                         },
                     );
@@ -917,17 +1010,24 @@ async fn drive(inner: Arc<Inner>, backlog: Vec<Completion>) {
     beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut heard = 0u64;
     loop {
+        let mut breached = false;
         for c in batch.drain(..) {
-            if matches!(c.op, Op::Recv | Op::RecvNotify) {
+            let received = matches!(c.op, Op::Recv | Op::RecvNotify);
+            if received {
+                // Nothing the peer sent after a breach is handed out (the
+                // rest of the batch's receives are dropped, later ones
+                // ignored in `handle`): what came behind an injected frame
+                // must not complete a file.
+                if breached {
+                    continue;
+                }
                 heard += 1;
             }
+            // (Finished sends are still handled: what they held goes back,
+            // and a landed chunk sent on holds its own link's credit.)
             if let Err(e) = handle(&inner, c) {
-                // Nothing the peer sent after the breach is handed out
-                // (the rest of the batch is dropped, later receives are
-                // ignored below): what came behind an injected frame
-                // must not complete a file.
                 fail(&inner, e);
-                break;
+                breached = true;
             }
         }
         send_standalone_credit(&inner);

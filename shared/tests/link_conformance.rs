@@ -347,3 +347,121 @@ async fn a_peer_sealing_with_another_key_fails_the_first_frame() {
         .expect_err("the link failed");
     assert!(heard.to_string().contains("session check"), "{heard}");
 }
+
+/// A broadcast node's hop: chunks that land on one link are sent on by
+/// another straight from their landing slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn landed_chunks_are_sent_on_from_their_slots_intact() {
+    use rfabric::wire::chunk_flags::DIGEST;
+    for sealed in [None, Some(Protection::Authenticate)] {
+        let chunk = 32 * 1024;
+        // source -> (hop_in | hop_out) -> sink; the hop's ring is small, so
+        // the source gets its credits back only as forwards complete.
+        let (hop_in, source) = link_pair(
+            LinkConfig::new(Role::Server, 4, chunk),
+            LinkConfig::new(Role::Client, 0, chunk),
+        )
+        .await;
+        let (sink, hop_out) = link_pair(
+            LinkConfig::new(Role::Server, RING, chunk),
+            LinkConfig::new(Role::Client, 0, chunk),
+        )
+        .await;
+        if let Some(p) = sealed {
+            seal_pair(&hop_in, &source, p, [0x5a; 32]);
+            seal_pair(&sink, &hop_out, p, [0x5a; 32]);
+        }
+        // Under Authenticate a chunk without a digest has its payload
+        // encrypted: it cannot go from a slot others read.
+        assert_eq!(hop_out.seals_payload(0), sealed.is_some());
+        assert!(!hop_out.seals_payload(DIGEST));
+        let chunks = 200u64;
+        let pool = BufferPool::new(4, chunk as usize).unwrap();
+        let region = source.register(pool.memory()).unwrap();
+        let sender = {
+            let source = source.clone();
+            tokio::spawn(async move {
+                for i in 0..chunks {
+                    let mut buf = pool.acquire().await;
+                    let len = 1 + (i as usize * 7919) % chunk as usize;
+                    buf.fill_from(&pattern(2, i, len));
+                    let meta = ChunkMeta {
+                        owner: 2,
+                        offset: i,
+                        flags: DIGEST,
+                        digest: [i as u8; 32],
+                    };
+                    source.send_chunk(meta, &region, buf).await.unwrap();
+                }
+                source.finish().await.unwrap();
+            })
+        };
+        let hop = {
+            let hop_out = hop_out.clone();
+            tokio::spawn(async move {
+                let mut landed = None;
+                while let Some(item) = hop_in.recv().await.unwrap() {
+                    let Incoming::Chunk(c) = item else {
+                        panic!("only chunks were sent")
+                    };
+                    let c = std::sync::Arc::new(c);
+                    let region = landed
+                        .get_or_insert_with(|| hop_out.register(c.memory()).unwrap())
+                        .clone();
+                    let h = *c.header();
+                    let meta = ChunkMeta {
+                        owner: h.owner,
+                        offset: h.offset,
+                        flags: h.flags,
+                        digest: h.digest,
+                    };
+                    // The wrong region, and a payload the seal would change,
+                    // are refused before anything is posted.
+                    if h.offset == 0 {
+                        let other = BufferPool::new(1, 64).unwrap();
+                        let wrong = hop_out.register(other.memory()).unwrap();
+                        let e = hop_out
+                            .send_landed(meta, &wrong, std::sync::Arc::clone(&c))
+                            .await
+                            .unwrap_err();
+                        assert!(matches!(e, LinkError::Config(_)), "{e}");
+                        if sealed.is_some() {
+                            let plain = ChunkMeta { flags: 0, ..meta };
+                            let e = hop_out
+                                .send_landed(plain, &region, std::sync::Arc::clone(&c))
+                                .await
+                                .unwrap_err();
+                            assert!(e.to_string().contains("changes payloads"), "{e}");
+                        }
+                    }
+                    // Sent on from the slot; this side is done with it at
+                    // once, the link keeps it until its write completed.
+                    hop_out.send_landed(meta, &region, c).await.unwrap();
+                }
+                hop_in.finish().await.unwrap();
+                hop_out.finish().await.unwrap();
+            })
+        };
+        let mut next = 0u64;
+        while let Some(item) = sink.recv().await.unwrap() {
+            let Incoming::Chunk(c) = item else {
+                panic!("only chunks were sent")
+            };
+            let h = *c.header();
+            assert_eq!(
+                (h.offset, h.digest, h.flags),
+                (next, [next as u8; 32], DIGEST)
+            );
+            let expected = pattern(2, next, h.payload_len as usize);
+            assert!(
+                c.payload() == expected.as_slice(),
+                "chunk {next} differs ({sealed:?})"
+            );
+            next += 1;
+        }
+        assert_eq!(next, chunks, "{sealed:?}");
+        sink.finish().await.unwrap();
+        sender.await.unwrap();
+        hop.await.unwrap();
+    }
+}

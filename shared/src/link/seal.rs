@@ -298,6 +298,14 @@ impl Sealer {
         len + TAG_LEN
     }
 
+    /// Whether sealing a chunk changes its payload (encrypts it): always
+    /// under Encrypt, and under Authenticate when no digest in the header
+    /// vouches for it (`digest_inside`). Only a chunk whose payload is left
+    /// alone may be sent from memory that others read meanwhile.
+    pub fn covers_payload(&self, digest_inside: bool) -> bool {
+        chunk_cover(self.protection, digest_inside) == Cover::Aead
+    }
+
     /// The tag for the chunk with slot sequence number `seq`, whose header
     /// (all but its tag field) is `header`; encrypts `payload` in place if
     /// so chosen. `digest_inside`: the header carries the payload's digest.

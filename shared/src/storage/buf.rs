@@ -41,3 +41,12 @@ unsafe impl IoBuf for Chunk {
         self.payload()
     }
 }
+
+// SAFETY: as for the chunk itself; the chunk lives while any of its `Arc`s
+// does, and they only read it (a broadcast node writes it to its file
+// while its next link sends it on).
+unsafe impl IoBuf for std::sync::Arc<Chunk> {
+    fn io_bytes(&self) -> &[u8] {
+        self.payload()
+    }
+}
