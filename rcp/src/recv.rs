@@ -520,7 +520,10 @@ impl Creator<'_> {
         if let Some(sent) = &mut self.sent {
             sent.entry(&e.path);
         }
-        let asks = self.opts.policy.asks() || self.opts.resume || self.opts.dry_run;
+        let asks = self
+            .opts
+            .policy
+            .answered(self.opts.resume, self.opts.dry_run);
         if asks && end.is_some() {
             bail!(
                 "entry {} came with its data before it was answered",

@@ -71,6 +71,14 @@ impl Policy {
         self.flags() != 0
     }
 
+    /// Whether a copy under this policy has every file answered before
+    /// its data: the policy asks, or `--resume` (digests of what is
+    /// there) or a dry run (every file answered, none sent) does. Sender,
+    /// receiver and a broadcast's request all go by this one rule.
+    pub fn answered(&self, resume: bool, dry_run: bool) -> bool {
+        self.asks() || resume || dry_run
+    }
+
     /// The policy as request flags.
     pub fn flags(&self) -> u32 {
         let mut f = match self.check {
@@ -309,6 +317,11 @@ mod tests {
             }
             .asks()
         );
+        // Unasked files are answered all the same under --resume or -n.
+        let never = policy(Check::Never);
+        assert!(!never.answered(false, false));
+        assert!(never.answered(true, false) && never.answered(false, true));
+        assert!(Policy::default().answered(false, false));
     }
 
     #[test]

@@ -268,7 +268,7 @@ pub async fn send(
     let planner = {
         let asking = Arc::clone(&asking);
         tokio::spawn(async move {
-            let asks = opts.policy.asks() || opts.resume || opts.dry_run;
+            let asks = opts.policy.answered(opts.resume, opts.dry_run);
             while let Some(batch) = items.recv().await {
                 for item in batch {
                     let item = item?;

@@ -136,11 +136,6 @@ impl Params {
         })
     }
 
-    /// Whether the receiver answers every file before its data is sent.
-    fn asks(&self) -> bool {
-        self.policy.asks() || self.resume || self.dry_run
-    }
-
     /// The sender's options.
     fn send_options(&self) -> SendOptions {
         SendOptions {
@@ -414,7 +409,9 @@ async fn client_session(
             // A chain whose files are answered merges the nodes' answers.
             let chained = match &chain {
                 None => 0,
-                Some(_) if params.asks() => flags::CHAIN | flags::MERGED_ANSWERS,
+                Some(_) if params.policy.answered(params.resume, params.dry_run) => {
+                    flags::CHAIN | flags::MERGED_ANSWERS
+                }
                 Some(_) => flags::CHAIN,
             };
             let push = Msg::Push {
