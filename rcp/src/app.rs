@@ -357,8 +357,8 @@ async fn remote_copy(
     }
 }
 
-/// Both operands local: the same pipeline, through an in-process server on
-/// loopback.
+/// Both operands local: the same pipeline, through an in-process server
+/// and an in-process connection (memory copies, no socket).
 async fn local_copy(
     sources: Vec<PathBuf>,
     dest: &Path,
@@ -366,7 +366,7 @@ async fn local_copy(
     progress: &Progress,
 ) -> anyhow::Result<Report> {
     let dest = std::path::absolute(dest)?;
-    let listener = Listener::bind("127.0.0.1:0".parse()?, Transport::Tcp).await?;
+    let listener = Listener::in_process()?;
     let addr: SocketAddr = format!("127.0.0.1:{}", listener.port()?).parse()?;
     let secret = auth::nonce().to_vec();
     // Both ends are this process: nothing crosses a network.
@@ -388,7 +388,7 @@ async fn local_copy(
     let server = tokio::spawn(session::serve_one(listener, config, LOCAL_SERVER_WAIT));
     let target = Target {
         addr,
-        transport: Transport::Tcp,
+        transport: Transport::InProcess,
     };
     let request = Request::Push {
         sources,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::credit::SPARE_RECEIVES;
 use crate::link::LinkConfig;
+use crate::transport::memory::{self, MemoryListener};
 use crate::transport::tcp::{self, TcpListener};
 use crate::transport::verbs::{self, VerbsListener, VerbsOptions};
 use crate::transport::{Connection, Limits, TransportError};
@@ -21,6 +22,9 @@ pub enum Transport {
     Rdma,
     /// TCP only.
     Tcp,
+    /// Both ends in this process (rcp's local copy); never typed by users.
+    #[cfg_attr(feature = "clap", value(skip))]
+    InProcess,
 }
 
 impl Transport {
@@ -30,6 +34,7 @@ impl Transport {
         match backend {
             crate::transport::Backend::Tcp => Transport::Tcp,
             crate::transport::Backend::Rdma => Transport::Rdma,
+            crate::transport::Backend::InProcess => Transport::InProcess,
         }
     }
 
@@ -39,6 +44,7 @@ impl Transport {
             Transport::Auto => "auto",
             Transport::Rdma => "rdma",
             Transport::Tcp => "tcp",
+            Transport::InProcess => "in-process",
         }
     }
 }
@@ -54,11 +60,15 @@ pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, TransportError> {
         .ok_or_else(|| TransportError::Io(format!("{host} has no address")))
 }
 
-/// Connects to `addr` over the chosen transport.
+/// Connects to `addr` over the chosen transport (in-process: to the
+/// listener on `addr`'s port, see [`Listener::in_process`]).
 pub async fn connect(
     addr: SocketAddr,
     transport: Transport,
 ) -> Result<Arc<dyn Connection>, TransportError> {
+    if transport == Transport::InProcess {
+        return Ok(Arc::new(memory::connect(addr.port())?));
+    }
     if transport != Transport::Tcp {
         match verbs::connect(addr, VerbsOptions::default()).await {
             Ok(c) => return Ok(Arc::new(c)),
@@ -70,10 +80,12 @@ pub async fn connect(
     Ok(Arc::new(tcp::connect(addr).await?))
 }
 
-/// Listens on tcp and, where an RDMA device has the address, rdma_cm too.
+/// Listens on tcp and, where an RDMA device has the address, rdma_cm too;
+/// or in this process only.
 pub struct Listener {
     tcp: Option<TcpListener>,
     rdma: Option<VerbsListener>,
+    memory: Option<MemoryListener>,
     /// The port both listen on.
     port: u16,
 }
@@ -83,6 +95,7 @@ impl std::fmt::Debug for Listener {
         f.debug_struct("Listener")
             .field("tcp", &self.tcp.is_some())
             .field("rdma", &self.rdma.is_some())
+            .field("in_process", &self.memory.is_some())
             .finish()
     }
 }
@@ -126,7 +139,25 @@ impl Listener {
             Err(e) if transport == Transport::Rdma => return Err(e),
             Err(_) => None,
         };
-        Ok(Listener { tcp, rdma, port })
+        Ok(Listener {
+            tcp,
+            rdma,
+            memory: None,
+            port,
+        })
+    }
+
+    /// A listener only this process reaches, through
+    /// [`connect`]`(127.0.0.1:port, Transport::InProcess)`: both ends of a
+    /// local copy, with no socket between them.
+    pub fn in_process() -> Result<Listener, TransportError> {
+        let memory = MemoryListener::bind()?;
+        Ok(Listener {
+            tcp: None,
+            rdma: None,
+            port: memory.port(),
+            memory: Some(memory),
+        })
     }
 
     /// The port listened on (tcp's, which rdma_cm shares).
@@ -154,6 +185,9 @@ impl Listener {
             tcp::Accepted::Ready(c) => Incoming::Ready(Arc::new(c)),
             tcp::Accepted::Unestablished(u) => Incoming::Tcp(u),
         };
+        if let Some(m) = &self.memory {
+            return Ok(Incoming::Ready(Arc::new(m.accept().await?)));
+        }
         Ok(match (&self.tcp, &self.rdma) {
             (Some(t), Some(r)) => tokio::select! {
                 c = t.accept_any() => tcp(c?),

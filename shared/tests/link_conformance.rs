@@ -27,7 +27,7 @@ async fn many_chunks_through_a_full_window_arrive_intact_and_in_order() {
     let pool = BufferPool::new(16, chunk as usize).unwrap();
     let region = client.register(pool.memory()).unwrap();
     // Soft-RoCE under emulation moves about 20 MB/s: a few MiB there.
-    let chunks: u64 = if common::backend() == "tcp" {
+    let chunks: u64 = if matches!(common::backend(), "tcp" | "memory") {
         3000
     } else {
         150

@@ -152,13 +152,15 @@ fn ring_untouched(link: &Link) -> bool {
     unsafe { ring.slice(0, ring.len()) }.iter().all(|&b| b == 0)
 }
 
-fn on_tcp() -> bool {
-    common::backend() == "tcp"
+/// Whether the backend checks a write before placing it (tcp, in-process)
+/// rather than after, as verbs hardware does.
+fn checked_before_placing() -> bool {
+    matches!(common::backend(), "tcp" | "memory")
 }
 
 /// Runs one misbehaviour and checks the outcome on both sides: the server's
-/// link fails saying `server_says`; on tcp the peer hears the same in an
-/// abort and the ring is untouched, on verbs the peer's connection goes down.
+/// link fails saying `server_says`; on tcp and in-process the peer hears the
+/// same in an abort and the ring is untouched, on verbs the peer's connection goes down.
 async fn expect_refusal(misbehave: impl FnOnce(&RawPeer), server_says: &str) {
     let (link, peer) = setup().await;
     misbehave(&peer);
@@ -170,7 +172,7 @@ async fn expect_refusal(misbehave: impl FnOnce(&RawPeer), server_says: &str) {
     let peer_heard = tokio::time::timeout(Duration::from_secs(10), peer.closed_reason())
         .await
         .expect("the peer's connection went down");
-    if on_tcp() {
+    if checked_before_placing() {
         assert!(
             matches!(peer_heard, TransportError::PeerAbort(ref t) if t.contains(server_says)),
             "peer heard: {peer_heard}"
@@ -239,7 +241,7 @@ async fn frames_until_closed(
 
 #[tokio::test]
 async fn a_write_to_an_unknown_rkey_is_refused() {
-    if !on_tcp() {
+    if !checked_before_placing() {
         return refused_by_the_nic(|p| p.write(p.slot(0), p.rkey() + 99, 100, Some(0))).await;
     }
     expect_refusal(
@@ -251,7 +253,7 @@ async fn a_write_to_an_unknown_rkey_is_refused() {
 
 #[tokio::test]
 async fn a_write_outside_the_region_is_refused() {
-    if !on_tcp() {
+    if !checked_before_placing() {
         return refused_by_the_nic(|p| p.write(p.slot(SLOTS) - 10, p.rkey(), 100, Some(0))).await;
     }
     expect_refusal(
@@ -269,7 +271,7 @@ async fn a_write_outside_the_region_is_refused() {
 #[tokio::test]
 async fn a_write_into_the_wrong_slot_is_refused() {
     // Verbs does not report where a notified write landed (module docs).
-    if !on_tcp() {
+    if !checked_before_placing() {
         return;
     }
     expect_refusal(
@@ -287,7 +289,7 @@ async fn a_write_into_the_wrong_slot_is_refused() {
 #[tokio::test]
 async fn a_plain_write_into_the_ring_is_refused() {
     // Verbs does not tell the receiver about plain writes (module docs).
-    if !on_tcp() {
+    if !checked_before_placing() {
         return;
     }
     expect_refusal(|p| p.write(p.slot(0), p.rkey(), 100, None), "plain writes").await;

@@ -36,6 +36,7 @@
 //! the connection.
 #![allow(unsafe_code)]
 
+pub mod memory;
 pub mod tcp;
 pub mod verbs;
 
@@ -304,14 +305,17 @@ pub enum Backend {
     /// Verbs through rdma_cm (InfiniBand, RoCE, iWARP).
     Rdma,
     Tcp,
+    /// Both ends in this process (a local copy): memory copies, no socket.
+    InProcess,
 }
 
 impl Backend {
-    /// The name users see ("rdma", "tcp"), as in `--json`.
+    /// The name users see ("rdma", "tcp", "in-process"), as in `--json`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Rdma => "rdma",
             Backend::Tcp => "tcp",
+            Backend::InProcess => "in-process",
         }
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! The link conformance tests run on whichever backend
 //! `RFABRIC_TEST_TRANSPORT` names: `tcp` (the default, on 127.0.0.1),
-//! `rdma` (verbs with write-with-immediate) or `rdma-send` (verbs with the
-//! write-then-send fallback), the latter two on `RFABRIC_TEST_RDMA_ADDR`
+//! `memory` (the in-process backend), `rdma` (verbs with
+//! write-with-immediate) or `rdma-send` (verbs with the write-then-send
+//! fallback), the latter two on `RFABRIC_TEST_RDMA_ADDR`
 //! (default 10.77.0.1, the address the VM harness gives its Soft-RoCE
 //! device).
 #![allow(dead_code)]
@@ -30,8 +31,11 @@ pub fn backend() -> &'static str {
     match std::env::var("RFABRIC_TEST_TRANSPORT").as_deref() {
         Ok("rdma") => "rdma",
         Ok("rdma-send") => "rdma-send",
+        Ok("memory") => "memory",
         Ok("tcp") | Err(_) => "tcp",
-        Ok(other) => panic!("RFABRIC_TEST_TRANSPORT={other}: expected tcp, rdma or rdma-send"),
+        Ok(other) => {
+            panic!("RFABRIC_TEST_TRANSPORT={other}: expected tcp, memory, rdma or rdma-send")
+        }
     }
 }
 
@@ -48,6 +52,10 @@ pub async fn connected() -> (Arc<dyn Connection>, Arc<dyn Connection>) {
     let notify = match backend() {
         "tcp" => {
             let (a, b) = connected_pair().await;
+            return (Arc::new(a), Arc::new(b));
+        }
+        "memory" => {
+            let (a, b) = rfabric::transport::memory::pair();
             return (Arc::new(a), Arc::new(b));
         }
         "rdma" => NotifyMode::WriteWithImm,
