@@ -136,16 +136,27 @@ enum Wanted {
     Nothing,
 }
 
-/// Files announced whose answer the sender may wait for at once: their
-/// open files and the receiver's temporary files are bounded by it (and
-/// the soft limit on open files is raised for it,
-/// [`crate::tuning::raise_open_file_limit`]). Far enough ahead that the
-/// entries of a tree of small files go several to a message, and low
-/// enough that a local `-X` copy (both sides in one process: about this
-/// many files open on each, and the walk's) stays under a soft limit of
-/// 1024. Against 64, a 100,000-entry unchanged re-sync took 0.96x the
-/// time (median of 8 paired runs, range 0.87-1.07; 512: 0.91x).
-pub const ASK_AHEAD: usize = 256;
+/// Files announced whose answer the sender may wait for at once, at most:
+/// their open files and the receiver's temporary files are bounded by it,
+/// so the window is a quarter of the soft limit on open files (raised to
+/// the hard one at start, [`crate::tuning::raise_open_file_limit`]), at
+/// least [`ASK_AHEAD_LEAST`]; a local copy is both sides in one process.
+/// Each answer is a round trip through the receiver, so the window is what
+/// keeps a re-sync of small files from waiting on it: on a 100,000-entry
+/// unchanged local re-sync, 1024 took 0.91x the time of 256 (median of 7
+/// paired runs; 256 took 0.96x the time of 64).
+pub const ASK_AHEAD: usize = 2048;
+/// The window under a soft limit too low for anything more.
+pub const ASK_AHEAD_LEAST: usize = 32;
+
+/// The window of files announced ahead of their answers (see
+/// [`ASK_AHEAD`]), for this process's limit on open files.
+pub fn ask_ahead() -> usize {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .map_or(ASK_AHEAD as u64, |n| n / 4);
+    (soft as usize).clamp(ASK_AHEAD_LEAST, ASK_AHEAD)
+}
 
 /// What the receiver said about each entry.
 #[derive(Debug, Default)]
@@ -248,7 +259,7 @@ pub async fn send(
     let asking: Asking = Arc::default();
     let steps_for_answers = planner.steps.downgrade();
     // Files announced ahead of their data, waiting for their answers.
-    let (ahead_tx, mut ahead) = mpsc::channel::<(FileToSend, Answer)>(ASK_AHEAD);
+    let (ahead_tx, mut ahead) = mpsc::channel::<(FileToSend, Answer)>(ask_ahead());
     let feeder = {
         let planner = planner.clone();
         tokio::spawn(async move {

@@ -30,7 +30,7 @@ pub fn hashing_threads(cores: usize) -> usize {
 }
 
 /// Raises the soft limit on open files to the hard one (at most 65536):
-/// a copy holds up to `send::ASK_AHEAD` files open on each side, and a
+/// a copy holds up to `send::ask_ahead()` files open on each side, and a
 /// local copy is both sides in one process, where RHEL's default soft
 /// limit of 1024 is close. Failing to raise it is not an error.
 pub fn raise_open_file_limit() {
