@@ -6,6 +6,14 @@
 
 use std::process::ExitCode;
 
+/// mimalloc rather than glibc's malloc: a re-sync of many small files
+/// allocates and frees on every entry across threads (walk, messages,
+/// answers), where glibc's arenas spent about 15% of the CPU (perf). On a
+/// 100,000-entry unchanged local `-aHAX` re-sync: 0.83x the wall time,
+/// 0.84x the CPU (median of 7 paired runs); big files unchanged.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use rcp::exit::Exit;
 use rcp::tuning;
 
