@@ -172,6 +172,20 @@ fn list_of(file: &Path, from0: bool) -> anyhow::Result<Vec<Vec<u8>>> {
         .with_context(|| format!("--files-from {}", file.display()))
 }
 
+/// Whether this command is a local copy (every operand local): both of
+/// its ends then run in this process, each on a thread of its own (see
+/// [`local_copy`]), and the runtime the command starts needs one worker.
+pub fn both_ends_here(cli: &Cli) -> bool {
+    let a = &cli.copy;
+    cli.command.is_none()
+        && a.hosts.is_none()
+        && !a.slurm
+        && a.operands.len() >= 2
+        && a.operands
+            .iter()
+            .all(|s| Operand::parse(s).is_ok_and(|o| o.is_local()))
+}
+
 /// `rcp SRC... DEST`: the copy, with its progress bar finished. What
 /// failed on the way is in the report; an error is a copy that could not
 /// run at all.
@@ -358,7 +372,15 @@ async fn remote_copy(
 }
 
 /// Both operands local: the same pipeline, through an in-process server
-/// and an in-process connection (memory copies, no socket).
+/// and an in-process connection (memory copies, no socket). The receiving
+/// end runs on a thread of its own with a runtime of its own, the sending
+/// end on the command's runtime of one worker ([`both_ends_here`]): two
+/// threads, as two processes would be. Tasks of one end then never wake
+/// each other across threads; only the connection between the ends does.
+/// Against both ends on one runtime of two workers: a 100,000-entry
+/// unchanged `-aHAX` re-sync in 0.88x the time and 0.91x the CPU, a fresh
+/// copy of it in 0.98x the time and 0.87x the CPU (paired runs; with one
+/// runtime of one worker the re-sync took 0.80x but the fresh copy 1.49x).
 async fn local_copy(
     sources: Vec<PathBuf>,
     dest: &Path,
@@ -385,7 +407,21 @@ async fn local_copy(
         sessions: Arc::default(),
         own_files: true,
     };
-    let server = tokio::spawn(session::serve_one(listener, config, LOCAL_SERVER_WAIT));
+    let (served_tx, served_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("rcp-receiver".into())
+        .spawn(move || {
+            let cores = crate::tuning::cores();
+            let served = tokio::runtime::Builder::new_current_thread()
+                .max_blocking_threads(crate::tuning::hashing_threads(cores))
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| {
+                    rt.block_on(session::serve_one(listener, config, LOCAL_SERVER_WAIT))
+                });
+            let _ = served_tx.send(served);
+        })?;
     let target = Target {
         addr,
         transport: Transport::InProcess,
@@ -396,7 +432,7 @@ async fn local_copy(
         chain: None,
     };
     let report = session::client(target, &secret, request, p, progress).await;
-    let served = server.await?;
+    let served = served_rx.await?;
     let report = report?;
     served?;
     Ok(report)

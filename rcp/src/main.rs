@@ -21,8 +21,14 @@ fn main() -> ExitCode {
     let cli = rcp::cli::parse();
     tuning::raise_open_file_limit();
     let cores = tuning::cores();
+    // A local copy's receiving end brings a runtime of its own.
+    let workers = if rcp::app::both_ends_here(&cli) {
+        1
+    } else {
+        tuning::workers(cores)
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(tuning::workers(cores))
+        .worker_threads(workers)
         .max_blocking_threads(tuning::hashing_threads(cores))
         .enable_all()
         .build()
