@@ -354,7 +354,7 @@ async fn remote_copy(
             session::client(target, &secret, request, p, progress).await
         }
         Operand::Shell { login, host, .. } => {
-            let mut remote = shell::start(&a.rsh, login, &a.tuning).await?;
+            let mut remote = shell::start(&a.rsh, login, &a.tuning, a.streams).await?;
             let target = Target {
                 addr: endpoint::resolve(host, remote.banner.port)?,
                 transport: a.tuning.transport,
@@ -450,6 +450,30 @@ mod tests {
         let operands = ops(words);
         let (dest, sources) = operands.split_last().unwrap();
         plan(sources, dest).map(|p| format!("{p:?}"))
+    }
+
+    #[test]
+    fn only_a_copy_with_every_operand_local_runs_both_ends_here() {
+        use clap::Parser;
+        let here = |words: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("rcp").chain(words.iter().copied()));
+            both_ends_here(&cli.unwrap())
+        };
+        assert!(here(&["a", "b"]));
+        assert!(here(&["-r", "a", "./c:d", "dir/"]));
+        assert!(!here(&["a", "node2:/data"]));
+        assert!(!here(&["rcp://h/x", "b"]));
+        assert!(!here(&["a", "n[1-2]:/x"]));
+        assert!(!here(&["--hosts", "f", "a", ":/x"]));
+        assert!(!here(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:1",
+            "--root",
+            "/",
+            "--secret-file",
+            "s"
+        ]));
     }
 
     #[test]

@@ -320,7 +320,8 @@ async fn start(
             let (rsh, tuning, slots) = (a.rsh.clone(), a.tuning.clone(), Arc::clone(&slots));
             let task = tokio::spawn(async move {
                 let _slot = slots.acquire_owned().await.expect("never closed");
-                let shell::Remote { child, banner } = shell::start(&rsh, &login, &tuning).await?;
+                let shell::Remote { child, banner } =
+                    shell::start(&rsh, &login, &tuning, 1).await?;
                 anyhow::Ok(Started {
                     node,
                     hop: Hop {
@@ -371,7 +372,7 @@ async fn srun(
     ])
     .arg(format!("--nodes={}", names.len()))
     .arg(format!("--nodelist={}", crate::hostlist::compress(&names)))
-    .args(shell::server_once_args(&a.tuning))
+    .args(shell::server_once_args(&a.tuning, 1))
     .stdin(std::process::Stdio::null())
     .stdout(std::process::Stdio::piped())
     .stderr(std::process::Stdio::inherit())

@@ -344,6 +344,11 @@ pub struct ServeArgs {
 pub struct ServerOnceArgs {
     #[command(flatten)]
     pub tuning: Tuning,
+    /// The connections the client will stripe over (its `--streams`):
+    /// one runtime worker each. Passed only when more than one.
+    #[arg(long, default_value_t = 1, hide = true,
+          value_parser = clap::value_parser!(u32).range(1..=crate::proto::MAX_STREAMS as i64))]
+    pub streams: u32,
 }
 
 /// The order of a broadcast's chain.

@@ -14,6 +14,7 @@ use std::process::ExitCode;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+use rcp::cli::Cmd;
 use rcp::exit::Exit;
 use rcp::tuning;
 
@@ -21,11 +22,12 @@ fn main() -> ExitCode {
     let cli = rcp::cli::parse();
     tuning::raise_open_file_limit();
     let cores = tuning::cores();
-    // A local copy's receiving end brings a runtime of its own.
-    let workers = if rcp::app::both_ends_here(&cli) {
-        1
-    } else {
-        tuning::workers(cores)
+    let workers = match &cli.command {
+        Some(Cmd::Serve(_)) => tuning::workers(cores),
+        Some(Cmd::ServerOnce(a)) => tuning::copy_workers(a.streams, cores),
+        // A local copy's receiving end brings a runtime of its own.
+        None if rcp::app::both_ends_here(&cli) => 1,
+        None => tuning::copy_workers(cli.copy.streams, cores),
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)

@@ -39,9 +39,10 @@ pub struct Banner {
     pub topology: Option<String>,
 }
 
-/// The arguments that start a one-shot server with this side's tuning.
-pub fn server_once_args(tuning: &Tuning) -> Vec<String> {
-    [
+/// The arguments that start a one-shot server with this side's tuning,
+/// for a copy over `streams` connections.
+pub fn server_once_args(tuning: &Tuning, streams: u32) -> Vec<String> {
+    let mut args = [
         "rcp",
         "server-once",
         "--transport",
@@ -58,7 +59,12 @@ pub fn server_once_args(tuning: &Tuning) -> Vec<String> {
         &tuning.timeout.to_string(),
     ]
     .map(String::from)
-    .to_vec()
+    .to_vec();
+    // (Only when asked for: a far side from before it knows no --streams.)
+    if streams > 1 {
+        args.extend(["--streams".into(), streams.to_string()]);
+    }
+    args
 }
 
 /// Reads a one-shot server's banner line.
@@ -95,13 +101,18 @@ pub fn parse_banner(line: &str) -> anyhow::Result<Banner> {
 }
 
 /// Starts `rcp server-once` on `login` through `rsh` and reads its banner.
-pub async fn start(rsh: &str, login: &str, tuning: &Tuning) -> anyhow::Result<Remote> {
+pub async fn start(
+    rsh: &str,
+    login: &str,
+    tuning: &Tuning,
+    streams: u32,
+) -> anyhow::Result<Remote> {
     let mut words = rsh.split_whitespace();
     let program = words.next().context("--rsh is empty")?;
     let mut child = Command::new(program)
         .args(words)
         .arg(login)
-        .args(server_once_args(tuning))
+        .args(server_once_args(tuning, streams))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -176,6 +187,26 @@ fn address_toward(peer: std::net::IpAddr) -> Option<std::net::IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_far_side_hears_of_streams_only_when_there_are_several() {
+        use clap::Parser;
+        let parsed = |streams| {
+            let tuning = crate::cli::Cli::try_parse_from(["rcp", "a", "b"])
+                .unwrap()
+                .copy
+                .tuning;
+            let args = server_once_args(&tuning, streams);
+            match crate::cli::Cli::try_parse_from(&args).unwrap().command {
+                Some(crate::cli::Cmd::ServerOnce(a)) => (args, a.streams),
+                other => panic!("not a server-once: {other:?}"),
+            }
+        };
+        let (args, streams) = parsed(1);
+        assert!(!args.iter().any(|a| a == "--streams"), "{args:?}");
+        assert_eq!(streams, 1);
+        assert_eq!(parsed(4).1, 4);
+    }
 
     #[test]
     fn banners_are_read_old_and_new() {

@@ -15,11 +15,22 @@ pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
-/// The runtime's worker threads for `cores`: the links, the storage
-/// completions and the protocol, which a few cores keep busy; at least
-/// two, so that one side of a local copy never waits for the other.
+/// The runtime's worker threads of `rcp serve`, which serves sessions side
+/// by side: the links, the storage completions and the protocol of each.
 pub fn workers(cores: usize) -> usize {
     cores.clamp(2, 8)
+}
+
+/// The runtime's worker threads of one end of one copy (the client, and
+/// the far side of remote-shell mode): one per connection it carries, up
+/// to `cores`. Hashing and file work run on the blocking pool
+/// ([`hashing_threads`]), so the workers only move messages and chunks;
+/// tasks of one end that share a worker never wake each other across
+/// threads. With one worker on each side instead of two, over ssh on
+/// loopback, a 100,000-entry unchanged `-aHAX` re-sync took 0.85x the
+/// time and a fresh copy of it 0.86x; a 1 GiB file 1.01x (paired runs).
+pub fn copy_workers(streams: u32, cores: usize) -> usize {
+    (streams as usize).clamp(1, cores.max(1))
 }
 
 /// Threads that hash chunks at once (the runtime's blocking pool): one a
