@@ -26,8 +26,9 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 
+use super::regions::Regions;
 use super::{
-    Access, Backend, Completion, Connection, Limits, Op, Region, RemoteAddr, RemoteRegion, Segment,
+    Access, Backend, Completion, Connection, Limits, Op, Region, RemoteAddr, Segment,
     TransportError, WcError, WriteGate, sgl_len,
 };
 use crate::memory::Memory;
@@ -37,8 +38,6 @@ use crate::memory::Memory;
 pub const DEFAULT_LIMITS: Limits = super::tcp::DEFAULT_LIMITS;
 /// Largest payload of a send, as on tcp: control messages are small.
 const MAX_SEND: u64 = crate::wire::MAX_CONTROL_SIZE as u64;
-/// The first rkey handed out; keys are table indices above it.
-const RKEY_BASE: u32 = 0x100;
 
 /// One operation an end posted that the other end carries out.
 struct Posted {
@@ -56,7 +55,7 @@ struct Posted {
 #[derive(Default)]
 struct Inbound {
     recvs: VecDeque<(u64, Segment)>,
-    regions: Vec<Region>,
+    regions: Regions,
     inbox: VecDeque<Posted>,
 }
 
@@ -106,10 +105,6 @@ impl End {
         if let Some(w) = q.waker.take() {
             w.wake();
         }
-    }
-
-    fn region(inbound: &Inbound, rkey: u32) -> Option<&Region> {
-        inbound.regions.get(rkey.checked_sub(RKEY_BASE)? as usize)
     }
 }
 
@@ -251,7 +246,10 @@ impl Pair {
             }
             Op::Write | Op::WriteNotify => {
                 let note = (posted.op == Op::WriteNotify).then_some(posted.note);
-                let (region, offset) = writable(inbound, posted.remote, len as u64, note)?;
+                let (region, offset) = inbound
+                    .regions
+                    .writable(posted.remote, len as u64, note)
+                    .map_err(Violation)?;
                 let recv = match note {
                     Some(_) => Some(inbound.recvs.pop_front().expect("checked by deliver")),
                     None => None,
@@ -274,20 +272,10 @@ impl Pair {
             }
             Op::Read => {
                 let local = &posted.sgl[0];
-                let source = End::region(inbound, posted.remote.rkey)
-                    .filter(|r| r.access().remote_read)
-                    .and_then(|r| {
-                        let offset = posted.remote.addr.checked_sub(r.remote().addr)?;
-                        r.segment(offset as usize, local.len())
-                    })
-                    .ok_or_else(|| {
-                        Violation(format!(
-                            "read of {} bytes at {:#x} (rkey {:#x}): no remote read there",
-                            local.len(),
-                            posted.remote.addr,
-                            posted.remote.rkey
-                        ))
-                    })?;
+                let source = inbound
+                    .regions
+                    .readable(posted.remote, local.len() as u64)
+                    .map_err(Violation)?;
                 // SAFETY: the reader promised (unsafe read) that nothing
                 // touches `local` until the read completes; the source was
                 // granted for remote reads, and a racing local write could
@@ -335,43 +323,6 @@ impl Pair {
     }
 }
 
-/// Where a write of `len` bytes at `remote` lands in `inbound`'s regions,
-/// checked as the tcp backend's reader checks it: rkey, access, bounds,
-/// the owner's gate.
-fn writable(
-    inbound: &Inbound,
-    remote: RemoteAddr,
-    len: u64,
-    note: Option<u32>,
-) -> Result<(Region, u64), Violation> {
-    let region = End::region(inbound, remote.rkey)
-        .ok_or_else(|| Violation(format!("write to unknown rkey {:#x}", remote.rkey)))?;
-    if !region.access().remote_write {
-        return Err(Violation(format!(
-            "write to rkey {:#x}, which grants no remote write",
-            remote.rkey
-        )));
-    }
-    let granted = region.remote();
-    let offset = remote
-        .addr
-        .checked_sub(granted.addr)
-        .filter(|&off| region.memory().contains(off, len))
-        .ok_or_else(|| {
-            Violation(format!(
-                "write of {len} bytes at {:#x} falls outside region {:#x}..{:#x}",
-                remote.addr,
-                granted.addr,
-                granted.addr + granted.len
-            ))
-        })?;
-    if let Some(gate) = region.gate() {
-        gate.admit(Some(offset), len, note)
-            .map_err(|why| Violation(format!("write refused: {why}")))?;
-    }
-    Ok((region.clone(), offset))
-}
-
 /// Copies the segments one after another to `to`.
 ///
 /// # Safety
@@ -408,19 +359,12 @@ impl Connection for MemoryConnection {
         access: Access,
         gate: Option<Arc<dyn WriteGate>>,
     ) -> Result<Region, TransportError> {
-        let mut inbound = self.this().inbound.lock().expect("inbound lock");
-        let key = u32::try_from(inbound.regions.len())
-            .ok()
-            .and_then(|i| i.checked_add(RKEY_BASE))
-            .ok_or_else(|| TransportError::Invalid("too many regions".into()))?;
-        let remote = RemoteRegion {
-            addr: memory.as_ptr() as u64,
-            len: memory.len() as u64,
-            rkey: key,
-        };
-        let region = Region::new(Arc::clone(memory), key, remote, access, gate);
-        inbound.regions.push(region.clone());
-        Ok(region)
+        self.this()
+            .inbound
+            .lock()
+            .expect("inbound lock")
+            .regions
+            .add(memory, access, gate)
     }
 
     unsafe fn post_recv(&self, wr_id: u64, buf: Segment) -> Result<(), TransportError> {

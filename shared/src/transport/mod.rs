@@ -37,6 +37,7 @@
 #![allow(unsafe_code)]
 
 pub mod memory;
+mod regions;
 pub mod tcp;
 pub mod verbs;
 

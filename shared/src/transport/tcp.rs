@@ -30,8 +30,9 @@ use tokio::sync::{Notify, mpsc};
 
 pub use frame::{FrameError, FrameHeader, FrameOp, HEADER_LEN, PREFACE};
 
+use super::regions::Regions;
 use super::{
-    Access, Backend, Completion, Connection, Limits, Op, Region, RemoteAddr, RemoteRegion, Segment,
+    Access, Backend, Completion, Connection, Limits, Op, Region, RemoteAddr, Segment,
     TransportError, WcError, WriteGate, sgl_len,
 };
 use crate::memory::Memory;
@@ -48,8 +49,6 @@ pub const DEFAULT_LIMITS: Limits = Limits {
 
 /// Largest payload of a send: control messages are small by design.
 const MAX_SEND: u64 = crate::wire::MAX_CONTROL_SIZE as u64;
-/// The first rkey handed out; keys are table indices above it.
-const RKEY_BASE: u32 = 0x100;
 /// Read-side buffer for frame headers and small messages. Payloads larger
 /// than what is buffered are read straight into their target memory, so a
 /// small buffer means less of each chunk is copied twice.
@@ -286,7 +285,7 @@ struct Queue {
 struct Shared {
     limits: Limits,
     peer: Option<SocketAddr>,
-    regions: RwLock<Vec<Region>>,
+    regions: RwLock<Regions>,
     recvs: Mutex<VecDeque<(u64, Segment)>>,
     reads: Mutex<VecDeque<PendingRead>>,
     queue: Mutex<Queue>,
@@ -363,15 +362,6 @@ impl Shared {
         }
     }
 
-    fn region(&self, rkey: u32) -> Option<Region> {
-        let index = rkey.checked_sub(RKEY_BASE)? as usize;
-        self.regions
-            .read()
-            .expect("region lock")
-            .get(index)
-            .cloned()
-    }
-
     fn check_open(&self) -> Result<(), TransportError> {
         match self.down_reason() {
             Some(why) => Err(why),
@@ -421,7 +411,7 @@ impl TcpConnection {
         let shared = Arc::new(Shared {
             peer,
             limits,
-            regions: RwLock::new(Vec::new()),
+            regions: RwLock::default(),
             recvs: Mutex::new(VecDeque::new()),
             reads: Mutex::new(VecDeque::new()),
             queue: Mutex::new(Queue::default()),
@@ -513,19 +503,11 @@ impl Connection for TcpConnection {
         access: Access,
         gate: Option<Arc<dyn WriteGate>>,
     ) -> Result<Region, TransportError> {
-        let mut regions = self.shared.regions.write().expect("region lock");
-        let key = u32::try_from(regions.len())
-            .ok()
-            .and_then(|i| i.checked_add(RKEY_BASE))
-            .ok_or_else(|| TransportError::Invalid("too many regions".into()))?;
-        let remote = RemoteRegion {
-            addr: memory.as_ptr() as u64,
-            len: memory.len() as u64,
-            rkey: key,
-        };
-        let region = Region::new(Arc::clone(memory), key, remote, access, gate);
-        regions.push(region.clone());
-        Ok(region)
+        self.shared
+            .regions
+            .write()
+            .expect("region lock")
+            .add(memory, access, gate)
     }
 
     unsafe fn post_recv(&self, wr_id: u64, buf: Segment) -> Result<(), TransportError> {
@@ -887,34 +869,17 @@ async fn receive_write(
     socket: &mut BufReader<OwnedReadHalf>,
     header: FrameHeader,
 ) -> Result<(), ReaderEnd> {
-    let len = u64::from(header.len);
-    let region = shared
-        .region(header.rkey)
-        .ok_or_else(|| violation(format!("write to unknown rkey {:#x}", header.rkey)))?;
-    if !region.access().remote_write {
-        return Err(violation(format!(
-            "write to rkey {:#x}, which grants no remote write",
-            header.rkey
-        )));
-    }
-    let remote = region.remote();
-    let offset = header
-        .addr
-        .checked_sub(remote.addr)
-        .filter(|&off| region.memory().contains(off, len))
-        .ok_or_else(|| {
-            violation(format!(
-                "write of {len} bytes at {:#x} falls outside region {:#x}..{:#x}",
-                header.addr,
-                remote.addr,
-                remote.addr + remote.len
-            ))
-        })?;
     let note = (header.op == FrameOp::WriteNotify).then_some(header.note);
-    if let Some(gate) = region.gate() {
-        gate.admit(Some(offset), len, note)
-            .map_err(|why| violation(format!("write refused: {why}")))?;
-    }
+    let remote = RemoteAddr {
+        addr: header.addr,
+        rkey: header.rkey,
+    };
+    let (region, offset) = shared
+        .regions
+        .read()
+        .expect("region lock")
+        .writable(remote, u64::from(header.len), note)
+        .map_err(violation)?;
     let recv = match note {
         Some(_) => Some(take_recv(shared).await?),
         None => None,
@@ -942,26 +907,16 @@ async fn receive_write(
 }
 
 fn serve_read(shared: &Shared, header: FrameHeader) -> Result<(), ReaderEnd> {
-    let len = u64::from(header.len);
-    let region = shared
-        .region(header.rkey)
-        .filter(|r| r.access().remote_read)
-        .ok_or_else(|| {
-            violation(format!(
-                "read from rkey {:#x}, which grants no remote read",
-                header.rkey
-            ))
-        })?;
-    let source = header
-        .addr
-        .checked_sub(region.remote().addr)
-        .and_then(|off| region.segment(off as usize, len as usize))
-        .ok_or_else(|| {
-            violation(format!(
-                "read of {len} bytes at {:#x} out of bounds",
-                header.addr
-            ))
-        })?;
+    let remote = RemoteAddr {
+        addr: header.addr,
+        rkey: header.rkey,
+    };
+    let source = shared
+        .regions
+        .read()
+        .expect("region lock")
+        .readable(remote, u64::from(header.len))
+        .map_err(violation)?;
     let response = FrameHeader {
         op: FrameOp::ReadResponse,
         len: header.len,
