@@ -3,10 +3,15 @@
 //! fabric (`rblock connect`), through the lane the connection is bound to.
 //! Here local storage meets NBD: a zeroing it refuses becomes an NBD
 //! error, its stretches of data and holes `base:allocation` extents.
+//!
+//! Reads are not here: their data ends up in different places (a local
+//! read's in a buffer after the reply header, a remote one's in the
+//! fabric's landing slots, `fabric::landed`), so the request layer reads
+//! from each in its own way.
 
 use std::sync::Arc;
 
-use crate::fabric::client::Remote;
+use crate::fabric::client::{Remote, Staged};
 use crate::nbd::consts::{STATE_HOLE, STATE_ZERO, cflags, errno};
 use crate::nbd::transmission::{Extent, wire_errno};
 use crate::storage::{Allocation, Storage, Stretch, ZeroError};
@@ -38,19 +43,6 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// Reads `len` bytes at `offset`, appended to `buf`, whole.
-    pub async fn read(
-        &self,
-        offset: u64,
-        buf: Vec<u8>,
-        len: usize,
-    ) -> (Vec<u8>, std::io::Result<()>) {
-        match self {
-            Backend::Local(s) => s.read(offset, buf, len).await,
-            Backend::Remote(r, lane) => r.read(*lane, offset, buf, len).await,
-        }
-    }
-
     /// Writes `buf[at..at+len]` at `offset`; durable before it returns with
     /// `fua`.
     pub async fn write(
@@ -66,6 +58,36 @@ impl Backend {
             Backend::Remote(r, lane) => {
                 let result = r.write(*lane, offset, &buf[at..at + len], fua).await;
                 (buf, result)
+            }
+        }
+    }
+
+    /// Buffers to receive a write's `len` bytes of data straight into,
+    /// where the export is remote and they are free ([`Remote::stage`]);
+    /// None: read the data into memory.
+    pub fn stage(&self, len: usize) -> Option<Staged> {
+        match self {
+            Backend::Local(_) => None,
+            Backend::Remote(r, lane) => r.stage(*lane, len),
+        }
+    }
+
+    /// Writes the data `staged` holds at `offset`; durable before it
+    /// returns with `fua`.
+    pub async fn write_staged(
+        &self,
+        offset: u64,
+        staged: &Staged,
+        fua: bool,
+    ) -> std::io::Result<()> {
+        match self {
+            Backend::Remote(r, lane) => r.write_staged(*lane, offset, staged, fua).await,
+            // (Nothing stages for local storage; were it given such data,
+            // it is written all the same.)
+            Backend::Local(s) => {
+                let data = staged.gather();
+                let len = data.len();
+                s.write(offset, data, 0, len, fua).await.1
             }
         }
     }

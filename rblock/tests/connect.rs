@@ -23,6 +23,10 @@ struct Serve {
 
 impl Serve {
     fn start(image: &Path, fabric: u16) -> Serve {
+        Serve::start_with(image, fabric, &[])
+    }
+
+    fn start_with(image: &Path, fabric: u16, extra: &[&str]) -> Serve {
         let nbd = free_port();
         let child = Command::new(RBLOCK)
             .arg("serve")
@@ -33,6 +37,7 @@ impl Serve {
             .args(["--nbd-listen", &format!("127.0.0.1:{nbd}")])
             .args(["--listen", &format!("127.0.0.1:{fabric}")])
             .args(["--transport", "tcp"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -248,6 +253,38 @@ fn fio_random_writes_through_the_gateway_verify() {
     assert_eq!(job["read"]["io_bytes"], 16 << 20);
 }
 
+/// Requests from 512 bytes to 3 MiB (up to 12 pieces of a link), 16 at
+/// once: write data received straight into the link's buffers and sent
+/// from there, read data written to the client from the slots it landed
+/// in, pieces of many reads interleaved in one landing ring. Unsealed
+/// (both copy-free paths) and encrypted (writes copied to be sealed,
+/// reads decrypted where they landed and sent from there).
+#[test]
+fn large_and_odd_sized_requests_through_the_gateway_verify() {
+    let t = Scratch::new("gw-fio-large");
+    let img = image(&t, 64 << 20);
+    let key = t.path("key");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+    // (A secret others may read is refused.)
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let sealed = ["--secret-file", key.to_str().unwrap()];
+    for extra in [&[][..], &sealed[..]] {
+        let fabric = free_port();
+        let _s = Serve::start_with(&img, fabric, extra);
+        let g = Gateway::start(
+            &t,
+            fabric,
+            "disk",
+            &[&["--connections", "2"], extra].concat(),
+        );
+        let v = fio_verify(&g.uri("disk"), 48, 16, &["--bsrange=512-3m"]);
+        let job = &v["jobs"][0];
+        assert_eq!(job["error"], 0, "{extra:?}");
+        assert_eq!(job["write"]["io_bytes"], 48 << 20, "{extra:?}");
+        assert_eq!(job["read"]["io_bytes"], 48 << 20, "{extra:?}");
+    }
+}
+
 #[test]
 fn a_server_restart_is_ridden_out_and_nothing_is_lost() {
     let t = Scratch::new("gw-restart");
@@ -257,7 +294,10 @@ fn a_server_restart_is_ridden_out_and_nothing_is_lost() {
     let g = Gateway::start(&t, fabric, "disk", &["--connections", "2"]);
     let uri = g.uri("disk");
     // A verify job slowed down so that it is mid-way when the server dies.
-    let job = std::thread::spawn(move || fio_verify(&uri, 16, 16, &["--rate=4m"]));
+    // Requests up to 1 MiB: writes staged in the old link's buffers go
+    // again from a copy on the new one.
+    let job =
+        std::thread::spawn(move || fio_verify(&uri, 16, 16, &["--rate=4m", "--bsrange=4k-1m"]));
     std::thread::sleep(Duration::from_millis(1500));
     let _ = s.child.kill();
     let _ = s.child.wait();

@@ -266,6 +266,8 @@ enum Payload {
     /// A chunk that landed on another link, sent on as it is (never
     /// changed: it is only sent where sealing leaves payloads alone).
     Landed(Arc<Chunk>),
+    /// A pool buffer the caller keeps too (never changed, as `Landed`).
+    Kept(Arc<PoolBuf>),
 }
 
 impl Payload {
@@ -273,6 +275,7 @@ impl Payload {
         match self {
             Payload::Pool(buf) => buf.pool().memory(),
             Payload::Landed(chunk) => chunk.memory(),
+            Payload::Kept(buf) => buf.pool().memory(),
         }
     }
 
@@ -281,6 +284,7 @@ impl Payload {
         match self {
             Payload::Pool(buf) => (buf.offset(), buf.len()),
             Payload::Landed(chunk) => (chunk.payload_offset(), chunk.payload().len()),
+            Payload::Kept(buf) => (buf.offset(), buf.len()),
         }
     }
 }
@@ -548,6 +552,13 @@ impl Link {
         self.inner.peer.ring.max_payload()
     }
 
+    /// Slots of this side's landing ring: chunks the peer may have in
+    /// flight to it at once. Their credits return in order, so one chunk
+    /// kept holds back every slot after it.
+    pub fn ring_slots(&self) -> u32 {
+        self.inner.config.slot_count
+    }
+
     /// Largest application message either side's buffers take (room for
     /// a seal's tag is always kept).
     pub fn max_message(&self) -> usize {
@@ -670,6 +681,25 @@ impl Link {
         self.post_chunk(meta, region, Payload::Landed(chunk)).await
     }
 
+    /// Sends `buf` as one chunk while the caller keeps it too: the data
+    /// stays as it is, to be sent again on another link if this one fails
+    /// before the peer answers. `region` is the registration of its pool.
+    /// Refused where this link's seal would change the payload
+    /// ([`Link::seals_payload`]), which would leave the caller ciphertext.
+    pub async fn send_kept(
+        &self,
+        meta: ChunkMeta,
+        region: &Region,
+        buf: Arc<PoolBuf>,
+    ) -> Result<(), LinkError> {
+        if self.seals_payload(meta.flags) {
+            return Err(LinkError::Config(
+                "this link's seal changes payloads: a kept buffer cannot be sent as it is".into(),
+            ));
+        }
+        self.post_chunk(meta, region, Payload::Kept(buf)).await
+    }
+
     async fn post_chunk(
         &self,
         meta: ChunkMeta,
@@ -721,7 +751,7 @@ impl Link {
                             Payload::Pool(buf) => buf.data_mut(),
                             // (Checked on entry: the seal covers the header
                             // alone, and the sealer is set once.)
-                            Payload::Landed(_) => {
+                            Payload::Landed(_) | Payload::Kept(_) => {
                                 debug_assert!(!sealer.covers_payload(digest_inside));
                                 &mut []
                             }
@@ -752,8 +782,11 @@ impl Link {
                     // SAFETY: the header slot and the payload stay untouched
                     // until the completion: the header slot is marked busy,
                     // and the payload is owned by `in_flight`: a pool
-                    // buffer's lease, or a landed chunk, whose slot its ring
-                    // keeps closed to peer writes while it lives (and which
+                    // buffer's lease; a kept buffer, shared through an
+                    // `Arc`, which gives its data out to read only (writing
+                    // needs `&mut`, which no holder gets while this one
+                    // lives); or a landed chunk, whose slot its ring keeps
+                    // closed to peer writes while it lives (and which
                     // nobody writes locally: a chunk gives its payload out
                     // to read only).
                     unsafe { inner.conn.write_notify(wr, &sgl, remote, ticket.note)? };

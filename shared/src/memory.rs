@@ -197,6 +197,27 @@ impl BufferPool {
         })
     }
 
+    /// `n` buffers at once, or none if fewer are free: a caller that
+    /// holds buffers while it fills them never waits for more with some
+    /// already in hand (two such callers could each hold half).
+    pub fn try_acquire_many(self: &Arc<Self>, n: usize) -> Option<Vec<PoolBuf>> {
+        let mut free = self.free.lock().expect("pool lock");
+        if free.len() < n {
+            return None;
+        }
+        let at = free.len() - n;
+        Some(
+            free.drain(at..)
+                .rev()
+                .map(|index| PoolBuf {
+                    pool: Arc::clone(self),
+                    index,
+                    len: 0,
+                })
+                .collect(),
+        )
+    }
+
     /// Waits for a free buffer.
     pub async fn acquire(self: &Arc<Self>) -> PoolBuf {
         loop {

@@ -465,3 +465,97 @@ async fn landed_chunks_are_sent_on_from_their_slots_intact() {
         hop.await.unwrap();
     }
 }
+
+/// A buffer sent while its owner keeps it (rblock's gateway, which must be
+/// able to send a write again on the next link): the data arrives, stays
+/// in the buffer unchanged, and goes out again on a second link; the pool
+/// gets the buffer back only once both the owner and the write let go. A
+/// seal that would encrypt the payload in place is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_buffers_stay_intact_and_go_out_again_on_another_link() {
+    use std::sync::Arc;
+    let chunk = 16 * 1024;
+    let config = || {
+        (
+            LinkConfig::new(Role::Server, RING, chunk),
+            LinkConfig::new(Role::Client, 0, chunk),
+        )
+    };
+    let (first_in, first_out) = {
+        let (s, c) = config();
+        link_pair(s, c).await
+    };
+    let (second_in, second_out) = {
+        let (s, c) = config();
+        link_pair(s, c).await
+    };
+    let pool = BufferPool::new(4, chunk as usize).unwrap();
+    let on_first = first_out.register(pool.memory()).unwrap();
+    let on_second = second_out.register(pool.memory()).unwrap();
+    let bufs: Vec<Arc<_>> = (0..3u64)
+        .map(|i| {
+            let mut b = pool.try_acquire().unwrap();
+            b.fill_from(&pattern(7, i, 1000 + i as usize * 5000));
+            Arc::new(b)
+        })
+        .collect();
+    // All or nothing: one buffer is left, two are not there.
+    assert!(pool.try_acquire_many(2).is_none());
+    assert_eq!(pool.available(), 1);
+    for (out, region, sink) in [
+        (&first_out, &on_first, &first_in),
+        (&second_out, &on_second, &second_in),
+    ] {
+        for (i, b) in bufs.iter().enumerate() {
+            let meta = ChunkMeta {
+                owner: 7,
+                offset: i as u64,
+                ..ChunkMeta::default()
+            };
+            out.send_kept(meta, region, Arc::clone(b)).await.unwrap();
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            let Some(Incoming::Chunk(c)) = sink.recv().await.unwrap() else {
+                panic!("a chunk was sent")
+            };
+            assert_eq!(c.header().offset, i as u64);
+            assert!(c.payload() == b.data(), "chunk {i} arrived as sent");
+            assert!(
+                b.data() == pattern(7, i as u64, b.len()).as_slice(),
+                "and stays in the buffer as it was"
+            );
+        }
+    }
+    drop(bufs);
+    // The writes complete (the peer has answered with its credits by the
+    // time the goodbye is through), and then the pool has them all back.
+    for (out, sink) in [(&first_out, &first_in), (&second_out, &second_in)] {
+        let finish = tokio::spawn({
+            let out = out.clone();
+            async move { out.finish().await }
+        });
+        assert!(sink.recv().await.unwrap().is_none());
+        sink.finish().await.unwrap();
+        finish.await.unwrap().unwrap();
+    }
+    assert_eq!(pool.available(), 4);
+    let all = pool.try_acquire_many(4).expect("all four are free");
+    assert_eq!(all.len(), 4);
+    let mut indices: Vec<u32> = all.iter().map(|b| b.index()).collect();
+    indices.sort_unstable();
+    assert_eq!(indices, [0, 1, 2, 3], "four distinct buffers");
+
+    // Under encryption the payload would be sealed in place: refused.
+    let (s, c) = config();
+    let (server, client) = link_pair(s, c).await;
+    seal_pair(&server, &client, Protection::Encrypt, [0x31; 32]);
+    let region = client.register(pool.memory()).unwrap();
+    drop(all);
+    let mut b = pool.try_acquire().unwrap();
+    b.fill_from(b"plaintext");
+    let e = client
+        .send_kept(ChunkMeta::default(), &region, Arc::new(b))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("changes payloads"), "{e}");
+}

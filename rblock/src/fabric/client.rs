@@ -19,11 +19,12 @@ use rfabric::auth;
 use rfabric::endpoint::{self, Transport};
 use rfabric::link::seal::{Before, EncryptChoice, Protection};
 use rfabric::link::{ChunkMeta, Incoming, Link};
-use rfabric::memory::BufferPool;
+use rfabric::memory::{BufferPool, PoolBuf};
 use rfabric::transport::Region;
 use rfabric::wire::{Role, chunk_flags};
 use tokio::sync::{oneshot, watch};
 
+use super::landed::{ReadData, Window, keep_moving};
 use super::proto::{Msg, VERSION, open_tag, write_tag};
 use super::redial::{LaneClock, Wait};
 use super::requests::{Expect, Outcome, Requests, Said};
@@ -82,23 +83,23 @@ struct Lane {
 /// How a request ended.
 #[derive(Debug)]
 enum Answer {
-    /// A read's data (in the buffer it was asked with).
-    Data(Vec<u8>),
+    /// A read's data.
+    Data(ReadData),
     /// Done; `error` is an NBD error number (0: it worked).
     Done {
         error: u32,
     },
     Extents(Vec<Extent>),
-    /// The link went down first: ask again (the read's buffer comes back).
-    Lost(Option<Vec<u8>>),
+    /// The link went down first: ask again.
+    Lost,
 }
 
 /// Who waits for a request's answer (the request table keeps it).
 #[derive(Debug)]
 enum Pending {
-    /// A read: its data is appended to `buf` as it comes.
+    /// A read: its data is gathered as it comes.
     Read {
-        buf: Vec<u8>,
+        data: ReadData,
         reply: oneshot::Sender<Answer>,
     },
     Other(oneshot::Sender<Answer>),
@@ -108,7 +109,7 @@ impl Pending {
     /// Tells the waiter how its request ended.
     fn answer(self, outcome: Outcome) {
         let (reply, answer) = match (self, outcome) {
-            (Pending::Read { buf, reply }, Outcome::Data) => (reply, Answer::Data(buf)),
+            (Pending::Read { data, reply }, Outcome::Data) => (reply, Answer::Data(data)),
             (Pending::Read { reply, .. } | Pending::Other(reply), Outcome::Done { error }) => {
                 (reply, Answer::Done { error })
             }
@@ -122,21 +123,71 @@ impl Pending {
     }
 
     fn lose(self) {
-        match self {
-            Pending::Read { buf, reply, .. } => drop(reply.send(Answer::Lost(Some(buf)))),
-            Pending::Other(reply) => drop(reply.send(Answer::Lost(None))),
-        }
+        let (Pending::Read { reply, .. } | Pending::Other(reply)) = self;
+        let _ = reply.send(Answer::Lost);
     }
 }
+
+/// What a request carries to the server.
+#[derive(Clone, Copy)]
+enum Carry<'a> {
+    Nothing,
+    /// A write's data, copied into the link's buffers to go.
+    Bytes(&'a [u8]),
+    /// A write's data already in a link's buffers ([`Remote::stage`]).
+    Staged(&'a Staged),
+}
+
+/// A write's data received straight into the buffers of a lane's link
+/// (registered with it), to be sent from there: [`Remote::stage`].
+#[derive(Debug)]
+pub struct Staged {
+    session: Arc<Session>,
+    /// Whole pieces of the link's chunk size, the last one shorter; kept
+    /// until the server answers, to be sent again if the link fails.
+    pieces: Vec<Arc<PoolBuf>>,
+}
+
+impl Staged {
+    /// The pieces, to fill in order (each exactly as long as its share).
+    /// Only before the write is sent.
+    pub fn pieces_mut(&mut self) -> impl Iterator<Item = &mut [u8]> {
+        self.pieces.iter_mut().map(|p| {
+            Arc::get_mut(p)
+                .expect("a staged write is filled before it is sent")
+                .data_mut()
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.pieces.iter().map(|p| p.len()).sum()
+    }
+
+    /// The data in one buffer (to send it again on another link: rare).
+    pub fn gather(&self) -> Vec<u8> {
+        self.pieces.iter().flat_map(|p| p.data()).copied().collect()
+    }
+}
+
+/// Writes at least this long are received straight into a link's
+/// buffers: below it the copy costs less than a pool buffer held until
+/// the server answers.
+const STAGE_AT: usize = 64 * 1024;
 
 /// One link of a lane and the requests in flight on it.
 struct Session {
     link: Arc<Link>,
-    /// The requests in flight (none once the link has failed).
-    pending: Mutex<Requests<Pending>>,
+    /// The requests in flight (none once the link has failed), and the
+    /// landing slots the reads among them hold.
+    pending: Mutex<InFlight>,
     /// Write data leaves from these buffers (registered with the link).
     pool: Arc<BufferPool>,
     region: Region,
+}
+
+struct InFlight {
+    requests: Requests<Pending>,
+    window: Window,
 }
 
 impl std::fmt::Debug for Session {
@@ -234,49 +285,16 @@ impl Remote {
         self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len()
     }
 
-    /// Reads `len` bytes at `offset`, appended to `buf`.
-    pub async fn read(
-        &self,
-        lane: usize,
-        offset: u64,
-        mut buf: Vec<u8>,
-        len: usize,
-    ) -> (Vec<u8>, std::io::Result<()>) {
-        let start = buf.len();
-        loop {
-            let s = match self.session(lane).await {
-                Ok(s) => s,
-                Err(e) => return (buf, Err(e)),
-            };
-            let req = |id| Request {
-                flags: 0,
-                kind: cmd::READ,
-                cookie: id,
-                offset,
-                length: len as u32,
-            };
-            let (id, rx) = match s.enlist(Some((buf, len))) {
-                Ok(x) => x,
-                Err(b) => {
-                    buf = b.expect("a read gives its buffer back");
-                    self.lost(lane, &s);
-                    continue;
-                }
-            };
-            let _ = s.link.send_message(&Msg::Request(req(id)).encode()).await;
-            match rx.await {
-                Ok(Answer::Data(b)) => return (b, Ok(())),
-                Ok(Answer::Done { error }) => {
-                    return (Vec::new(), Err(as_io(error)));
-                }
-                Ok(Answer::Lost(Some(mut b))) => {
-                    b.truncate(start);
-                    buf = b;
-                    self.lost(lane, &s);
-                }
-                Ok(other) => return (Vec::new(), Err(confused(&other))),
-                Err(_) => return (Vec::new(), Err(dropped())),
-            }
+    /// Reads `len` bytes at `offset`: the data as it landed (see
+    /// [`ReadData`]).
+    pub async fn read(&self, lane: usize, offset: u64, len: usize) -> std::io::Result<ReadData> {
+        match self
+            .call(lane, cmd::READ, 0, offset, len as u32, Carry::Nothing)
+            .await?
+        {
+            Answer::Data(data) => Ok(data),
+            Answer::Done { error } => Err(as_io(error)),
+            other => Err(confused(&other)),
         }
     }
 
@@ -288,20 +306,66 @@ impl Remote {
         data: &[u8],
         fua: bool,
     ) -> std::io::Result<()> {
-        if data.is_empty() {
+        self.write_carried(lane, offset, Carry::Bytes(data), data.len(), fua)
+            .await
+    }
+
+    /// Buffers of lane `lane`'s link to receive a write of `len` bytes
+    /// into, if it is worth it and they are free: a write of at least
+    /// [`STAGE_AT`] on a link whose seal leaves payloads as they are (no
+    /// seal: a sealed link encrypts payloads in place, and a write must be
+    /// kept as it is, to be sent again after a reconnect). All of them or
+    /// none, never waiting: the caller fills them from its socket, and
+    /// two writes each holding half of the buffers must not wait for the
+    /// other half.
+    pub fn stage(&self, lane: usize, len: usize) -> Option<Staged> {
+        let s = self.lanes[lane].current.borrow().clone()?;
+        if len < STAGE_AT || s.link.seals_payload(chunk_flags::END_OF_STREAM) {
+            return None;
+        }
+        let piece = s.link.max_chunk();
+        let mut bufs = s.pool.try_acquire_many(len.div_ceil(piece))?;
+        for (i, b) in bufs.iter_mut().enumerate() {
+            b.set_len(piece.min(len - i * piece));
+        }
+        let pieces = bufs.into_iter().map(Arc::new).collect();
+        Some(Staged { session: s, pieces })
+    }
+
+    /// Writes the data `staged` holds at `offset`, sent from those
+    /// buffers; durable before it returns with `fua`.
+    pub async fn write_staged(
+        &self,
+        lane: usize,
+        offset: u64,
+        staged: &Staged,
+        fua: bool,
+    ) -> std::io::Result<()> {
+        self.write_carried(lane, offset, Carry::Staged(staged), staged.len(), fua)
+            .await
+    }
+
+    async fn write_carried(
+        &self,
+        lane: usize,
+        offset: u64,
+        data: Carry<'_>,
+        len: usize,
+        fua: bool,
+    ) -> std::io::Result<()> {
+        if len == 0 {
             // Nothing to carry (and no piece to carry it in): only the
             // durability asked for.
             return if fua { self.flush(lane).await } else { Ok(()) };
         }
         let flags = if fua { cflags::FUA } else { 0 };
-        let length = data.len() as u32;
-        self.simple(lane, cmd::WRITE, flags, offset, length, data)
+        self.simple(lane, cmd::WRITE, flags, offset, len as u32, data)
             .await
             .map_err(as_io)
     }
 
-    /// Any request but READ (a WRITE carries `payload`, the others none);
-    /// its answer, asked again on the next link until one comes.
+    /// A request (a WRITE carries data, the others none); its answer,
+    /// asked again on the next link until one comes.
     async fn call(
         &self,
         lane: usize,
@@ -309,16 +373,20 @@ impl Remote {
         flags: u16,
         offset: u64,
         length: u32,
-        payload: &[u8],
+        data: Carry<'_>,
     ) -> std::io::Result<Answer> {
+        let expect = if kind == cmd::READ {
+            Expect::Read {
+                len: u64::from(length),
+            }
+        } else {
+            Expect::Reply
+        };
         loop {
             let s = self.session(lane).await?;
-            let (id, rx) = match s.enlist(None) {
-                Ok(x) => x,
-                Err(_) => {
-                    self.lost(lane, &s);
-                    continue;
-                }
+            let Some((id, rx)) = s.enlist(expect) else {
+                self.lost(lane, &s);
+                continue;
             };
             let req = Request {
                 flags,
@@ -328,13 +396,19 @@ impl Remote {
                 length,
             };
             // A failed send means the link is down: the answer says so.
-            if kind == cmd::WRITE {
-                s.send_write(&req, payload).await;
-            } else {
-                let _ = s.link.send_message(&Msg::Request(req).encode()).await;
+            match data {
+                Carry::Nothing => {
+                    let _ = s.link.send_message(&Msg::Request(req).encode()).await;
+                }
+                Carry::Bytes(bytes) => s.send_write(&req, bytes).await,
+                Carry::Staged(st) if Arc::ptr_eq(&st.session, &s) => {
+                    s.send_staged(&req, st).await;
+                }
+                // Staged for a link that has failed since.
+                Carry::Staged(st) => s.send_write(&req, &st.gather()).await,
             }
             match rx.await {
-                Ok(Answer::Lost(_)) => self.lost(lane, &s),
+                Ok(Answer::Lost) => self.lost(lane, &s),
                 Ok(answer) => return Ok(answer),
                 Err(_) => return Err(dropped()),
             }
@@ -349,9 +423,9 @@ impl Remote {
         flags: u16,
         offset: u64,
         length: u32,
-        payload: &[u8],
+        data: Carry<'_>,
     ) -> Result<(), u32> {
-        match self.call(lane, kind, flags, offset, length, payload).await {
+        match self.call(lane, kind, flags, offset, length, data).await {
             Ok(Answer::Done { error: 0, .. }) => Ok(()),
             Ok(Answer::Done { error, .. }) => Err(error),
             Ok(_) | Err(_) => Err(errno::EIO),
@@ -359,27 +433,27 @@ impl Remote {
     }
 
     pub async fn flush(&self, lane: usize) -> std::io::Result<()> {
-        self.simple(lane, cmd::FLUSH, 0, 0, 0, &[])
+        self.simple(lane, cmd::FLUSH, 0, 0, 0, Carry::Nothing)
             .await
             .map_err(as_io)
     }
 
     pub async fn trim(&self, lane: usize, offset: u64, len: u32, fua: bool) -> std::io::Result<()> {
         let flags = if fua { cflags::FUA } else { 0 };
-        self.simple(lane, cmd::TRIM, flags, offset, len, &[])
+        self.simple(lane, cmd::TRIM, flags, offset, len, Carry::Nothing)
             .await
             .map_err(as_io)
     }
 
     pub async fn cache(&self, lane: usize, offset: u64, len: u32) -> std::io::Result<()> {
-        self.simple(lane, cmd::CACHE, 0, offset, len, &[])
+        self.simple(lane, cmd::CACHE, 0, offset, len, Carry::Nothing)
             .await
             .map_err(as_io)
     }
 
     /// WRITE_ZEROES; `Err` carries the NBD error number.
     pub async fn zero(&self, lane: usize, offset: u64, len: u32, flags: u16) -> Result<(), u32> {
-        self.simple(lane, cmd::WRITE_ZEROES, flags, offset, len, &[])
+        self.simple(lane, cmd::WRITE_ZEROES, flags, offset, len, Carry::Nothing)
             .await
     }
 
@@ -391,7 +465,7 @@ impl Remote {
         flags: u16,
     ) -> std::io::Result<Vec<Extent>> {
         match self
-            .call(lane, cmd::BLOCK_STATUS, flags, offset, len, &[])
+            .call(lane, cmd::BLOCK_STATUS, flags, offset, len, Carry::Nothing)
             .await?
         {
             Answer::Extents(e) => Ok(e),
@@ -466,27 +540,23 @@ impl Lane {
 }
 
 impl Session {
-    /// Registers a request under a fresh id: a read (`Some(buf)`, whose
-    /// `len` bytes of data are appended as they come) or any other request.
-    /// `Err` (with a read's buffer) if the link has failed already.
-    fn enlist(
-        &self,
-        read: Option<(Vec<u8>, usize)>,
-    ) -> Result<(u64, oneshot::Receiver<Answer>), Option<Vec<u8>>> {
+    /// Registers a request under a fresh id; None if the link has failed
+    /// already.
+    fn enlist(&self, expect: Expect) -> Option<(u64, oneshot::Receiver<Answer>)> {
         let (reply, rx) = oneshot::channel();
-        let (expect, pending) = match read {
-            Some((buf, len)) => (
-                Expect::Read { len: len as u64 },
-                Pending::Read { buf, reply },
-            ),
-            None => (Expect::Reply, Pending::Other(reply)),
+        let pending = match expect {
+            Expect::Read { .. } => Pending::Read {
+                data: ReadData::default(),
+                reply,
+            },
+            Expect::Reply => Pending::Other(reply),
         };
-        let mut requests = self.pending.lock().expect("pending lock");
-        match requests.enlist(expect, pending) {
-            Ok(id) => Ok((id, rx)),
-            Err(Pending::Read { buf, .. }) => Err(Some(buf)),
-            Err(Pending::Other(_)) => Err(None),
-        }
+        let mut table = self.pending.lock().expect("pending lock");
+        table
+            .requests
+            .enlist(expect, pending)
+            .ok()
+            .map(|id| (id, rx))
     }
 
     /// Sends a write's data in pieces into the server's slots, each
@@ -511,21 +581,52 @@ impl Session {
         }
     }
 
+    /// Sends a write's data from the buffers it was staged in (this
+    /// link's), as [`Session::send_write`] does from a copy.
+    async fn send_staged(&self, req: &Request, staged: &Staged) {
+        let tag = write_tag(req);
+        let piece = self.link.max_chunk();
+        let last = staged.pieces.len() - 1;
+        for (i, buf) in staged.pieces.iter().enumerate() {
+            let meta = ChunkMeta {
+                owner: req.cookie,
+                offset: (i * piece) as u64,
+                flags: if i == last {
+                    chunk_flags::END_OF_STREAM
+                } else {
+                    0
+                },
+                digest: tag,
+            };
+            let sent = self.link.send_kept(meta, &self.region, Arc::clone(buf));
+            if sent.await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Hands an incoming item to the request it answers.
     fn deliver(&self, item: Incoming) -> anyhow::Result<()> {
-        let mut requests = self.pending.lock().expect("pending lock");
+        let mut table = self.pending.lock().expect("pending lock");
+        let InFlight { requests, window } = &mut *table;
         match item {
             Incoming::Chunk(c) => {
-                let h = *c.header();
-                let data = c.payload();
+                let (h, seq) = (*c.header(), c.seq());
+                let len = u64::from(h.payload_len);
                 let append = |p: &mut Pending| {
-                    if let Pending::Read { buf, .. } = p {
-                        buf.extend_from_slice(data);
+                    if let Pending::Read { data, .. } = p {
+                        data.push(c);
                     }
                 };
-                if let Some(p) = requests.data(h.owner, h.offset, data.len() as u64, append)? {
-                    p.answer(Outcome::Data);
+                match requests.data(h.owner, h.offset, len, append)? {
+                    Some(p) => p.answer(Outcome::Data),
+                    None => window.held(seq),
                 }
+                let waiting = requests.waiters_mut().filter_map(|p| match p {
+                    Pending::Read { data, .. } => Some(data),
+                    Pending::Other(_) => None,
+                });
+                keep_moving(window, seq, waiting);
             }
             Incoming::Message(m) => {
                 let (id, said) = match Msg::decode(&m)? {
@@ -544,7 +645,12 @@ impl Session {
     /// The link is gone: every request still waiting is sent again on the
     /// next one. How many there were.
     fn fail_all(&self) -> usize {
-        let lost = self.pending.lock().expect("pending lock").fail_all();
+        let lost = self
+            .pending
+            .lock()
+            .expect("pending lock")
+            .requests
+            .fail_all();
         let count = lost.len();
         for p in lost {
             p.lose();
@@ -765,11 +871,17 @@ async fn open_session(t: &Target) -> anyhow::Result<(Arc<Session>, Opened)> {
         }
         other => bail!("unexpected answer to the open request: {other:?}"),
     };
-    let pool = BufferPool::new(SLOTS as usize, link.max_chunk())?;
+    // Twice the slots: writes staged in buffers hold them until the
+    // server answers, and copied writes still find some free.
+    let pool = BufferPool::new(2 * SLOTS as usize, link.max_chunk())?;
     let region = link.register(pool.memory())?;
+    let table = InFlight {
+        requests: Requests::new(),
+        window: Window::new(link.ring_slots()),
+    };
     let s = Session {
         link: Arc::new(link),
-        pending: Mutex::new(Requests::new()),
+        pending: Mutex::new(table),
         pool,
         region,
     };

@@ -3,12 +3,15 @@
 //! local NBD client's requests over them. [`proto`] is the request
 //! protocol (sans I/O), [`client`] the forwarding side with its
 //! reconnects (its rules in [`requests`], the table of requests in flight
-//! on a link, and its timing in [`redial`], both sans I/O), [`link_config`] the shape of a link both sides agree on.
+//! on a link, and its timing in [`redial`], both sans I/O; a read's data
+//! held in the slots it landed in, [`landed`]), [`link_config`] the shape
+//! of a link both sides agree on.
 //! The serving side is one of the server's front ends, beside NBD over
 //! TCP: `serve/link.rs` (it carries requests out on local storage, a
 //! layer above this one, which `rblock connect`'s backend stands on).
 
 pub mod client;
+pub mod landed;
 pub mod proto;
 pub mod redial;
 pub mod requests;

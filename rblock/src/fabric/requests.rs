@@ -190,6 +190,11 @@ impl<W> Requests<W> {
             .collect()
     }
 
+    /// The waiters of the requests in flight.
+    pub fn waiters_mut(&mut self) -> impl Iterator<Item = &mut W> {
+        self.live.iter_mut().flatten().map(|(_, f)| &mut f.waiter)
+    }
+
     /// Requests in flight.
     pub fn len(&self) -> usize {
         self.live.as_ref().map_or(0, HashMap::len)

@@ -1,6 +1,6 @@
 //! Replies: made from how a request went, and written to the socket by
 //! whichever task has one ready; a read's data may come straight from the
-//! file (see `zero_copy`).
+//! file (see `zero_copy`), or from the fabric's landing slots.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,6 +10,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::buffers::Buffers;
 use crate::execute::Failure;
+use crate::fabric::landed::ReadData;
 use crate::nbd::transmission::error_reply;
 use crate::socket::WriteHalf;
 use crate::storage::Storage;
@@ -25,6 +26,9 @@ pub(super) enum Reply {
         offset: u64,
         len: usize,
     },
+    /// A read's header, and its data from where it landed over the fabric
+    /// (`rblock connect`; its slots are let go once it is sent).
+    Landed { head: Vec<u8>, data: ReadData },
 }
 
 impl From<Vec<u8>> for Reply {
@@ -71,6 +75,12 @@ impl Replies {
                         offset,
                         len,
                     } => send_from_file(&mut out, head, storage, *offset, *len).await,
+                    Reply::Landed { head, data } => {
+                        let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + data.slices().count());
+                        parts.push(head);
+                        parts.extend(data.slices());
+                        write_all_vectored(&mut out, &parts).await
+                    }
                 };
             }
             if let Reply::Bytes(b) = reply {
@@ -108,6 +118,26 @@ async fn send_from_file(
     if sent < len {
         // The file shrank under us: what is gone reads as zeros.
         out.write_all(&vec![0; len - sent]).await?;
+    }
+    Ok(())
+}
+
+/// Writes `parts` in order: through the buffer where they fit in it,
+/// straight to the socket in as few system calls as it takes where they
+/// do not (the writer flushes what it holds first).
+async fn write_all_vectored(
+    out: &mut BufWriter<WriteHalf>,
+    parts: &[&[u8]],
+) -> std::io::Result<()> {
+    let mut slices: Vec<std::io::IoSlice<'_>> =
+        parts.iter().map(|p| std::io::IoSlice::new(p)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = out.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut rest, n);
     }
     Ok(())
 }

@@ -1,18 +1,20 @@
 //! One request of a socket connection carried out: a large read from the
 //! page cache when it may, a read or write with its data passing through
-//! here, anything else through the shared executor.
+//! here (a remote read's left in the slots it landed in), anything else
+//! through the shared executor.
 
 use super::buffers::Buffers;
+use super::input::Payload;
 use super::reply::{Reply, failed, read_reply, write_failed};
 use super::zero_copy::send_from_cache;
 use crate::backend::Backend;
-use crate::execute::{Executed, carry_out};
+use crate::execute::{Executed, Failure, carry_out};
 use crate::nbd::transmission::{Command, Request, block_status_reply, ok_reply, read_reply_header};
 
 /// A request's data, and where the reply's comes from.
 pub(super) struct Data<'a> {
     /// A write's.
-    pub(super) payload: Option<Vec<u8>>,
+    pub(super) payload: Option<Payload>,
     /// Where a read's buffer comes from.
     pub(super) buffers: &'a Buffers,
     /// Whether a large read may be sent from the page cache.
@@ -41,31 +43,49 @@ pub(super) async fn execute(
         data.buffers,
     )
     .await
-    .into()
 }
 
 /// Carries out one checked request with the data passing through here.
 async fn execute_here(
     command: Command,
     req: &Request,
-    payload: Option<Vec<u8>>,
+    payload: Option<Payload>,
     storage: &Backend,
     structured: bool,
     buffers: &Buffers,
-) -> Vec<u8> {
+) -> Reply {
     let (cookie, offset, len) = (req.cookie, req.offset, req.length);
-    match command {
+    let done = match command {
         Command::Read => {
             let head = read_reply_header(structured, cookie, offset, len);
-            let mut buf = buffers.take(head.len() + len as usize);
-            buf.extend_from_slice(&head);
-            let (buf, r) = storage.read(offset, buf, len as usize).await;
-            read_reply(structured, cookie, buf, r, buffers)
+            return match storage {
+                Backend::Local(local) => {
+                    let mut buf = buffers.take(head.len() + len as usize);
+                    buf.extend_from_slice(&head);
+                    let (buf, r) = local.read(offset, buf, len as usize).await;
+                    read_reply(structured, cookie, buf, r, buffers).into()
+                }
+                Backend::Remote(remote, lane) => {
+                    match remote.read(*lane, offset, len as usize).await {
+                        Ok(data) => Reply::Landed { head, data },
+                        Err(e) => failed(structured, cookie, &Failure::read(&e)).into(),
+                    }
+                }
+            };
         }
         Command::Write { fua } => {
-            let data = payload.unwrap_or_default();
-            let (data, r) = storage.write(offset, data, 0, len as usize, fua).await;
-            buffers.give(data);
+            let r = match payload {
+                Some(Payload::Staged(staged)) => storage.write_staged(offset, &staged, fua).await,
+                bytes => {
+                    let data = match bytes {
+                        Some(Payload::Bytes(b)) => b,
+                        _ => Vec::new(),
+                    };
+                    let (data, r) = storage.write(offset, data, 0, len as usize, fua).await;
+                    buffers.give(data);
+                    r
+                }
+            };
             match r {
                 Ok(()) => ok_reply(cookie),
                 Err(e) => write_failed(structured, cookie, &e),
@@ -77,5 +97,6 @@ async fn execute_here(
             Ok(Executed::Extents(extents)) => block_status_reply(cookie, &extents),
             Err(f) => failed(structured, cookie, &f),
         },
-    }
+    };
+    done.into()
 }

@@ -13,7 +13,7 @@ use tokio::sync::{Semaphore, watch};
 
 use super::buffers::Buffers;
 use super::burst::{serve_burst, take_burst};
-use super::input::{Input, read_payload};
+use super::input::{Input, Payload, read_payload, read_write_data};
 use super::reply::Replies;
 use super::request::{Data, execute};
 use super::zero_copy::{FromCache, Spare, can_splice, splice_write};
@@ -106,10 +106,17 @@ pub(super) async fn transmission(
                 replies.send(reply.into(), reserved).await?;
                 continue;
             }
-            let payload = if payload_len > 0 {
-                Some(read_payload(&mut rd, buffers.take(payload_len), payload_len).await?)
-            } else {
-                None
+            let spare = || buffers.take(payload_len);
+            let payload = match (payload_len, &checked, stopping) {
+                (0, _, _) => None,
+                // Data that goes on to the backend.
+                (_, Ok(Command::Write { .. }), false) => {
+                    Some(read_write_data(&mut rd, &backend, payload_len, spare).await?)
+                }
+                // Data only taken in, to find the next request.
+                _ => Some(Payload::Bytes(
+                    read_payload(&mut rd, spare(), payload_len).await?,
+                )),
             };
             let structured = limits.structured;
             if stopping {
