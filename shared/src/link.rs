@@ -673,12 +673,8 @@ impl Link {
         region: &Region,
         chunk: Arc<Chunk>,
     ) -> Result<(), LinkError> {
-        if self.seals_payload(meta.flags) {
-            return Err(LinkError::Config(
-                "this link's seal changes payloads: a landed chunk cannot be sent as it is".into(),
-            ));
-        }
-        self.post_chunk(meta, region, Payload::Landed(chunk)).await
+        self.post_unchanged(meta, region, Payload::Landed(chunk), "a landed chunk")
+            .await
     }
 
     /// Sends `buf` as one chunk while the caller keeps it too: the data
@@ -692,12 +688,25 @@ impl Link {
         region: &Region,
         buf: Arc<PoolBuf>,
     ) -> Result<(), LinkError> {
+        self.post_unchanged(meta, region, Payload::Kept(buf), "a kept buffer")
+            .await
+    }
+
+    /// Posts a payload others read meanwhile, which must not change:
+    /// refused where the seal would encrypt it in place.
+    async fn post_unchanged(
+        &self,
+        meta: ChunkMeta,
+        region: &Region,
+        payload: Payload,
+        what: &str,
+    ) -> Result<(), LinkError> {
         if self.seals_payload(meta.flags) {
-            return Err(LinkError::Config(
-                "this link's seal changes payloads: a kept buffer cannot be sent as it is".into(),
-            ));
+            return Err(LinkError::Config(format!(
+                "this link's seal changes payloads: {what} cannot be sent as it is"
+            )));
         }
-        self.post_chunk(meta, region, Payload::Kept(buf)).await
+        self.post_chunk(meta, region, payload).await
     }
 
     async fn post_chunk(
