@@ -24,8 +24,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
+use super::completions::Completions;
 use super::regions::Regions;
 use super::{
     Access, Backend, Completion, Connection, Limits, Op, Region, RemoteAddr, Segment,
@@ -59,53 +60,12 @@ struct Inbound {
     inbox: VecDeque<Posted>,
 }
 
-#[derive(Default)]
-struct Queue {
-    done: VecDeque<Completion>,
-    waker: Option<Waker>,
-    /// Why this end went down, once it has.
-    down: Option<TransportError>,
-}
-
 /// One end of the pair.
 #[derive(Default)]
 struct End {
     inbound: Mutex<Inbound>,
-    queue: Mutex<Queue>,
-}
-
-impl End {
-    fn push(&self, completion: Completion) {
-        let mut q = self.queue.lock().expect("queue lock");
-        q.done.push_back(completion);
-        if let Some(w) = q.waker.take() {
-            w.wake();
-        }
-    }
-
-    fn complete(&self, wr_id: u64, op: Op, status: Result<(), WcError>, byte_len: usize) {
-        self.push(Completion {
-            wr_id,
-            op,
-            status,
-            byte_len: byte_len as u32,
-            note: None,
-            landed_at: None,
-        });
-    }
-
-    fn down_reason(&self) -> Option<TransportError> {
-        self.queue.lock().expect("queue lock").down.clone()
-    }
-
-    /// Records why this end went down (the first reason wins).
-    fn go_down(&self, why: TransportError) {
-        let mut q = self.queue.lock().expect("queue lock");
-        q.down.get_or_insert(why);
-        if let Some(w) = q.waker.take() {
-            w.wake();
-        }
-    }
+    /// Its completions; it ends when this end goes down.
+    completions: Completions,
 }
 
 /// The two ends of one connection.
@@ -150,7 +110,7 @@ impl MemoryConnection {
     }
 
     fn check_open(&self) -> Result<(), TransportError> {
-        match self.this().down_reason() {
+        match self.this().completions.down_reason() {
             Some(why) => Err(why),
             None => Ok(()),
         }
@@ -211,10 +171,10 @@ impl Pair {
             let op = posted.op;
             let len = sgl_len(&posted.sgl);
             match self.carry_out(to, inbound, posted) {
-                Ok(()) => self.ends[from].complete(wr_id, op, Ok(()), len),
+                Ok(()) => self.ends[from].completions.complete(wr_id, op, Ok(()), len),
                 Err(Violation(why)) => {
                     let status = Err(WcError::RemoteAccess(why.clone()));
-                    self.ends[from].complete(wr_id, op, status, 0);
+                    self.ends[from].completions.complete(wr_id, op, status, 0);
                     self.fail(to, inbound, TransportError::Protocol(why));
                     return;
                 }
@@ -234,14 +194,15 @@ impl Pair {
                         len,
                         room: buf.len(),
                     };
-                    end.complete(recv_id, Op::Recv, Err(err.clone()), 0);
+                    end.completions
+                        .complete(recv_id, Op::Recv, Err(err.clone()), 0);
                     return Err(Violation(err.to_string()));
                 }
                 // SAFETY: the receive was posted (unsafe post_recv) with the
                 // promise that nothing touches it until it completes, just
                 // below; the sender promised the same of its segments.
                 unsafe { gather(&posted.sgl, buf.as_ptr()) };
-                end.complete(recv_id, Op::Recv, Ok(()), len);
+                end.completions.complete(recv_id, Op::Recv, Ok(()), len);
                 Ok(())
             }
             Op::Write | Op::WriteNotify => {
@@ -259,7 +220,7 @@ impl Pair {
                 // range until the completion below says the data is there.
                 unsafe { gather(&posted.sgl, region.memory().as_ptr().add(offset as usize)) };
                 if let Some((recv_id, _)) = recv {
-                    end.push(Completion {
+                    end.completions.push(Completion {
                         wr_id: recv_id,
                         op: Op::RecvNotify,
                         status: Ok(()),
@@ -307,18 +268,25 @@ impl Pair {
             }
             other => other.clone(),
         };
-        self.ends[at].go_down(why);
-        self.ends[1 - at].go_down(peer_why);
+        self.ends[at].completions.go_down(why);
+        self.ends[1 - at].completions.go_down(peer_why);
     }
 
     /// Flushes what end `at` holds: its receives, and the peer's operations
     /// in its inbox.
     fn flush(&self, at: usize, inbound: &mut Inbound) {
         for (wr_id, _) in inbound.recvs.drain(..) {
-            self.ends[at].complete(wr_id, Op::Recv, Err(WcError::Flushed), 0);
+            self.ends[at]
+                .completions
+                .complete(wr_id, Op::Recv, Err(WcError::Flushed), 0);
         }
         for posted in inbound.inbox.drain(..) {
-            self.ends[1 - at].complete(posted.wr_id, posted.op, Err(WcError::Flushed), 0);
+            self.ends[1 - at].completions.complete(
+                posted.wr_id,
+                posted.op,
+                Err(WcError::Flushed),
+                0,
+            );
         }
     }
 }
@@ -444,24 +412,13 @@ impl Connection for MemoryConnection {
         out: &mut Vec<Completion>,
     ) -> Poll<Result<(), TransportError>> {
         let end = self.this();
-        let mut q = end.queue.lock().expect("queue lock");
-        if q.done.is_empty() && q.down.is_some() {
+        if end.completions.down_and_empty() {
             // Down, perhaps by the peer's hand: flush what this end still
             // holds (inbound lock first, as everywhere).
-            drop(q);
             self.pair
                 .flush(self.me, &mut end.inbound.lock().expect("inbound lock"));
-            q = end.queue.lock().expect("queue lock");
         }
-        if !q.done.is_empty() {
-            out.extend(q.done.drain(..));
-            return Poll::Ready(Ok(()));
-        }
-        if let Some(why) = &q.down {
-            return Poll::Ready(Err(why.clone()));
-        }
-        q.waker = Some(cx.waker().clone());
-        Poll::Pending
+        end.completions.poll(cx, out)
     }
 
     /// Closes both ends. What this end posted and the peer can take now is

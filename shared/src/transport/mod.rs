@@ -36,6 +36,7 @@
 //! the connection.
 #![allow(unsafe_code)]
 
+mod completions;
 pub mod memory;
 mod regions;
 pub mod tcp;

@@ -21,7 +21,7 @@ use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -30,6 +30,7 @@ use tokio::sync::{Notify, mpsc};
 
 pub use frame::{FrameError, FrameHeader, FrameOp, HEADER_LEN, PREFACE};
 
+use super::completions::Completions;
 use super::regions::Regions;
 use super::{
     Access, Backend, Completion, Connection, Limits, Op, Region, RemoteAddr, Segment,
@@ -272,23 +273,14 @@ struct PendingRead {
     local: Segment,
 }
 
-#[derive(Default)]
-struct Queue {
-    done: VecDeque<Completion>,
-    waker: Option<Waker>,
-    /// Why the connection went down, once it has.
-    down: Option<TransportError>,
-    reader_done: bool,
-    writer_done: bool,
-}
-
 struct Shared {
     limits: Limits,
     peer: Option<SocketAddr>,
     regions: RwLock<Regions>,
     recvs: Mutex<VecDeque<(u64, Segment)>>,
     reads: Mutex<VecDeque<PendingRead>>,
-    queue: Mutex<Queue>,
+    /// Completions; it ends once the reader and the writer have stopped.
+    completions: Completions,
     outgoing: mpsc::UnboundedSender<Outgoing>,
     send_outstanding: AtomicU32,
     next_read_tag: AtomicU32,
@@ -305,65 +297,23 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
-    fn push(&self, completion: Completion) {
-        let mut q = self.queue.lock().expect("queue lock");
-        q.done.push_back(completion);
-        if let Some(w) = q.waker.take() {
-            w.wake();
-        }
-    }
-
-    fn complete(&self, wr_id: u64, op: Op, status: Result<(), WcError>, byte_len: usize) {
-        self.push(Completion {
-            wr_id,
-            op,
-            status,
-            byte_len: byte_len as u32,
-            note: None,
-            landed_at: None,
-        });
-    }
-
-    /// Records why the connection ended (the first reason wins).
-    fn go_down(&self, why: TransportError) {
-        let mut q = self.queue.lock().expect("queue lock");
-        q.down.get_or_insert(why);
-        if let Some(w) = q.waker.take() {
-            w.wake();
-        }
-    }
-
-    fn down_reason(&self) -> Option<TransportError> {
-        self.queue.lock().expect("queue lock").down.clone()
-    }
-
-    fn finish(&self, reader: bool) {
-        let mut q = self.queue.lock().expect("queue lock");
-        if reader {
-            q.reader_done = true;
-        } else {
-            q.writer_done = true;
-        }
-        if let Some(w) = q.waker.take() {
-            w.wake();
-        }
-    }
-
     /// Flushes receives and reads: the reader is gone, nothing will fill them.
     fn flush_receive_side(&self) {
         let recvs: Vec<_> = self.recvs.lock().expect("recv lock").drain(..).collect();
         for (wr_id, _) in recvs {
-            self.complete(wr_id, Op::Recv, Err(WcError::Flushed), 0);
+            self.completions
+                .complete(wr_id, Op::Recv, Err(WcError::Flushed), 0);
         }
         let reads: Vec<_> = self.reads.lock().expect("read lock").drain(..).collect();
         for read in reads {
             self.send_outstanding.fetch_sub(1, Ordering::AcqRel);
-            self.complete(read.wr_id, Op::Read, Err(WcError::Flushed), 0);
+            self.completions
+                .complete(read.wr_id, Op::Read, Err(WcError::Flushed), 0);
         }
     }
 
     fn check_open(&self) -> Result<(), TransportError> {
-        match self.down_reason() {
+        match self.completions.down_reason() {
             Some(why) => Err(why),
             None => Ok(()),
         }
@@ -414,7 +364,7 @@ impl TcpConnection {
             regions: RwLock::default(),
             recvs: Mutex::new(VecDeque::new()),
             reads: Mutex::new(VecDeque::new()),
-            queue: Mutex::new(Queue::default()),
+            completions: Completions::new(2),
             outgoing: tx,
             send_outstanding: AtomicU32::new(0),
             next_read_tag: AtomicU32::new(0),
@@ -600,24 +550,12 @@ impl Connection for TcpConnection {
         cx: &mut Context<'_>,
         out: &mut Vec<Completion>,
     ) -> Poll<Result<(), TransportError>> {
-        let mut q = self.shared.queue.lock().expect("queue lock");
-        if !q.done.is_empty() {
-            out.extend(q.done.drain(..));
-            return Poll::Ready(Ok(()));
-        }
-        if q.reader_done && q.writer_done {
-            let why = q
-                .down
-                .clone()
-                .unwrap_or_else(|| TransportError::Closed("connection closed".into()));
-            return Poll::Ready(Err(why));
-        }
-        q.waker = Some(cx.waker().clone());
-        Poll::Pending
+        self.shared.completions.poll(cx, out)
     }
 
     fn close(&self) {
         self.shared
+            .completions
             .go_down(TransportError::Closed("closed locally".into()));
         self.shared.stop_reader.notify_one();
         let _ = self.shared.outgoing.send(Outgoing::Close);
@@ -660,7 +598,9 @@ async fn run_writer(
                 && *op != Op::Read
             {
                 shared.send_outstanding.fetch_sub(1, Ordering::AcqRel);
-                shared.complete(*wr_id, *op, Ok(()), sgl_len(sgl));
+                shared
+                    .completions
+                    .complete(*wr_id, *op, Ok(()), sgl_len(sgl));
             }
         }
         if let Some(at) = stop_at {
@@ -684,7 +624,7 @@ async fn run_writer(
     };
     let _ = socket.shutdown().await;
     if let Some(why) = failure {
-        shared.go_down(why);
+        shared.completions.go_down(why);
         shared.stop_reader.notify_one();
     }
     // Flush whatever was never written.
@@ -697,10 +637,12 @@ async fn run_writer(
             && op != Op::Read
         {
             shared.send_outstanding.fetch_sub(1, Ordering::AcqRel);
-            shared.complete(wr_id, op, Err(WcError::Flushed), 0);
+            shared
+                .completions
+                .complete(wr_id, op, Err(WcError::Flushed), 0);
         }
     }
-    shared.finish(false);
+    shared.completions.worker_stopped();
 }
 
 /// Writes frames with vectored writes straight from registered memory.
@@ -760,16 +702,16 @@ async fn run_reader(shared: Arc<Shared>, mut socket: BufReader<OwnedReadHalf>) {
     };
     match end {
         ReaderEnd::Closed(why) => {
-            shared.go_down(why);
+            shared.completions.go_down(why);
             let _ = shared.outgoing.send(Outgoing::Close);
         }
         ReaderEnd::Violation(why) => {
             let _ = shared.outgoing.send(Outgoing::Abort(why.to_string()));
-            shared.go_down(why);
+            shared.completions.go_down(why);
         }
     }
     shared.flush_receive_side();
-    shared.finish(true);
+    shared.completions.worker_stopped();
 }
 
 fn violation(text: impl Into<String>) -> ReaderEnd {
@@ -853,14 +795,16 @@ async fn receive_send(
             len,
             room: buf.len(),
         };
-        shared.complete(wr_id, Op::Recv, Err(err.clone()), 0);
+        shared
+            .completions
+            .complete(wr_id, Op::Recv, Err(err.clone()), 0);
         return Err(violation(err.to_string()));
     }
     // SAFETY: the receive was posted (unsafe post_recv) with the promise that
     // nothing touches it until it completes, which happens below.
     let target = unsafe { buf.region().memory().slice_mut(buf.offset(), len) };
     socket.read_exact(target).await.map_err(io_end)?;
-    shared.complete(wr_id, Op::Recv, Ok(()), len);
+    shared.completions.complete(wr_id, Op::Recv, Ok(()), len);
     Ok(())
 }
 
@@ -894,7 +838,7 @@ async fn receive_write(
     };
     socket.read_exact(target).await.map_err(io_end)?;
     if let Some((wr_id, _)) = recv {
-        shared.push(Completion {
+        shared.completions.push(Completion {
             wr_id,
             op: Op::RecvNotify,
             status: Ok(()),
@@ -947,7 +891,9 @@ async fn receive_read_response(
     // Whatever happens, the read completes: with its data or flushed.
     let flush = |end: ReaderEnd| {
         shared.send_outstanding.fetch_sub(1, Ordering::AcqRel);
-        shared.complete(read.wr_id, Op::Read, Err(WcError::Flushed), 0);
+        shared
+            .completions
+            .complete(read.wr_id, Op::Read, Err(WcError::Flushed), 0);
         end
     };
     if read.tag != header.note || read.local.len() != header.len as usize {
@@ -971,6 +917,8 @@ async fn receive_read_response(
         return Err(flush(io_end(e)));
     }
     shared.send_outstanding.fetch_sub(1, Ordering::AcqRel);
-    shared.complete(read.wr_id, Op::Read, Ok(()), header.len as usize);
+    shared
+        .completions
+        .complete(read.wr_id, Op::Read, Ok(()), header.len as usize);
     Ok(())
 }
