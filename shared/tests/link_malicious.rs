@@ -367,10 +367,12 @@ async fn a_peer_that_falls_silent_hears_heartbeats_then_the_link_fails() {
         silence: Some(Duration::from_secs(3)),
         ..LinkConfig::new(Role::Server, SLOTS, SLOT - 64)
     };
+    // (The silence is counted from the peer's hello, inside the set-up:
+    // so the clock here starts before it.)
+    let started = tokio::time::Instant::now();
     let (link, peer) = setup_with(config).await;
     // The raw peer says nothing after its hello; the link beats while it
     // waits (Credit frames), then gives the peer up.
-    let started = tokio::time::Instant::now();
     let err = tokio::time::timeout(Duration::from_secs(10), link.recv())
         .await
         .expect("the silence was noticed")
