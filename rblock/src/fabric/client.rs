@@ -568,13 +568,7 @@ impl Session {
         for (i, part) in data.chunks(piece).enumerate() {
             let mut buf = self.pool.acquire().await;
             buf.fill_from(part);
-            let last = (i + 1) * piece >= data.len();
-            let meta = ChunkMeta {
-                owner: req.cookie,
-                offset: (i * piece) as u64,
-                flags: if last { chunk_flags::END_OF_STREAM } else { 0 },
-                digest: tag,
-            };
+            let meta = write_piece(req.cookie, tag, i * piece, (i + 1) * piece >= data.len());
             if self.link.send_chunk(meta, &self.region, buf).await.is_err() {
                 return;
             }
@@ -588,16 +582,7 @@ impl Session {
         let piece = self.link.max_chunk();
         let last = staged.pieces.len() - 1;
         for (i, buf) in staged.pieces.iter().enumerate() {
-            let meta = ChunkMeta {
-                owner: req.cookie,
-                offset: (i * piece) as u64,
-                flags: if i == last {
-                    chunk_flags::END_OF_STREAM
-                } else {
-                    0
-                },
-                digest: tag,
-            };
+            let meta = write_piece(req.cookie, tag, i * piece, i == last);
             let sent = self.link.send_kept(meta, &self.region, Arc::clone(buf));
             if sent.await.is_err() {
                 return;
@@ -886,6 +871,18 @@ async fn open_session(t: &Target) -> anyhow::Result<(Arc<Session>, Opened)> {
         region,
     };
     Ok((Arc::new(s), opened))
+}
+
+/// The chunk fields of the piece of request `id`'s write data at `at`:
+/// the request header rides in the digest bytes (`tag`, [`write_tag`]),
+/// and the last piece ends the stream.
+fn write_piece(id: u64, tag: [u8; 32], at: usize, last: bool) -> ChunkMeta {
+    ChunkMeta {
+        owner: id,
+        offset: at as u64,
+        flags: if last { chunk_flags::END_OF_STREAM } else { 0 },
+        digest: tag,
+    }
 }
 
 /// An NBD error number as an I/O error (they are Linux's numbers).
