@@ -19,6 +19,7 @@ use crate::broadcast::{self, Broadcast, Via};
 use crate::cli::{Cli, Cmd, CopyArgs, RuleArg};
 use crate::exit::Exit;
 use crate::filter::{self, Filter, RuleText};
+use crate::idmap::{self, MapError, Owners};
 use crate::listed;
 use crate::operand::Operand;
 use crate::report::{self, Progress, Report};
@@ -155,6 +156,17 @@ fn filter_of(rules: &[RuleArg]) -> anyhow::Result<Filter> {
     Ok(Filter::new(texts)?)
 }
 
+/// The owner and group maps the command line asks for, if any.
+fn owners_of(a: &CopyArgs) -> Result<Option<Owners>, MapError> {
+    let (users, groups) = a.owner_maps()?;
+    Owners::new(
+        users.as_deref(),
+        groups.as_deref(),
+        a.numeric_ids,
+        Box::new(idmap::System),
+    )
+}
+
 /// The names of a `--files-from` list (`-`: read from stdin).
 fn list_of(file: &Path, from0: bool) -> anyhow::Result<Vec<Vec<u8>>> {
     use std::io::Read;
@@ -231,6 +243,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         streams: a.streams,
         keep: a.keep(),
         digest: a.digest.resolve(crate::digest::fips_mode())?,
+        owners: owners_of(&a)?.map(Arc::new),
         ..params(&a.tuning, engine, a.recursive(), a.preserve(), !a.no_verify)
     };
     let plan = plan(sources, dest)?;
@@ -402,7 +415,11 @@ async fn local_copy(
     let config = ServeConfig {
         roots: vec![PathBuf::from("/")],
         secret: secret.clone(),
-        params: p.clone(),
+        // The user's side maps owners (here the sender), the server never.
+        params: Params {
+            owners: None,
+            ..p.clone()
+        },
         log: false,
         sessions: Arc::default(),
         own_files: true,

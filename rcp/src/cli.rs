@@ -135,10 +135,29 @@ pub struct CopyArgs {
     /// security.* where the receiver runs as root.
     #[arg(short = 'X', long)]
     pub xattrs: bool,
-    /// Owners and groups go by number, not name (what rcp always does;
-    /// accepted for rsync's command lines).
+    /// Owners and groups go by number, not name (what rcp always does on
+    /// the wire). With --usermap or --groupmap, as rsync: no id counts as
+    /// having a name, so only numbers, ranges, `*` and the empty FROM match.
     #[arg(long)]
     pub numeric_ids: bool,
+    /// Change owners on the way, as rsync: FROM:TO pairs separated by
+    /// commas, the first match deciding. FROM is an id, a range LOW-HIGH,
+    /// a user name, a wildcard over names (`*` for every id), or empty
+    /// for ids without a name; TO is a name or an id. Names are looked
+    /// up on this host (where rcp was started). Implies -o: owners are
+    /// set where the receiver runs as root (rcp serve: with
+    /// --allow-owners). Example: --usermap '0-99:nobody,wayne:admin'.
+    #[arg(long, value_name = "FROM:TO,...")]
+    pub usermap: Option<String>,
+    /// The same for groups. Implies -g: a receiver that is not root sets
+    /// only groups its user is in.
+    #[arg(long, value_name = "FROM:TO,...")]
+    pub groupmap: Option<String>,
+    /// Give everything copied to USER and GROUP: USER:GROUP, USER or
+    /// :GROUP (--usermap '*:USER' --groupmap '*:GROUP'; implies -o, -g
+    /// for the half given).
+    #[arg(long, value_name = "USER:GROUP", conflicts_with_all = ["usermap", "groupmap"])]
+    pub chown: Option<String>,
     /// Skip the digest checks (faster; a corrupted chunk goes unnoticed).
     #[arg(long)]
     pub no_verify: bool,
@@ -275,10 +294,20 @@ pub struct CopyArgs {
 
 impl CopyArgs {
     /// What `-a`, `-o`, `-g`, `-D`, `-H`, `-A` and `-X` keep.
+    /// The `--usermap` and `--groupmap` texts, `--chown` turned into them.
+    pub fn owner_maps(&self) -> Result<(Option<String>, Option<String>), crate::idmap::MapError> {
+        match &self.chown {
+            Some(spec) => crate::idmap::chown_maps(spec),
+            None => Ok((self.usermap.clone(), self.groupmap.clone())),
+        }
+    }
+
     pub fn keep(&self) -> crate::archive::Keep {
+        // (A bad --chown is reported when the maps are made.)
+        let (users, groups) = self.owner_maps().unwrap_or_default();
         crate::archive::Keep {
-            owner: self.owner || self.archive,
-            group: self.group || self.archive,
+            owner: self.owner || self.archive || users.is_some(),
+            group: self.group || self.archive || groups.is_some(),
             devices: self.devices || self.archive,
             xattrs: self.xattrs,
             acls: self.acls,

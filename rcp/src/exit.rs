@@ -54,6 +54,7 @@ impl Exit {
     pub fn of_error(error: &anyhow::Error) -> Exit {
         if has::<crate::digest::FipsRefusesBlake3>(error)
             || has::<crate::filter::FilterError>(error)
+            || has::<crate::idmap::MapError>(error)
             || has::<crate::listed::ListError>(error)
             || has::<crate::hostlist::HostlistError>(error)
             || has::<crate::app::PlanError>(error)

@@ -158,6 +158,14 @@ fn compile(t: &RuleText) -> Result<Rule, FilterError> {
     })
 }
 
+/// A wildcard pattern (`*`, `?`, `[...]`, as in the rules) that matches
+/// a whole name such as a user's, never a part of one; `None` for an
+/// unclosed class.
+pub(crate) fn name_pattern(pattern: &[u8]) -> Option<Regex> {
+    let re = format!("(?s-u)^(?:{})$", wildcards(pattern)?);
+    Regex::new(&re).ok()
+}
+
 /// rsync's wildcards as a regex (bytes mode); `None` for an unclosed
 /// class.
 fn wildcards(p: &[u8]) -> Option<String> {

@@ -21,7 +21,8 @@
 //! I/O), [`resync`] (which files are sent again: the quick check and its
 //! variants, sans I/O) and [`existing`] (what a re-sync finds at the
 //! destination), [`delete`] (`--delete`, after the copy), [`filter`]
-//! (rsync's include and exclude rules, sans I/O), [`listed`]
+//! (rsync's include and exclude rules, sans I/O), [`idmap`] (`--usermap`,
+//! `--groupmap`, `--chown`, sans I/O), [`listed`]
 //! (`--files-from` lists, sans I/O),
 //! [`session`] (auth, request, pipelines),
 //! [`streams`] (striping a session over several links), [`broadcast`]
@@ -50,6 +51,7 @@ pub mod existing;
 pub mod exit;
 pub mod filter;
 pub mod hostlist;
+pub mod idmap;
 pub mod listed;
 pub mod merge;
 pub mod operand;

@@ -25,6 +25,7 @@ use crate::digest::{self, Algorithm};
 use crate::existing;
 use crate::exit::{Corrupted, Exit, PeerLost};
 use crate::filter::Filter;
+use crate::idmap::Owners;
 use crate::merge::Said;
 use crate::proto::{Entry, EntryKind, FailKind, MAX_OKS, Msg, Verdict as EntryVerdict};
 use crate::report::{Failure, Progress, Stats};
@@ -154,6 +155,7 @@ pub async fn receive(
     base: Base,
     opts: RecvOptions,
     filter: &Filter,
+    owners: Option<&Owners>,
     progress: &Progress,
     mut relay: Option<&mut Relay>,
 ) -> anyhow::Result<Received> {
@@ -198,6 +200,7 @@ pub async fn receive(
     let mut new = Creator {
         base: &base,
         opts,
+        owners,
         how,
         answers: &answers,
         merging,
@@ -468,6 +471,8 @@ impl Finals {
 struct Creator<'a> {
     base: &'a Base,
     opts: RecvOptions,
+    /// A pull's `--usermap`, `--groupmap`: what arrives is mapped here.
+    owners: Option<&'a Owners>,
     how: Fidelity,
     answers: &'a Answers,
     /// A broadcast node's: where its answers about files meet the next
@@ -502,11 +507,14 @@ impl Creator<'_> {
         &mut self,
         arrivals: &mut Arrivals<Arc<Chunk>>,
         files: &mut HashMap<u32, File>,
-        e: Entry,
+        mut e: Entry,
         end: Option<(u64, [u8; 32])>,
     ) -> anyhow::Result<Vec<Action<Arc<Chunk>>>> {
         if e.meta.is_some() != self.opts.keep.any() {
             bail!("entry {} does not match the request's metadata", e.index);
+        }
+        if let (Some(owners), Some(meta)) = (self.owners, &mut e.meta) {
+            owners.apply(meta);
         }
         let not_asked = match e.kind {
             EntryKind::HardLink => !self.opts.keep.hard_links,

@@ -21,6 +21,7 @@ use crate::archive::{self, Keep};
 use crate::digest::Algorithm;
 use crate::exit::PeerLost;
 use crate::filter::Filter;
+use crate::idmap::Owners;
 use crate::proto::{Entry, EntryKind, Msg, NodeResult};
 use crate::report::{Failure, Progress, Stats};
 use crate::resume;
@@ -176,6 +177,7 @@ pub async fn send(
     sources: Sources,
     opts: SendOptions,
     filter: &Arc<Filter>,
+    owners: Option<Arc<Owners>>,
     progress: &Progress,
 ) -> anyhow::Result<(Stats, Outcome)> {
     let link = &links[0];
@@ -196,6 +198,7 @@ pub async fn send(
     // that the two threads do not wake each other for every file.
     let (items_tx, mut items) = mpsc::channel::<Vec<anyhow::Result<Item>>>(WALK_BATCHES);
     let mut walk = Walker::new(opts.recursive, opts.keep, Arc::clone(filter));
+    walk.map_owners(owners);
     let walker = tokio::task::spawn_blocking(move || {
         let mut batch = Vec::new();
         let mut first_at = std::time::Instant::now();

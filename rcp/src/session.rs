@@ -18,6 +18,7 @@ use crate::connect::link_config;
 use crate::digest::Algorithm;
 use crate::exit::{PeerLost, Refused};
 use crate::filter::{Filter, MAX_RULES, RuleText};
+use crate::idmap::Owners;
 use crate::listed;
 use crate::proto::{Hop, MAX_HOPS, MAX_NAMES, Msg, flags};
 use crate::recv::{self, Itemize, RecvOptions};
@@ -70,6 +71,10 @@ pub struct Params {
     pub encrypt: EncryptChoice,
     /// How long the peer may be silent (`--timeout`; each side its own).
     pub silence: Option<std::time::Duration>,
+    /// `--usermap`, `--groupmap`, `--chown`: only the side the user
+    /// started has them (it maps what it sends, or what arrives in a
+    /// pull); a server's are `None`.
+    pub owners: Option<Arc<Owners>>,
 }
 
 impl Params {
@@ -432,6 +437,7 @@ async fn client_session(
                 local,
                 params.send_options(),
                 &params.filter,
+                params.owners.clone(),
                 progress,
             )
             .await?;
@@ -458,6 +464,7 @@ async fn client_session(
                 base,
                 params.recv_options(true),
                 &params.filter,
+                params.owners.as_deref(),
                 progress,
                 None,
             )
@@ -844,8 +851,16 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 passing: flags & flags::MERGED_ANSWERS != 0,
                 ..params.recv_options(false)
             };
-            let got =
-                recv::receive(links, base, opts, &params.filter, &progress, relay.as_mut()).await;
+            let got = recv::receive(
+                links,
+                base,
+                opts,
+                &params.filter,
+                None,
+                &progress,
+                relay.as_mut(),
+            )
+            .await;
             let got = match got {
                 Ok(got) => got,
                 Err(e) => {
@@ -893,7 +908,8 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             };
             *links = ready(&link, config, false, streams).await?;
             let options = params.send_options();
-            let (stats, _) = send::send(links, local, options, &params.filter, &progress).await?;
+            let (stats, _) =
+                send::send(links, local, options, &params.filter, None, &progress).await?;
             streams::finish_all(links).await?;
             stats
         }

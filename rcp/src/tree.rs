@@ -22,6 +22,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use crate::archive::{self, Keep, Node, Powers, Xattr};
 use crate::digest;
 use crate::filter::Filter;
+use crate::idmap::Owners;
 use crate::listed;
 use crate::proto::{Entry, EntryKind, Meta};
 
@@ -211,6 +212,8 @@ pub struct Walker {
     /// Where entries are on disk by path: `prefix` followed by an entry
     /// path without its first `skip` bytes.
     by_path: Option<(Vec<u8>, usize)>,
+    /// `--usermap`, `--groupmap` of a copy this side's user started.
+    owners: Option<Arc<Owners>>,
 }
 
 impl Walker {
@@ -222,7 +225,13 @@ impl Walker {
             next_index: 0,
             first_names: Default::default(),
             by_path: None,
+            owners: None,
         }
+    }
+
+    /// Maps the owners and groups of the entries walked from now on.
+    pub fn map_owners(&mut self, owners: Option<Arc<Owners>>) {
+        self.owners = owners;
     }
 
     /// Lets the next walk read the attributes of files by path, as rsync
@@ -370,6 +379,9 @@ impl Walker {
             );
             return Ok(());
         };
+        if let (Some(owners), Some(meta)) = (&self.owners, &mut entry.meta) {
+            owners.apply(meta);
+        }
         if entry.kind == EntryKind::Dir && how.depth == Depth::All && !self.recursive {
             bail!("{shown} is a directory (use -r to copy directories)");
         }

@@ -95,6 +95,7 @@ pub fn params(
         silence: (t.timeout > 0).then(|| std::time::Duration::from_secs(t.timeout)),
         // A server takes the client's; a client sets its own.
         digest: crate::digest::Algorithm::Sha256,
+        owners: None,
     }
 }
 

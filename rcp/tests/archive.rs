@@ -230,3 +230,191 @@ fn trees_of_many_seeds_match_rsync_locally() {
         assert!(diff.is_empty(), "seed {seed}:\n{}", diff.join("\n"));
     }
 }
+
+/// A tree whose entries belong to named and nameless users and groups
+/// (root, daemon, bin, man; ids no name has), directories and a symlink
+/// among them.
+fn owned_tree(src: &Path) {
+    let owners: [(u32, u32); 8] = [
+        (0, 0),
+        (1, 1),
+        (2, 2),
+        (6, 12),
+        (1000, 1000),
+        (1042, 7),
+        (60000, 60001),
+        (2, 60001),
+    ];
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    for (i, (uid, gid)) in owners.iter().enumerate() {
+        let dir = if i % 2 == 0 {
+            src.to_path_buf()
+        } else {
+            src.join("sub")
+        };
+        let f = dir.join(format!("f{i}"));
+        std::fs::write(&f, format!("file {i}")).unwrap();
+        std::os::unix::fs::lchown(&f, Some(*uid), Some(*gid)).unwrap();
+    }
+    std::os::unix::fs::symlink("f0", src.join("link")).unwrap();
+    std::os::unix::fs::lchown(src.join("link"), Some(1), Some(60001)).unwrap();
+    std::os::unix::fs::lchown(src.join("sub"), Some(1000), Some(2)).unwrap();
+    // Times seconds in the past: rsync leaves the time of what it made
+    // in the source's second as it is (it compares whole seconds).
+    for name in ["link", "sub"] {
+        set_times(&src.join(name), 1_600_000_000, 123_456_789);
+    }
+}
+
+/// The maps of `--usermap`, `--groupmap` and `--chown` give what rsync
+/// gives with the same options (names, wildcards, ranges, nameless ids,
+/// `--numeric-ids`), locally, to and from a daemon and through a remote
+/// shell; a re-sync without the map puts the owners back, as rsync's.
+#[test]
+fn owner_and_group_maps_match_rsync_in_every_mode() {
+    assert!(
+        rsync_available(),
+        "rsync is needed (scripts/setup installs it)"
+    );
+    if !is_root() {
+        eprintln!("skipped: needs root (setting owners)");
+        return;
+    }
+    let t = Scratch::new("archive-maps");
+    let src = t.path("src");
+    owned_tree(&src);
+    let rsync = |opts: &[&str], dst: &Path| {
+        run(Command::new("rsync")
+            .arg("-a")
+            .args(opts)
+            .arg(format!("{}/", src.display()))
+            .arg(format!("{}/", dst.display())));
+    };
+    let rcp = |opts: &[&str], from: &OsStr, to: &OsStr| {
+        run(Command::new(RCP)
+            .args(["-q", "-a"])
+            .args(opts)
+            .arg(from)
+            .arg(to));
+    };
+    let compare = |what: &str, oracle: &Path, got: &Path| {
+        let diff = differences(oracle, got);
+        assert!(diff.is_empty(), "{what}: {}", diff.join("\n"));
+    };
+    let sets: [&[&str]; 5] = [
+        &[
+            "--usermap=d*:bin,1000-1040:sys,:nobody,root:games",
+            "--groupmap=*:daemon",
+        ],
+        &[
+            "--numeric-ids",
+            "--usermap=daemon:bin,:man",
+            "--groupmap=0-10:60,7:1",
+        ],
+        &["--usermap=man:0,2:1042,[ab]*:3", "--groupmap=:tty,12:mail"],
+        &["--chown=bin:mail"],
+        &["--chown=:60001"],
+    ];
+    for (i, opts) in sets.iter().enumerate() {
+        let (oracle, local) = (t.path(&format!("rsync{i}")), t.path(&format!("local{i}")));
+        rsync(opts, &oracle);
+        rcp(opts, src.as_os_str(), local.as_os_str());
+        compare(&format!("local {opts:?}"), &oracle, &local);
+        // The maps changed something (else the comparison proves little).
+        assert!(!differences(&src, &oracle).is_empty(), "{opts:?}");
+    }
+
+    // The receiver compares what it was sent, mapped: a re-sync with the
+    // same map sends nothing, one without it puts the owners back (no
+    // data sent: only metadata differs).
+    let into = t.path("resynced");
+    std::fs::create_dir(&into).unwrap();
+    let resync = |opts: &[&str]| {
+        let out = Command::new(RCP)
+            .args(["-a", "--json"])
+            .args(opts)
+            .arg(&src)
+            .arg(&into)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        json["bytes"].as_u64().unwrap()
+    };
+    let copy = into.join("src");
+    assert!(resync(sets[0]) > 0);
+    compare("local, into a directory", &t.path("rsync0"), &copy);
+    assert_eq!(resync(sets[0]), 0, "unchanged");
+    compare("re-sync with the map", &t.path("rsync0"), &copy);
+    assert_eq!(resync(&[]), 0, "only owners differ");
+    let plain = t.path("rsync-plain");
+    rsync(&[], &plain);
+    compare("re-sync without the map", &plain, &copy);
+
+    // Daemon push (the client maps what it sends) and pull (the client
+    // maps what arrives); remote shell, both ways.
+    let key = secret(&t, "key");
+    let daemon = Daemon::start_with(&[t.dir()], &key, &["--allow-owners"]);
+    for (i, opts) in sets.iter().enumerate().take(3) {
+        let oracle = t.path(&format!("rsync{i}"));
+        let with_key = [&["--secret-file", key.to_str().unwrap()], *opts].concat();
+        let pushed = t.path(&format!("pushed{i}"));
+        rcp(&with_key, src.as_os_str(), OsStr::new(&daemon.url(&pushed)));
+        compare(&format!("daemon push {opts:?}"), &oracle, &pushed);
+        let pulled = t.path(&format!("pulled{i}"));
+        rcp(&with_key, OsStr::new(&daemon.url(&src)), pulled.as_os_str());
+        compare(&format!("daemon pull {opts:?}"), &oracle, &pulled);
+    }
+    let (rsh, path) = fake_rsh(&t);
+    for (i, far_is_dest) in [(0, true), (1, false)] {
+        let oracle = t.path(&format!("rsync{i}"));
+        let shelled = t.path(&format!("shelled{i}"));
+        let (from, to) = if far_is_dest {
+            (
+                src.display().to_string(),
+                format!("localhost:{}", shelled.display()),
+            )
+        } else {
+            (
+                format!("localhost:{}", src.display()),
+                shelled.display().to_string(),
+            )
+        };
+        run(Command::new(RCP)
+            .args(["-q", "-a", "--rsh"])
+            .arg(&rsh)
+            .args(sets[i])
+            .arg(from)
+            .arg(to)
+            .env("PATH", &path));
+        compare(&format!("remote shell {:?}", sets[i]), &oracle, &shelled);
+    }
+}
+
+/// A map that cannot be used stops the copy before anything is made.
+#[test]
+fn bad_owner_maps_are_refused_before_anything_is_copied() {
+    let t = Scratch::new("archive-bad-maps");
+    std::fs::write(t.path("f"), b"x").unwrap();
+    for (opts, says) in [
+        (&["--usermap=*:no-such-user-here"][..], "no user called"),
+        (&["--groupmap=1:no-such-group-here"][..], "no group called"),
+        (&["--usermap=1000"][..], "no colon"),
+        (&["--usermap=9-5:0"][..], "runs backwards"),
+        (&["--groupmap=[a:0"][..], "not closed"),
+        (&["--chown=:"][..], "neither a user nor a group"),
+        (&["--chown=bin", "--usermap=1:2"][..], "cannot be used with"),
+    ] {
+        let out = Command::new(RCP)
+            .arg("-a")
+            .args(opts)
+            .arg(t.path("f"))
+            .arg(t.path("g"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{opts:?}: {err}");
+        assert!(err.contains(says), "{opts:?}: {err}");
+        assert!(!t.path("g").exists(), "{opts:?}");
+    }
+}
