@@ -534,13 +534,44 @@ pub struct Base {
     dir: OwnedFd,
     /// `Some(name)`: the entry tree's top component becomes `name`.
     rename_top: Option<Vec<u8>>,
-    /// The directory the last entry went into, by its components: entries
-    /// of a tree arrive directory by directory, so most reuse it instead of
-    /// opening every component again.
-    last_dir: std::sync::Mutex<Option<Arc<DestDir>>>,
+    /// The directories entries went into lately, by their components, so
+    /// that most entries reuse one instead of opening every component
+    /// again.
+    recent: std::sync::Mutex<RecentDirs>,
     /// The destination's path, where a file's attributes may be compared
     /// by path (see [`Walker::by_path`]).
     disk: Option<Vec<u8>>,
+}
+
+/// The directories entries went into lately, the latest first. Entries of
+/// a tree arrive directory by directory, so the first is nearly always the
+/// one; the other names of hard links, made last, alternate between the
+/// directory of the name and that of the file it links to, anywhere in the
+/// tree. With one directory kept, each of those opened both again
+/// (`dup`, an `openat` a component, `fstatfs`, `fstat`): on the bench's
+/// 100,000-entry tree, 8,200 times in an unchanged re-sync.
+#[derive(Debug, Default)]
+struct RecentDirs(Vec<Arc<DestDir>>);
+
+impl RecentDirs {
+    /// Directories kept open at most.
+    const MOST: usize = 64;
+
+    /// The directory at `dirs`, if kept (then it becomes the latest).
+    fn find(&mut self, dirs: &[&[u8]]) -> Option<Arc<DestDir>> {
+        let at = self
+            .0
+            .iter()
+            .position(|d| d.at.iter().map(Vec::as_slice).eq(dirs.iter().copied()))?;
+        let dir = self.0.remove(at);
+        self.0.insert(0, Arc::clone(&dir));
+        Some(dir)
+    }
+
+    fn add(&mut self, dir: Arc<DestDir>) {
+        self.0.insert(0, dir);
+        self.0.truncate(Self::MOST);
+    }
 }
 
 /// A directory files are received into.
@@ -622,7 +653,7 @@ impl Base {
         Base {
             dir,
             rename_top,
-            last_dir: std::sync::Mutex::default(),
+            recent: std::sync::Mutex::default(),
             disk: None,
         }
     }
@@ -655,15 +686,13 @@ impl Base {
         }
         let (name, dirs) = parts.split_last().expect("at least one component");
         let name = cstr(name)?;
-        let mut last = self.last_dir.lock().expect("dir cache lock");
-        if let Some(dir) = &*last
-            && dir.at.iter().map(Vec::as_slice).eq(dirs.iter().copied())
-        {
-            return Ok((Arc::clone(dir), name));
+        let mut recent = self.recent.lock().expect("dir cache lock");
+        if let Some(dir) = recent.find(dirs) {
+            return Ok((dir, name));
         }
         let at = dirs.iter().map(|d| d.to_vec()).collect();
         let dir = Arc::new(DestDir::new(open_dir_beneath(&self.dir, dirs)?, at)?);
-        *last = Some(Arc::clone(&dir));
+        recent.add(Arc::clone(&dir));
         Ok((dir, name))
     }
 
