@@ -1337,6 +1337,34 @@ mod tests {
         assert_eq!(walk.disk_path(b"src").unwrap().as_bytes(), b"../from/src");
     }
 
+    /// The other names of hard links, made last, alternate between two
+    /// directories anywhere in the tree: each is opened once while it is
+    /// among the latest kept, and no more than that many stay open.
+    #[test]
+    fn recent_directories_are_reused_and_bounded() {
+        let scratch = test_support::Scratch::new("rcp-recent-dirs");
+        let count = RecentDirs::MOST + 8;
+        for i in 0..count {
+            std::fs::create_dir_all(scratch.path(&format!("top/d{i}"))).unwrap();
+        }
+        let base = Base::new(open_root(scratch.dir()).unwrap(), None);
+        let place = |i: usize| base.place(format!("top/d{i}/f").as_bytes()).unwrap().0;
+        // A link in d1 to a file in d7, and back: the same two directories.
+        let (first, target) = (place(1), place(7));
+        for _ in 0..3 {
+            assert!(Arc::ptr_eq(&first, &place(1)));
+            assert!(Arc::ptr_eq(&target, &place(7)));
+        }
+        // Every directory once: the earliest fall out, the latest stay.
+        for i in 0..count {
+            place(i);
+        }
+        assert_eq!(base.recent.lock().unwrap().0.len(), RecentDirs::MOST);
+        let latest = place(count - 1);
+        assert!(Arc::ptr_eq(&latest, &place(count - 1)));
+        assert!(!Arc::ptr_eq(&first, &place(1)), "opened again");
+    }
+
     /// Two copies to one place (a daemon still ending the session of a
     /// killed client while the client's `--resume` starts the next): the
     /// second waits for the temporary file, and neither removes, truncates
