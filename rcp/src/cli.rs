@@ -293,7 +293,6 @@ pub struct CopyArgs {
 }
 
 impl CopyArgs {
-    /// What `-a`, `-o`, `-g`, `-D`, `-H`, `-A` and `-X` keep.
     /// The `--usermap` and `--groupmap` texts, `--chown` turned into them.
     pub fn owner_maps(&self) -> Result<(Option<String>, Option<String>), crate::idmap::MapError> {
         match &self.chown {
@@ -302,6 +301,8 @@ impl CopyArgs {
         }
     }
 
+    /// What `-a`, `-o`, `-g`, `-D`, `-H`, `-A` and `-X` keep (`-o` and
+    /// `-g` also as a map implies them).
     pub fn keep(&self) -> crate::archive::Keep {
         // (A bad --chown is reported when the maps are made.)
         let (users, groups) = self.owner_maps().unwrap_or_default();
