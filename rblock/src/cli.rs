@@ -129,6 +129,15 @@ pub struct ServeArgs {
     /// local stream reads faster when the server copies).
     #[arg(long, value_enum, default_value_t = ZeroCopy::Auto)]
     pub zero_copy_reads: ZeroCopy,
+    /// Serve each NBD connection (plain, to a local export) on N threads
+    /// of its own that wait on the socket in turn, as nbdkit does: a lone
+    /// request is answered several times sooner (the kernel moves the
+    /// waiting thread to the client's core), many at once somewhat more
+    /// slowly than on the shared runtime. 0: the shared runtime. Large
+    /// reads are then copied, never sent from the page cache.
+    #[arg(long, default_value_t = 0, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub nbd_threads: u16,
     /// TLS for NBD clients (NBD_OPT_STARTTLS): off; on (clients may start
     /// it); require (nothing is served before it: a plain client is told
     /// NBD_REP_ERR_TLS_REQD). Needs --tls-certificates or --tls-psk. Reads

@@ -33,6 +33,7 @@ mod link;
 mod link_threads;
 mod reply;
 mod request;
+mod threaded;
 mod transmission;
 mod zero_copy;
 
@@ -68,6 +69,9 @@ pub struct Plan {
     pub zero_copy_reads: ZeroCopy,
     /// What NBD clients are offered of TLS.
     pub nbd_tls: NbdTls,
+    /// Threads of its own for each plain NBD connection to a local export
+    /// (0: served on the runtime).
+    pub nbd_threads: usize,
 }
 
 /// Serves `exports` as `plan` says until `stop` resolves, then lets the
@@ -85,6 +89,7 @@ pub async fn run(
         grace,
         zero_copy_reads,
         nbd_tls,
+        nbd_threads,
     } = plan;
     let exports: Arc<[Export]> = exports.into();
     let (shutdown_tx, shutdown) = watch::channel(false);
@@ -109,6 +114,7 @@ pub async fn run(
         load: Arc::clone(&load),
         zero_copy_reads,
         nbd_tls: nbd_tls.clone(),
+        nbd_threads,
         alive: conn_tx.clone(),
         link_threads: link_threads.clone(),
     };

@@ -23,10 +23,6 @@ struct Server {
 }
 
 impl Server {
-    fn start(t: &Scratch, image: &Path) -> Server {
-        Server::start_as(t, image, Command::new(RBLOCK), &[])
-    }
-
     /// Its files may grow to `limit` bytes at most (beyond, writes fail
     /// with EFBIG, and the signal that comes with it is ignored); `extra`
     /// options for `rblock serve`.
@@ -91,9 +87,19 @@ impl Drop for Server {
 
 #[test]
 fn nbdinfo_sees_the_exports_their_flags_and_their_holes() {
+    nbdinfo_sees_the_exports_their_flags_and_their_holes_with(&[]);
+}
+
+/// The same with each connection on threads of its own.
+#[test]
+fn nbdinfo_sees_the_exports_their_flags_and_their_holes_on_connection_threads() {
+    nbdinfo_sees_the_exports_their_flags_and_their_holes_with(&["--nbd-threads", "4"]);
+}
+
+fn nbdinfo_sees_the_exports_their_flags_and_their_holes_with(extra: &[&str]) {
     let t = Scratch::new("info");
     let img = image(&t, 64 << 20);
-    let s = Server::start(&t, &img);
+    let s = Server::start_as(&t, &img, Command::new(RBLOCK), extra);
     let list = ok("nbdinfo", &["--list", &s.uri("")]);
     assert!(
         list.contains("export=\"disk\"") && list.contains("export=\"ro\""),
@@ -150,6 +156,16 @@ fn nbdinfo_sees_the_exports_their_flags_and_their_holes() {
 
 #[test]
 fn nbdcopy_round_trip_with_four_connections_is_identical() {
+    nbdcopy_round_trip_with_four_connections_is_identical_with(&[]);
+}
+
+/// The same with each connection on threads of its own.
+#[test]
+fn nbdcopy_round_trip_with_four_connections_is_identical_on_connection_threads() {
+    nbdcopy_round_trip_with_four_connections_is_identical_with(&["--nbd-threads", "4"]);
+}
+
+fn nbdcopy_round_trip_with_four_connections_is_identical_with(extra: &[&str]) {
     let t = Scratch::new("copy");
     let size = 256usize << 20;
     let src = t.path("src.img");
@@ -169,7 +185,7 @@ fn nbdcopy_round_trip_with_four_connections_is_identical() {
         .unwrap()
         .set_len(size as u64)
         .unwrap();
-    let s = Server::start(&t, &target);
+    let s = Server::start_as(&t, &target, Command::new(RBLOCK), extra);
     ok(
         "nbdcopy",
         &[
@@ -190,9 +206,19 @@ fn nbdcopy_round_trip_with_four_connections_is_identical() {
 
 #[test]
 fn qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare() {
+    qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare_with(&[]);
+}
+
+/// The same with each connection on threads of its own.
+#[test]
+fn qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare_on_connection_threads() {
+    qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare_with(&["--nbd-threads", "4"]);
+}
+
+fn qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare_with(extra: &[&str]) {
     let t = Scratch::new("qemu");
     let img = image(&t, 32 << 20);
-    let s = Server::start(&t, &img);
+    let s = Server::start_as(&t, &img, Command::new(RBLOCK), extra);
     let uri = s.uri("disk");
     let out = ok(
         "qemu-io",
@@ -268,9 +294,19 @@ fn qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare() {
 
 #[test]
 fn nbdsh_gets_the_exact_errors_for_bad_requests() {
+    nbdsh_gets_the_exact_errors_for_bad_requests_with(&[]);
+}
+
+/// The same with each connection on threads of its own.
+#[test]
+fn nbdsh_gets_the_exact_errors_for_bad_requests_on_connection_threads() {
+    nbdsh_gets_the_exact_errors_for_bad_requests_with(&["--nbd-threads", "4"]);
+}
+
+fn nbdsh_gets_the_exact_errors_for_bad_requests_with(extra: &[&str]) {
     let t = Scratch::new("nbdsh");
     let img = image(&t, 16 << 20);
-    let s = Server::start(&t, &img);
+    let s = Server::start_as(&t, &img, Command::new(RBLOCK), extra);
     // libnbd's own checks relaxed, so the server sees the bad requests.
     let script = r#"
 size = 16 << 20
@@ -312,9 +348,19 @@ print("all errors as expected")
 /// to the byte.
 #[test]
 fn unaligned_requests_are_served_to_the_byte() {
+    unaligned_requests_are_served_to_the_byte_with(&[]);
+}
+
+/// The same with each connection on threads of its own.
+#[test]
+fn unaligned_requests_are_served_to_the_byte_on_connection_threads() {
+    unaligned_requests_are_served_to_the_byte_with(&["--nbd-threads", "4"]);
+}
+
+fn unaligned_requests_are_served_to_the_byte_with(extra: &[&str]) {
     let t = Scratch::new("unaligned");
     let img = image(&t, 16 << 20);
-    let s = Server::start(&t, &img);
+    let s = Server::start_as(&t, &img, Command::new(RBLOCK), extra);
     let json: serde_json::Value =
         serde_json::from_str(&ok("nbdinfo", &["--json", &s.uri("disk")])).unwrap();
     assert_eq!(json["exports"][0]["block_size_minimum"], 1, "{json}");
@@ -411,9 +457,24 @@ fn nbdsh(script: &str, env: &[(&str, String)], done: &str) {
 /// the page cache).
 #[test]
 fn a_write_refused_halfway_gets_enospc_and_the_connection_goes_on() {
+    a_write_refused_halfway_gets_enospc_and_the_connection_goes_on_with(&[]);
+}
+
+/// The same with each connection on threads of its own.
+#[test]
+fn a_write_refused_halfway_gets_enospc_and_the_connection_goes_on_on_connection_threads() {
+    a_write_refused_halfway_gets_enospc_and_the_connection_goes_on_with(&["--nbd-threads", "4"]);
+}
+
+fn a_write_refused_halfway_gets_enospc_and_the_connection_goes_on_with(extra: &[&str]) {
     let t = Scratch::new("refused");
     let img = image(&t, 16 << 20);
-    let s = Server::start_limited(&t, &img, 8 << 20, &["--zero-copy-reads", "always"]);
+    let s = Server::start_limited(
+        &t,
+        &img,
+        8 << 20,
+        &[&["--zero-copy-reads", "always"], extra].concat(),
+    );
     let script = r#"
 limit = 8 << 20
 for uri in (os.environ["TCP_URI"], os.environ["UNIX_URI"]):
@@ -433,9 +494,19 @@ print("refused and went on")
 
 #[test]
 fn fio_random_writes_verify_with_crc32c() {
+    fio_random_writes_verify_with_crc32c_with(&[]);
+}
+
+/// The same with each connection on threads of its own.
+#[test]
+fn fio_random_writes_verify_with_crc32c_on_connection_threads() {
+    fio_random_writes_verify_with_crc32c_with(&["--nbd-threads", "4"]);
+}
+
+fn fio_random_writes_verify_with_crc32c_with(extra: &[&str]) {
     let t = Scratch::new("fio");
     let img = image(&t, 64 << 20);
-    let s = Server::start(&t, &img);
+    let s = Server::start_as(&t, &img, Command::new(RBLOCK), extra);
     let v = fio_verify(&s.uri("disk"), 32, 32, &[]);
     let job = &v["jobs"][0];
     assert_eq!(job["error"], 0);
@@ -488,9 +559,19 @@ fn rest_until_closed(c: &mut TcpStream) -> Vec<u8> {
 /// served throughout.
 #[test]
 fn malformed_requests_close_only_their_own_connection() {
+    malformed_requests_close_only_their_own_connection_with(&[]);
+}
+
+/// The same with each connection on threads of its own.
+#[test]
+fn malformed_requests_close_only_their_own_connection_on_connection_threads() {
+    malformed_requests_close_only_their_own_connection_with(&["--nbd-threads", "4"]);
+}
+
+fn malformed_requests_close_only_their_own_connection_with(extra: &[&str]) {
     let t = Scratch::new("malformed");
     let img = image(&t, 4 << 20);
-    let s = Server::start(&t, &img);
+    let s = Server::start_as(&t, &img, Command::new(RBLOCK), extra);
     let mut watcher = raw_attach(s.port);
 
     let mut bad = raw_attach(s.port);
@@ -532,9 +613,19 @@ fn malformed_requests_close_only_their_own_connection() {
 /// with requests still in flight.
 #[test]
 fn raw_requests_unknown_commands_and_disconnect() {
+    raw_requests_unknown_commands_and_disconnect_with(&[]);
+}
+
+/// The same with each connection on threads of its own.
+#[test]
+fn raw_requests_unknown_commands_and_disconnect_on_connection_threads() {
+    raw_requests_unknown_commands_and_disconnect_with(&["--nbd-threads", "4"]);
+}
+
+fn raw_requests_unknown_commands_and_disconnect_with(extra: &[&str]) {
     let t = Scratch::new("raw");
     let img = image(&t, 4 << 20);
-    let s = Server::start(&t, &img);
+    let s = Server::start_as(&t, &img, Command::new(RBLOCK), extra);
     let mut c = raw_attach(s.port);
     let request = raw_request;
     // Unknown command 42: EINVAL, and the connection goes on.
@@ -570,9 +661,19 @@ fn raw_requests_unknown_commands_and_disconnect() {
 
 #[test]
 fn sigterm_stops_the_server_cleanly() {
+    sigterm_stops_the_server_cleanly_with(&[]);
+}
+
+/// The same with each connection on threads of its own.
+#[test]
+fn sigterm_stops_the_server_cleanly_on_connection_threads() {
+    sigterm_stops_the_server_cleanly_with(&["--nbd-threads", "4"]);
+}
+
+fn sigterm_stops_the_server_cleanly_with(extra: &[&str]) {
     let t = Scratch::new("term");
     let img = image(&t, 4 << 20);
-    let mut s = Server::start(&t, &img);
+    let mut s = Server::start_as(&t, &img, Command::new(RBLOCK), extra);
     // An idle client connected through the handshake.
     let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
     let mut greeting = [0u8; 18];
@@ -585,6 +686,60 @@ fn sigterm_stops_the_server_cleanly() {
     let status = s.child.wait().unwrap();
     assert!(status.success(), "{status}");
     assert!(!s.socket.exists(), "the socket file is removed");
+}
+
+/// Threads of a connection's own: there while it is served (so the tests
+/// above ran on them), gone after it; a stop with a client connected and
+/// nothing in flight closes the connection and lets the server exit.
+#[test]
+fn connection_threads_serve_their_connection_and_stop_with_the_server() {
+    let t = Scratch::new("conn-threads");
+    let img = image(&t, 4 << 20);
+    let mut s = Server::start_as(&t, &img, Command::new(RBLOCK), &["--nbd-threads", "3"]);
+    let pid = s.child.id();
+    let named = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter(|e| {
+                let comm = e.as_ref().unwrap().path().join("comm");
+                std::fs::read_to_string(comm).is_ok_and(|c| c.trim() == "rblock-nbd")
+            })
+            .count()
+    };
+    assert_eq!(named(), 0, "none before a connection");
+    let mut c = raw_attach(s.port);
+    c.write_all(&raw_request(0, 7, 4096, 4096)).unwrap();
+    let mut reply = vec![0u8; 16 + 4096];
+    c.read_exact(&mut reply).unwrap();
+    assert_eq!(u64::from_be_bytes(reply[8..16].try_into().unwrap()), 7);
+    assert_eq!(&reply[16..], &std::fs::read(&img).unwrap()[4096..8192]);
+    // Three threads take turns; the connection's first is the runtime's
+    // blocking pool's (named by tokio), the other two its own.
+    assert_eq!(named(), 2);
+    // The client leaves: its threads end.
+    drop(c);
+    let gone = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        named() == 0
+    });
+    assert!(gone, "the threads ended with their connection");
+
+    // A stop while a client is connected, between requests: the server
+    // closes it (within the threads' look at the stop) and exits cleanly.
+    let mut c = raw_attach(s.port);
+    c.write_all(&raw_request(0, 8, 0, 512)).unwrap();
+    let mut reply = vec![0u8; 16 + 512];
+    c.read_exact(&mut reply).unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let waited = std::time::Instant::now();
+    assert!(rest_until_closed(&mut c).is_empty(), "nothing unasked");
+    assert!(waited.elapsed() < Duration::from_secs(5));
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status}");
 }
 
 /// A CA and a server certificate for localhost in `dir`, in the layout

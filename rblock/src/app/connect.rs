@@ -127,6 +127,8 @@ pub async fn connect(a: ConnectArgs) -> anyhow::Result<()> {
         zero_copy_reads: ZeroCopy::Never,
         // Its NBD clients are local (a private socket by default).
         nbd_tls: server::NbdTls::default(),
+        // Its exports are remote: their requests are the fabric lanes'.
+        nbd_threads: 0,
     };
     let served = server::run(exports, plan, stop).await;
     remote.close().await;

@@ -114,6 +114,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         grace: Duration::from_secs(30),
         zero_copy_reads: a.zero_copy_reads,
         nbd_tls,
+        nbd_threads: usize::from(a.nbd_threads),
     };
     server::run(exports, plan, stop_signal()).await
 }

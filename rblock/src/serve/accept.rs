@@ -27,6 +27,8 @@ pub(super) struct Accepting {
     pub(super) zero_copy_reads: ZeroCopy,
     /// What NBD clients are offered of TLS.
     pub(super) nbd_tls: NbdTls,
+    /// Threads of its own for each plain NBD connection to a local export.
+    pub(super) nbd_threads: usize,
     pub(super) alive: mpsc::Sender<()>,
     /// Where fabric links that can move are served (with a fabric
     /// listener).
@@ -89,6 +91,7 @@ impl Accepting {
             self.shutdown.clone(),
             from_cache,
             tls,
+            self.nbd_threads,
         );
         self.run("connection", client, place, None, served);
     }

@@ -9,8 +9,10 @@ use anyhow::{Context, bail};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
+use super::threaded::transmission_on_threads;
 use super::transmission::transmission;
 use super::zero_copy::FromCache;
+use crate::backend::Backend;
 use crate::export::Export;
 use crate::nbd::handshake::{Handshake, Outcome, Tls};
 use crate::nbd::transmission::Limits;
@@ -34,6 +36,7 @@ pub(super) async fn connection(
     shutdown: watch::Receiver<bool>,
     from_cache: FromCache,
     tls: NbdTls,
+    threads: usize,
 ) -> anyhow::Result<()> {
     let infos = exports.iter().map(|e| e.info.clone()).collect();
     let mut hs = Handshake::with_tls(infos, tls.mode);
@@ -65,6 +68,16 @@ pub(super) async fn connection(
         r = handshake => r.context("the handshake took too long")??,
         _ = stop.wait_for(|s| *s) => (None, None),
     };
+    // A plain connection to a local export, on threads of its own.
+    if let (Some(Outcome::Transmission(n)), None, Some(_), true) =
+        (&negotiated, &session, &stream, threads > 0)
+        && let Backend::Local(storage) = exports[n.export].source.backend()
+    {
+        let export = &exports[n.export];
+        let limits = Limits::new(n, export.info.size, export.info.read_only);
+        let socket = stream.take().expect("checked above").into_fd()?;
+        return transmission_on_threads(buf, socket, limits, storage, shutdown, threads).await;
+    }
     let halves = match (session, stream) {
         (Some(s), _) => split_tls(s),
         (None, Some(s)) => s.split(),
