@@ -563,9 +563,8 @@ impl RecentDirs {
             .0
             .iter()
             .position(|d| d.at.iter().map(Vec::as_slice).eq(dirs.iter().copied()))?;
-        let dir = self.0.remove(at);
-        self.0.insert(0, Arc::clone(&dir));
-        Some(dir)
+        self.0[..=at].rotate_right(1);
+        Some(Arc::clone(&self.0[0]))
     }
 
     fn add(&mut self, dir: Arc<DestDir>) {

@@ -8,10 +8,10 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::buffers::Buffers;
-use super::reply::{Replies, Reply, read_reply, write_failed};
+use super::reply::{Replies, Reply, read_buffer, read_reply, write_failed};
 use super::zero_copy::send_from_cache;
 use crate::nbd::consts::REQUEST_LEN;
-use crate::nbd::transmission::{Command, Limits, Request, check, ok_reply, read_reply_header};
+use crate::nbd::transmission::{Command, Limits, Request, check, ok_reply};
 use crate::storage::{StartedRead, Storage};
 
 /// Reads and writes at most this long are taken in bursts.
@@ -109,9 +109,7 @@ pub(super) async fn serve_burst(
     let reads = burst
         .iter()
         .map(|(req, _)| {
-            let head = read_reply_header(structured, req.cookie, req.offset, req.length);
-            let mut buf = buffers.take(head.len() + req.length as usize);
-            buf.extend_from_slice(&head);
+            let buf = read_buffer(buffers, structured, req);
             (req.offset, buf, req.length as usize)
         })
         .collect();

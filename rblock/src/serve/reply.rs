@@ -11,7 +11,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::buffers::Buffers;
 use crate::execute::Failure;
 use crate::fabric::landed::ReadData;
-use crate::nbd::transmission::error_reply;
+use crate::nbd::transmission::{Request, error_reply, read_reply_header};
 use crate::socket::WriteHalf;
 use crate::storage::Storage;
 
@@ -149,6 +149,15 @@ pub(super) fn failed(structured: bool, cookie: u64, f: &Failure) -> Vec<u8> {
 
 pub(super) fn write_failed(structured: bool, cookie: u64, e: &std::io::Error) -> Vec<u8> {
     failed(structured, cookie, &Failure::write(e))
+}
+
+/// A buffer (from `buffers`) holding the reply header of read `req`, with
+/// room for its data after it.
+pub(super) fn read_buffer(buffers: &Buffers, structured: bool, req: &Request) -> Vec<u8> {
+    let head = read_reply_header(structured, req.cookie, req.offset, req.length);
+    let mut buf = buffers.take(head.len() + req.length as usize);
+    buf.extend_from_slice(&head);
+    buf
 }
 
 /// A read's reply: `buf` (header and data) if it worked.

@@ -5,7 +5,7 @@
 
 use super::buffers::Buffers;
 use super::input::Payload;
-use super::reply::{Reply, failed, read_reply, write_failed};
+use super::reply::{Reply, failed, read_buffer, read_reply, write_failed};
 use super::zero_copy::send_from_cache;
 use crate::backend::Backend;
 use crate::execute::{Executed, Failure, carry_out};
@@ -57,17 +57,18 @@ async fn execute_here(
     let (cookie, offset, len) = (req.cookie, req.offset, req.length);
     let done = match command {
         Command::Read => {
-            let head = read_reply_header(structured, cookie, offset, len);
             return match storage {
                 Backend::Local(local) => {
-                    let mut buf = buffers.take(head.len() + len as usize);
-                    buf.extend_from_slice(&head);
+                    let buf = read_buffer(buffers, structured, req);
                     let (buf, r) = local.read(offset, buf, len as usize).await;
                     read_reply(structured, cookie, buf, r, buffers).into()
                 }
                 Backend::Remote(remote, lane) => {
                     match remote.read(*lane, offset, len as usize).await {
-                        Ok(data) => Reply::Landed { head, data },
+                        Ok(data) => Reply::Landed {
+                            head: read_reply_header(structured, cookie, offset, len),
+                            data,
+                        },
                         Err(e) => failed(structured, cookie, &Failure::read(&e)).into(),
                     }
                 }

@@ -28,19 +28,17 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use tokio::sync::watch;
 
 use super::buffers::Buffers;
 use super::input::Payload;
-use super::reply::{Reply, read_reply, write_failed};
+use super::reply::{Reply, read_buffer, read_reply, write_failed};
 use super::request::{Data, execute};
+use super::transmission::payload_len;
 use crate::backend::Backend;
 use crate::nbd::consts::{REQUEST_LEN, errno};
-use crate::nbd::handshake::MAX_PAYLOAD;
-use crate::nbd::transmission::{
-    Command, Limits, Refusal, Request, check, error_reply, ok_reply, read_reply_header,
-};
+use crate::nbd::transmission::{Command, Limits, Refusal, Request, check, error_reply, ok_reply};
 use crate::storage::Storage;
 
 /// Whether `e` is the socket's receive timeout (or a signal): a wait to
@@ -207,10 +205,7 @@ impl Conn {
         self.read_fully(input, &mut head)
             .context("the client closed in the middle of a request")?;
         let req = Request::decode(&head)?;
-        let payload_len = req.payload_len() as usize;
-        if payload_len > MAX_PAYLOAD as usize {
-            bail!("a write of {payload_len} bytes: more than the {MAX_PAYLOAD} allowed");
-        }
+        let payload_len = payload_len(&req)?;
         let checked = check(&req, &self.limits);
         if matches!(checked, Ok(Command::Disc)) {
             return Ok(None);
@@ -296,9 +291,7 @@ impl Conn {
         // The common requests on this thread, the way they go fastest.
         match (command, &self.backend) {
             (Command::Read, Backend::Local(local)) => {
-                let head = read_reply_header(structured, cookie, offset, t.req.length);
-                let mut buf = self.buffers.take(head.len() + len);
-                buf.extend_from_slice(&head);
+                let mut buf = read_buffer(&self.buffers, structured, &t.req);
                 if let Some(r) = local.read_now(offset, &mut buf, len) {
                     return read_reply(structured, cookie, buf, r, &self.buffers);
                 }
@@ -306,7 +299,7 @@ impl Conn {
             }
             (Command::Write { fua: false }, Backend::Local(local)) => {
                 let data = t.payload.unwrap_or_default();
-                let written = local.write_here(offset, &data[..len.min(data.len())]);
+                let written = local.write_here(offset, &data);
                 self.buffers.give(data);
                 return match written {
                     Ok(()) => ok_reply(cookie),

@@ -84,10 +84,7 @@ pub(super) async fn transmission(
                 .await
                 .context("the client closed in the middle of a request")?;
             let req = Request::decode(&head)?;
-            let payload_len = req.payload_len() as usize;
-            if payload_len > MAX_PAYLOAD as usize {
-                bail!("a write of {payload_len} bytes: more than the {MAX_PAYLOAD} allowed");
-            }
+            let payload_len = payload_len(&req)?;
             let checked = check(&req, &limits);
             let cost = match checked {
                 Ok(Command::Read) => req.length as usize,
@@ -171,6 +168,17 @@ pub(super) async fn transmission(
     result?;
     flushed?;
     Ok(())
+}
+
+/// The length of `req`'s data; beyond what a connection takes in, an
+/// error that ends the connection (the requests after it can no longer
+/// be found).
+pub(super) fn payload_len(req: &Request) -> anyhow::Result<usize> {
+    let len = req.payload_len() as usize;
+    if len > MAX_PAYLOAD as usize {
+        bail!("a write of {len} bytes: more than the {MAX_PAYLOAD} allowed");
+    }
+    Ok(len)
 }
 
 /// Resolves once no request is in flight.
