@@ -131,11 +131,12 @@ pub struct ServeArgs {
     pub zero_copy_reads: ZeroCopy,
     /// Serve each NBD connection (plain, to a local export) on N threads
     /// of its own that wait on the socket in turn, as nbdkit does: a lone
-    /// request is answered several times sooner (the kernel moves the
-    /// waiting thread to the client's core), many at once somewhat more
-    /// slowly than on the shared runtime. 0: the shared runtime. Large
-    /// reads are then copied, never sent from the page cache.
-    #[arg(long, default_value_t = 0, value_name = "N",
+    /// request is answered on the client's core, at once; a burst of
+    /// requests is served by one thread and answered in one write; large
+    /// requests overlap on several cores. 0: serve them all on the shared
+    /// runtime instead (slower to answer a lone request, a little faster
+    /// with many in flight on few cores).
+    #[arg(long, default_value_t = 16, value_name = "N",
           value_parser = clap::value_parser!(u16).range(0..=64))]
     pub nbd_threads: u16,
     /// TLS for NBD clients (NBD_OPT_STARTTLS): off; on (clients may start

@@ -424,6 +424,27 @@ impl Storage {
         Some(Ok(()))
     }
 
+    /// Reads `len` bytes at `offset`, appended to `buf`, whole, on this
+    /// thread however long the disk takes (`pread`): for threads that are
+    /// there to wait, such as a connection's own.
+    pub fn read_here(&self, offset: u64, buf: &mut Vec<u8>, len: usize) -> std::io::Result<()> {
+        let target = buf.len() + len;
+        while buf.len() < target {
+            let at = offset + (len - (target - buf.len())) as u64;
+            match rfabric::storage::pread_append(&self.fd, at, buf, target - buf.len()) {
+                // The file shrank under us: what is gone reads as zeros.
+                Ok(0) => buf.resize(target, 0),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    buf.truncate(target - len);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Writes `len` bytes waiting in `pipe` (its read end) at `offset`,
     /// whole: the one copy they cost, from the pipe into the page cache.
     pub fn write_from_pipe(

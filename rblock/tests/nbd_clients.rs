@@ -90,10 +90,10 @@ fn nbdinfo_sees_the_exports_their_flags_and_their_holes() {
     nbdinfo_sees_the_exports_their_flags_and_their_holes_with(&[]);
 }
 
-/// The same with each connection on threads of its own.
+/// The same on the shared runtime (`--nbd-threads 0`).
 #[test]
-fn nbdinfo_sees_the_exports_their_flags_and_their_holes_on_connection_threads() {
-    nbdinfo_sees_the_exports_their_flags_and_their_holes_with(&["--nbd-threads", "4"]);
+fn nbdinfo_sees_the_exports_their_flags_and_their_holes_on_the_shared_runtime() {
+    nbdinfo_sees_the_exports_their_flags_and_their_holes_with(&["--nbd-threads", "0"]);
 }
 
 fn nbdinfo_sees_the_exports_their_flags_and_their_holes_with(extra: &[&str]) {
@@ -159,10 +159,10 @@ fn nbdcopy_round_trip_with_four_connections_is_identical() {
     nbdcopy_round_trip_with_four_connections_is_identical_with(&[]);
 }
 
-/// The same with each connection on threads of its own.
+/// The same on the shared runtime (`--nbd-threads 0`).
 #[test]
-fn nbdcopy_round_trip_with_four_connections_is_identical_on_connection_threads() {
-    nbdcopy_round_trip_with_four_connections_is_identical_with(&["--nbd-threads", "4"]);
+fn nbdcopy_round_trip_with_four_connections_is_identical_on_the_shared_runtime() {
+    nbdcopy_round_trip_with_four_connections_is_identical_with(&["--nbd-threads", "0"]);
 }
 
 fn nbdcopy_round_trip_with_four_connections_is_identical_with(extra: &[&str]) {
@@ -209,10 +209,10 @@ fn qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare() {
     qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare_with(&[]);
 }
 
-/// The same with each connection on threads of its own.
+/// The same on the shared runtime (`--nbd-threads 0`).
 #[test]
-fn qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare_on_connection_threads() {
-    qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare_with(&["--nbd-threads", "4"]);
+fn qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare_on_the_shared_runtime() {
+    qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare_with(&["--nbd-threads", "0"]);
 }
 
 fn qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare_with(extra: &[&str]) {
@@ -297,10 +297,10 @@ fn nbdsh_gets_the_exact_errors_for_bad_requests() {
     nbdsh_gets_the_exact_errors_for_bad_requests_with(&[]);
 }
 
-/// The same with each connection on threads of its own.
+/// The same on the shared runtime (`--nbd-threads 0`).
 #[test]
-fn nbdsh_gets_the_exact_errors_for_bad_requests_on_connection_threads() {
-    nbdsh_gets_the_exact_errors_for_bad_requests_with(&["--nbd-threads", "4"]);
+fn nbdsh_gets_the_exact_errors_for_bad_requests_on_the_shared_runtime() {
+    nbdsh_gets_the_exact_errors_for_bad_requests_with(&["--nbd-threads", "0"]);
 }
 
 fn nbdsh_gets_the_exact_errors_for_bad_requests_with(extra: &[&str]) {
@@ -351,10 +351,10 @@ fn unaligned_requests_are_served_to_the_byte() {
     unaligned_requests_are_served_to_the_byte_with(&[]);
 }
 
-/// The same with each connection on threads of its own.
+/// The same on the shared runtime (`--nbd-threads 0`).
 #[test]
-fn unaligned_requests_are_served_to_the_byte_on_connection_threads() {
-    unaligned_requests_are_served_to_the_byte_with(&["--nbd-threads", "4"]);
+fn unaligned_requests_are_served_to_the_byte_on_the_shared_runtime() {
+    unaligned_requests_are_served_to_the_byte_with(&["--nbd-threads", "0"]);
 }
 
 fn unaligned_requests_are_served_to_the_byte_with(extra: &[&str]) {
@@ -460,10 +460,10 @@ fn a_write_refused_halfway_gets_enospc_and_the_connection_goes_on() {
     a_write_refused_halfway_gets_enospc_and_the_connection_goes_on_with(&[]);
 }
 
-/// The same with each connection on threads of its own.
+/// The same on the shared runtime (`--nbd-threads 0`).
 #[test]
-fn a_write_refused_halfway_gets_enospc_and_the_connection_goes_on_on_connection_threads() {
-    a_write_refused_halfway_gets_enospc_and_the_connection_goes_on_with(&["--nbd-threads", "4"]);
+fn a_write_refused_halfway_gets_enospc_and_the_connection_goes_on_on_the_shared_runtime() {
+    a_write_refused_halfway_gets_enospc_and_the_connection_goes_on_with(&["--nbd-threads", "0"]);
 }
 
 fn a_write_refused_halfway_gets_enospc_and_the_connection_goes_on_with(extra: &[&str]) {
@@ -497,10 +497,10 @@ fn fio_random_writes_verify_with_crc32c() {
     fio_random_writes_verify_with_crc32c_with(&[]);
 }
 
-/// The same with each connection on threads of its own.
+/// The same on the shared runtime (`--nbd-threads 0`).
 #[test]
-fn fio_random_writes_verify_with_crc32c_on_connection_threads() {
-    fio_random_writes_verify_with_crc32c_with(&["--nbd-threads", "4"]);
+fn fio_random_writes_verify_with_crc32c_on_the_shared_runtime() {
+    fio_random_writes_verify_with_crc32c_with(&["--nbd-threads", "0"]);
 }
 
 fn fio_random_writes_verify_with_crc32c_with(extra: &[&str]) {
@@ -562,10 +562,10 @@ fn malformed_requests_close_only_their_own_connection() {
     malformed_requests_close_only_their_own_connection_with(&[]);
 }
 
-/// The same with each connection on threads of its own.
+/// The same on the shared runtime (`--nbd-threads 0`).
 #[test]
-fn malformed_requests_close_only_their_own_connection_on_connection_threads() {
-    malformed_requests_close_only_their_own_connection_with(&["--nbd-threads", "4"]);
+fn malformed_requests_close_only_their_own_connection_on_the_shared_runtime() {
+    malformed_requests_close_only_their_own_connection_with(&["--nbd-threads", "0"]);
 }
 
 fn malformed_requests_close_only_their_own_connection_with(extra: &[&str]) {
@@ -616,10 +616,10 @@ fn raw_requests_unknown_commands_and_disconnect() {
     raw_requests_unknown_commands_and_disconnect_with(&[]);
 }
 
-/// The same with each connection on threads of its own.
+/// The same on the shared runtime (`--nbd-threads 0`).
 #[test]
-fn raw_requests_unknown_commands_and_disconnect_on_connection_threads() {
-    raw_requests_unknown_commands_and_disconnect_with(&["--nbd-threads", "4"]);
+fn raw_requests_unknown_commands_and_disconnect_on_the_shared_runtime() {
+    raw_requests_unknown_commands_and_disconnect_with(&["--nbd-threads", "0"]);
 }
 
 fn raw_requests_unknown_commands_and_disconnect_with(extra: &[&str]) {
@@ -664,10 +664,10 @@ fn sigterm_stops_the_server_cleanly() {
     sigterm_stops_the_server_cleanly_with(&[]);
 }
 
-/// The same with each connection on threads of its own.
+/// The same on the shared runtime (`--nbd-threads 0`).
 #[test]
-fn sigterm_stops_the_server_cleanly_on_connection_threads() {
-    sigterm_stops_the_server_cleanly_with(&["--nbd-threads", "4"]);
+fn sigterm_stops_the_server_cleanly_on_the_shared_runtime() {
+    sigterm_stops_the_server_cleanly_with(&["--nbd-threads", "0"]);
 }
 
 fn sigterm_stops_the_server_cleanly_with(extra: &[&str]) {
@@ -686,6 +686,75 @@ fn sigterm_stops_the_server_cleanly_with(extra: &[&str]) {
     let status = s.child.wait().unwrap();
     assert!(status.success(), "{status}");
     assert!(!s.socket.exists(), "the socket file is removed");
+}
+
+/// Many requests sent in one go, as a client with many in flight sends
+/// them: small reads and writes (served together, answered in one
+/// write), a large read among them (handed to another thread) and more
+/// small ones behind it. Each is answered once, with its own data, and
+/// the writes are in the file.
+#[test]
+fn a_burst_of_requests_is_answered_whole() {
+    a_burst_of_requests_is_answered_whole_with(&[]);
+}
+
+/// The same on the shared runtime (`--nbd-threads 0`).
+#[test]
+fn a_burst_of_requests_is_answered_whole_on_the_shared_runtime() {
+    a_burst_of_requests_is_answered_whole_with(&["--nbd-threads", "0"]);
+}
+
+fn a_burst_of_requests_is_answered_whole_with(extra: &[&str]) {
+    const READ: u16 = 0;
+    const WRITE: u16 = 1;
+    let t = Scratch::new("burst");
+    let img = image(&t, 4 << 20);
+    let original = std::fs::read(&img).unwrap();
+    let s = Server::start_as(&t, &img, Command::new(RBLOCK), extra);
+    let mut c = raw_attach(s.port);
+    // Reads from the image's data (1-2 MiB), writes where nothing is read
+    // (2-3 MiB), so that no answer depends on the order they are served in.
+    let mut burst = Vec::new();
+    let mut reads = std::collections::HashMap::new();
+    let mut writes = Vec::new();
+    for cookie in 0..120u64 {
+        let at = (1 << 20) + cookie * 8191;
+        if cookie == 60 {
+            burst.extend(raw_request(READ, cookie, 1 << 20, 1 << 20));
+            reads.insert(cookie, (1 << 20, 1 << 20));
+        } else if cookie % 3 == 0 {
+            let at = at + (1 << 20);
+            let data = pattern(4096 + cookie as usize, cookie);
+            burst.extend(raw_request(WRITE, cookie, at, data.len() as u32));
+            burst.extend(&data);
+            writes.push((at as usize, data));
+        } else {
+            let len = 1 + (cookie as usize * 577) % 8000;
+            burst.extend(raw_request(READ, cookie, at, len as u32));
+            reads.insert(cookie, (at as usize, len));
+        }
+    }
+    c.write_all(&burst).unwrap();
+    let mut answered = std::collections::HashSet::new();
+    for _ in 0..120 {
+        let mut head = [0u8; 16];
+        c.read_exact(&mut head).unwrap();
+        assert_eq!(head[..4], 0x6744_6698u32.to_be_bytes(), "a simple reply");
+        assert_eq!(head[4..8], [0; 4], "no error");
+        let cookie = u64::from_be_bytes(head[8..16].try_into().unwrap());
+        assert!(answered.insert(cookie), "cookie {cookie} answered twice");
+        if let Some(&(at, len)) = reads.get(&cookie) {
+            let mut data = vec![0u8; len];
+            c.read_exact(&mut data).unwrap();
+            assert!(data == original[at..at + len], "the data of read {cookie}");
+        }
+    }
+    assert_eq!(answered.len(), 120);
+    drop(c);
+    let now = std::fs::read(&img).unwrap();
+    for (at, data) in &writes {
+        assert!(now[*at..*at + data.len()] == data[..], "the write at {at}");
+    }
 }
 
 /// Threads of a connection's own: there while it is served (so the tests

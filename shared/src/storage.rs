@@ -40,6 +40,7 @@ use tokio::sync::oneshot;
 
 pub use buf::IoBuf;
 pub use cachestat::cached_pages;
+pub use threads::pread_append;
 
 use crate::memory::{BufferPool, PoolBuf};
 use threads::Threads;

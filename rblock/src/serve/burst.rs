@@ -15,9 +15,9 @@ use crate::nbd::transmission::{Command, Limits, Request, check, ok_reply};
 use crate::storage::{StartedRead, Storage};
 
 /// Reads and writes at most this long are taken in bursts.
-const BURST_LEN: u32 = 256 * 1024;
+pub(super) const BURST_LEN: u32 = 256 * 1024;
 /// Requests in one burst at most.
-const BURST: usize = 64;
+pub(super) const BURST: usize = 64;
 
 /// What a burst leaves to do: reads to start, replies ready to go.
 pub(super) struct Burst {

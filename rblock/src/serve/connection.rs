@@ -76,7 +76,10 @@ pub(super) async fn connection(
         let export = &exports[n.export];
         let limits = Limits::new(n, export.info.size, export.info.read_only);
         let socket = stream.take().expect("checked above").into_fd()?;
-        return transmission_on_threads(buf, socket, limits, storage, shutdown, threads).await;
+        return transmission_on_threads(
+            buf, socket, limits, storage, shutdown, threads, from_cache,
+        )
+        .await;
     }
     let halves = match (session, stream) {
         (Some(s), _) => split_tls(s),

@@ -16,13 +16,14 @@
 //!
 //! Only plain connections to local exports go this way: under TLS the
 //! session is the runtime's, and a remote export's requests are the
-//! fabric link's. Large reads are copied (no `sendfile` here).
+//! fabric link's. Large cached reads go from the page cache as on the
+//! runtime (`--zero-copy-reads`).
 //!
 //! A stop: requests taken before it finish and are answered, any taken
 //! after it are answered ESHUTDOWN, and the connection closes once none
 //! is in flight (the waiting thread's `read` times out every [`LOOK`]).
 
-use std::io::{BufRead, BufReader, Chain, Cursor, Read, Write};
+use std::io::{BufRead, BufReader, Chain, Cursor, IoSlice, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,10 +33,12 @@ use anyhow::Context;
 use tokio::sync::watch;
 
 use super::buffers::Buffers;
+use super::burst::{BURST, BURST_LEN};
 use super::input::Payload;
 use super::reply::{Reply, read_buffer, read_reply, write_failed};
 use super::request::{Data, execute};
 use super::transmission::payload_len;
+use super::zero_copy::{FromCache, send_from_cache};
 use crate::backend::Backend;
 use crate::nbd::consts::{REQUEST_LEN, errno};
 use crate::nbd::transmission::{Command, Limits, Refusal, Request, check, error_reply, ok_reply};
@@ -62,6 +65,7 @@ pub(super) async fn transmission_on_threads(
     storage: Arc<Storage>,
     mut shutdown: watch::Receiver<bool>,
     threads: usize,
+    from_cache: FromCache,
 ) -> anyhow::Result<()> {
     rustix::io::ioctl_fionbio(&socket, false)?;
     // A thread waiting in `read` looks at the stop this often.
@@ -83,6 +87,7 @@ pub(super) async fn transmission_on_threads(
         in_flight: AtomicUsize::new(0),
         buffers: Buffers::default(),
         limits,
+        from_cache,
         backend: Backend::Local(storage),
         runtime: tokio::runtime::Handle::current(),
     });
@@ -143,9 +148,99 @@ struct Conn {
     in_flight: AtomicUsize,
     buffers: Buffers,
     limits: Limits,
+    from_cache: FromCache,
     backend: Backend,
     /// Where the storage's work runs (its futures are driven from here).
     runtime: tokio::runtime::Handle,
+}
+
+/// Writes `replies` to the client in order: those made here in as few
+/// system calls as it takes, those from the page cache with `sendfile`.
+fn write_all(out: &mut std::fs::File, replies: &[Reply]) -> std::io::Result<()> {
+    let mut rest = replies;
+    while !rest.is_empty() {
+        let made = rest
+            .iter()
+            .take_while(|r| matches!(r, Reply::Bytes(_)))
+            .count();
+        write_made(out, &rest[..made])?;
+        rest = &rest[made..];
+        let Some((reply, after)) = rest.split_first() else {
+            break;
+        };
+        match reply {
+            Reply::File {
+                head,
+                storage,
+                offset,
+                len,
+            } => send_from_file(out, head, storage, *offset, *len)?,
+            Reply::Bytes(_) | Reply::Landed { .. } => {
+                unreachable!("made replies are written above; nothing lands on a local export")
+            }
+        }
+        rest = after;
+    }
+    Ok(())
+}
+
+/// Replies made here, in as few system calls as it takes.
+fn write_made(out: &mut std::fs::File, replies: &[Reply]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = replies
+        .iter()
+        .filter_map(|r| match r {
+            Reply::Bytes(b) => Some(IoSlice::new(b)),
+            _ => None,
+        })
+        .collect();
+    let mut left = &mut slices[..];
+    while !left.is_empty() {
+        match out.write_vectored(left) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut left, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A read's header, then its data straight from the page cache. A send
+/// that fails halfway ends the connection both ways: the client could not
+/// tell where the next reply starts.
+fn send_from_file(
+    out: &mut std::fs::File,
+    head: &[u8],
+    storage: &Storage,
+    offset: u64,
+    len: usize,
+) -> std::io::Result<()> {
+    use rustix::net::SendFlags;
+    let mut sent = 0;
+    while sent < head.len() {
+        // (Marked as having more behind: TCP sends it with the data.)
+        match rustix::net::send(&*out, &head[sent..], SendFlags::MORE | SendFlags::NOSIGNAL) {
+            Ok(n) => sent += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut at = offset;
+    let end = offset + len as u64;
+    while at < end {
+        let left = (end - at) as usize;
+        match rustix::fs::sendfile(&*out, storage.file(), Some(&mut at), left) {
+            // The file shrank under us: what is gone reads as zeros.
+            Ok(0) => return out.write_all(&vec![0; left]),
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                let _ = rustix::net::shutdown(&*out, rustix::net::Shutdown::Both);
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A request taken from the socket, with its data.
@@ -157,33 +252,100 @@ struct Taken {
 
 impl Conn {
     /// One thread's work: requests in turn until the connection ends.
+    ///
+    /// A thread that took a burst stays the reader while it serves it and
+    /// takes the next one itself: a busy connection is served like the
+    /// runtime serves it, one thread going round, and the others sleep
+    /// without being woken. A lone request (or a large one) hands the
+    /// input on before it is carried out, so the next thread already
+    /// waits in `read` (the lone request's latency) or takes the next
+    /// large request at once (two served on two cores).
     fn serve(&self) -> anyhow::Result<()> {
+        let mut taken = Vec::with_capacity(BURST);
+        let mut replies = Vec::with_capacity(BURST);
+        let mut kept = None;
         loop {
-            let taken = {
-                let mut input = self.input.lock().unwrap_or_else(|e| e.into_inner());
-                match self.take(&mut input) {
-                    Ok(Some(t)) => t,
-                    Ok(None) => {
-                        self.end();
-                        return Ok(());
-                    }
-                    Err(e) => {
-                        self.end();
-                        return Err(e);
-                    }
-                }
+            let mut input = match kept.take() {
+                Some(input) => input,
+                None => self.input.lock().unwrap_or_else(|e| e.into_inner()),
             };
-            let reply = self.carry_out(taken);
+            match self.take(&mut input) {
+                Ok(Some(t)) => taken.push(t),
+                Ok(None) => {
+                    self.end();
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.end();
+                    return Err(e);
+                }
+            }
+            self.take_buffered(&mut input, &mut taken);
+            if taken.len() > 1 {
+                kept = Some(input);
+            } else {
+                drop(input);
+            }
+            replies.extend(taken.drain(..).map(|t| self.carry_out(t)));
             let written = {
                 let mut out = self.output.lock().unwrap_or_else(|e| e.into_inner());
-                out.write_all(&reply)
+                write_all(&mut out, &replies)
             };
-            self.buffers.give(reply);
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.in_flight.fetch_sub(replies.len(), Ordering::AcqRel);
+            for reply in replies.drain(..) {
+                if let Reply::Bytes(b) = reply {
+                    self.buffers.give(b);
+                }
+            }
             if let Err(e) = written {
                 self.end();
                 return Err(e).context("cannot send a reply");
             }
+        }
+    }
+
+    /// After a small request, the small reads and writes that wait whole
+    /// in the input behind it: a client with many requests in flight sends
+    /// them in bursts, and one thread serving a burst and answering it in
+    /// one write costs less than handing each request to another thread
+    /// (a wake-up and a reply's system call apiece). Anything else, or a
+    /// request not all there yet, is left to the next thread's turn.
+    fn take_buffered(&self, input: &mut Input, taken: &mut Vec<Taken>) {
+        if taken.last().is_none_or(|t| t.req.length > BURST_LEN) {
+            return;
+        }
+        while taken.len() < BURST {
+            let buffered = input.buffer();
+            let Some(head) = buffered.get(..REQUEST_LEN) else {
+                return;
+            };
+            let Ok(req) = Request::decode(head.try_into().expect("a header's length")) else {
+                return;
+            };
+            if req.length > BURST_LEN {
+                return;
+            }
+            let checked = check(&req, &self.limits);
+            let payload = match checked {
+                Ok(Command::Read) => None,
+                Ok(Command::Write { .. }) => {
+                    let data_at = REQUEST_LEN;
+                    let Some(data) = buffered.get(data_at..data_at + req.length as usize) else {
+                        return;
+                    };
+                    let mut copy = self.buffers.take(data.len());
+                    copy.extend_from_slice(data);
+                    Some(copy)
+                }
+                _ => return,
+            };
+            input.consume(REQUEST_LEN + payload.as_ref().map_or(0, Vec::len));
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
+            taken.push(Taken {
+                req,
+                checked,
+                payload,
+            });
         }
     }
 
@@ -268,15 +430,16 @@ impl Conn {
         Ok(())
     }
 
-    /// Carries out one request; its whole reply.
-    fn carry_out(&self, t: Taken) -> Vec<u8> {
+    /// Carries out one request; its reply.
+    fn carry_out(&self, t: Taken) -> Reply {
         let structured = self.limits.structured;
         let cookie = t.req.cookie;
         if self.stopping.load(Ordering::Acquire) {
             if let Some(data) = t.payload {
                 self.buffers.give(data);
             }
-            return error_reply(structured, cookie, errno::ESHUTDOWN, "server shutting down");
+            return error_reply(structured, cookie, errno::ESHUTDOWN, "server shutting down")
+                .into();
         }
         let command = match t.checked {
             Ok(c) => c,
@@ -284,26 +447,30 @@ impl Conn {
                 if let Some(data) = t.payload {
                     self.buffers.give(data);
                 }
-                return error_reply(structured, cookie, refusal.errno, refusal.message);
+                return error_reply(structured, cookie, refusal.errno, refusal.message).into();
             }
         };
         let (offset, len) = (t.req.offset, t.req.length as usize);
         // The common requests on this thread, the way they go fastest.
         match (command, &self.backend) {
+            // This thread is there to wait: reads of any length are made
+            // here, with no hand-off to the storage engine.
             (Command::Read, Backend::Local(local)) => {
-                let mut buf = read_buffer(&self.buffers, structured, &t.req);
-                if let Some(r) = local.read_now(offset, &mut buf, len) {
-                    return read_reply(structured, cookie, buf, r, &self.buffers);
+                let zero_copy = self.from_cache.now();
+                if let Some(reply) = send_from_cache(local, &t.req, structured, zero_copy) {
+                    return reply;
                 }
-                self.buffers.give(buf);
+                let mut buf = read_buffer(&self.buffers, structured, &t.req);
+                let r = local.read_here(offset, &mut buf, len);
+                return read_reply(structured, cookie, buf, r, &self.buffers).into();
             }
             (Command::Write { fua: false }, Backend::Local(local)) => {
                 let data = t.payload.unwrap_or_default();
                 let written = local.write_here(offset, &data);
                 self.buffers.give(data);
                 return match written {
-                    Ok(()) => ok_reply(cookie),
-                    Err(e) => write_failed(structured, cookie, &e),
+                    Ok(()) => ok_reply(cookie).into(),
+                    Err(e) => write_failed(structured, cookie, &e).into(),
                 };
             }
             _ => {}
@@ -314,14 +481,7 @@ impl Conn {
             // (Replies are written here, whole.)
             zero_copy: false,
         };
-        let reply =
-            self.runtime
-                .block_on(execute(command, &t.req, data, &self.backend, structured));
-        match reply {
-            Reply::Bytes(b) => b,
-            Reply::File { .. } | Reply::Landed { .. } => {
-                unreachable!("a local export's reply without zero copy is made here")
-            }
-        }
+        self.runtime
+            .block_on(execute(command, &t.req, data, &self.backend, structured))
     }
 }

@@ -85,6 +85,25 @@ async fn answer<T>(rx: oneshot::Receiver<T>) -> T {
     rx.await.expect("every operation is answered")
 }
 
+/// Reads up to `len` bytes at `offset` with one `pread` on this thread,
+/// appended to `buf` (which grows to hold them; its spare room is not
+/// zeroed first): the bytes read, 0 at the end of the file.
+pub fn pread_append(
+    file: impl AsFd,
+    offset: u64,
+    buf: &mut Vec<u8>,
+    len: usize,
+) -> std::io::Result<usize> {
+    buf.reserve(len);
+    let start = buf.len();
+    let spare = &mut buf.spare_capacity_mut()[..len];
+    let got = rustix::io::pread(file, spare, offset)?.0.len();
+    // SAFETY: `pread` initialized the first `got` bytes of the spare
+    // capacity, which start right after `start`.
+    unsafe { buf.set_len(start + got) };
+    Ok(got)
+}
+
 fn io(e: Errno) -> std::io::Error {
     e.into()
 }
@@ -150,17 +169,9 @@ impl Threads {
                 }
                 let file = Arc::clone(&file);
                 let rx = run(move || {
-                    let start = buf.len();
-                    let spare = &mut buf.spare_capacity_mut()[..len];
-                    let r =
-                        rustix::io::pread(file.as_fd(), spare, offset).map(|(got, _)| got.len());
+                    let r = pread_append(file.as_fd(), offset, &mut buf, len);
                     drop(file);
-                    if let Ok(n) = r {
-                        // SAFETY: `pread` initialized the first `n` bytes
-                        // of the spare capacity, right after `start`.
-                        unsafe { buf.set_len(start + n) };
-                    }
-                    (buf, r.map_err(io))
+                    (buf, r)
                 });
                 Appending { rx }
             })
