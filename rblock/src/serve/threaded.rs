@@ -1,18 +1,24 @@
 //! The transmission phase on threads of the connection's own (`rblock
-//! serve --nbd-threads N`), the way nbdkit serves: each of N threads takes
-//! the next request from the socket in turn, waiting for it in a blocking
-//! call, carries it out and writes its reply.
+//! serve --nbd-threads N`, 16 by default), the way nbdkit serves: each of
+//! N threads takes the next request from the socket in turn, waiting for
+//! it in a blocking call, carries it out and writes its reply.
 //!
-//! Why a second way: where a request's answer waits for a wake-up across
-//! cores, the kernel decides the latency of a lone request. A thread that
-//! sleeps on the socket itself is woken by the client's send and moved to
-//! the client's core; the runtime's threads (asleep in epoll) stay where
-//! they were. Measured on 2 virtual cores (4 KiB reads at iodepth 1, fio's
-//! nbd engine, p50): the runtime 55-58 µs, one blocking thread 52-58 µs
-//! (the thread that answers is the one that waits next, and stays), 4
-//! threads taking turns 9-13 µs, nbdkit 18-20 µs. At iodepth 32 the
-//! threads hand the socket to one another: 0.87-0.93x the runtime's IOPS
-//! (1.07-1.15x nbdkit's), so it is a choice, not the default.
+//! Why not the runtime: where a request's answer waits for a wake-up
+//! across cores, the kernel decides the latency of a lone request. A
+//! thread that sleeps on the socket itself is woken by the client's send
+//! and moved to the client's core; the runtime's threads (asleep in epoll)
+//! stay where they were. Measured on 2 virtual cores (4 KiB reads at
+//! iodepth 1, fio's nbd engine, p50): the runtime 55-65 µs, one blocking
+//! thread 52-58 µs (the thread that answers is the one that waits next,
+//! and stays), 16 threads taking turns 20-28 µs, nbdkit 17-21 µs.
+//!
+//! Why it is not slower with many requests in flight: a client that has
+//! many sends them in bursts, and the thread that takes a small request
+//! takes the others waiting whole behind it too (`Conn::take_buffered`),
+//! serves them and answers them in one write, and stays the reader while
+//! the connection is that busy. So a busy connection is served as on the
+//! runtime, by one thread going round, and the others are not woken.
+//! Large requests are handed on at once and overlap on the cores.
 //!
 //! Only plain connections to local exports go this way: under TLS the
 //! session is the runtime's, and a remote export's requests are the
@@ -38,7 +44,7 @@ use super::input::Payload;
 use super::reply::{Reply, read_buffer, read_reply, write_failed};
 use super::request::{Data, execute};
 use super::transmission::payload_len;
-use super::zero_copy::{FromCache, send_from_cache};
+use super::zero_copy::{FromCache, PipedWrite, Spare, send_from_cache, spliceable};
 use crate::backend::Backend;
 use crate::nbd::consts::{REQUEST_LEN, errno};
 use crate::nbd::transmission::{Command, Limits, Refusal, Request, check, error_reply, ok_reply};
@@ -86,6 +92,7 @@ pub(super) async fn transmission_on_threads(
         ended: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
         buffers: Buffers::default(),
+        pipe: Mutex::new(Spare::Untried),
         limits,
         from_cache,
         backend: Backend::Local(storage),
@@ -147,6 +154,8 @@ struct Conn {
     /// Requests taken and not yet answered.
     in_flight: AtomicUsize,
     buffers: Buffers,
+    /// For large writes, made when first needed (used with the input).
+    pipe: Mutex<Spare>,
     limits: Limits,
     from_cache: FromCache,
     backend: Backend,
@@ -248,6 +257,9 @@ struct Taken {
     req: Request,
     checked: Result<Command, Refusal>,
     payload: Option<Vec<u8>>,
+    /// Its reply, where it was carried out as it was taken (a large
+    /// write moved through the pipe).
+    answered: Option<Vec<u8>>,
 }
 
 impl Conn {
@@ -345,6 +357,7 @@ impl Conn {
                 req,
                 checked,
                 payload,
+                answered: None,
             });
         }
     }
@@ -372,6 +385,19 @@ impl Conn {
         if matches!(checked, Ok(Command::Disc)) {
             return Ok(None);
         }
+        let stopping = self.stopping.load(Ordering::Acquire);
+        if let (Ok(Command::Write { fua: false }), false) = (&checked, stopping)
+            && self.can_splice(input, &req)
+            && let Some(reply) = self.splice_write(input, &req)?
+        {
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
+            return Ok(Some(Taken {
+                req,
+                checked,
+                payload: None,
+                answered: Some(reply),
+            }));
+        }
         let payload = match payload_len {
             0 => None,
             len => {
@@ -387,7 +413,42 @@ impl Conn {
             req,
             checked,
             payload,
+            answered: None,
         }))
+    }
+
+    /// Whether a write's data can go from the socket to the file without
+    /// passing through here (see `zero_copy::can_splice`).
+    fn can_splice(&self, input: &Input, req: &Request) -> bool {
+        let (ahead, _) = input.get_ref().get_ref();
+        let ahead_left = (ahead.position() as usize) < ahead.get_ref().len();
+        spliceable(req, input.buffer().len(), ahead_left)
+    }
+
+    /// A large write's data moved from the socket into the file through
+    /// the connection's pipe (one copy, in the kernel), here while the
+    /// input is held: its reply, or None where there is no pipe (the data
+    /// is then read as any other).
+    fn splice_write(&self, input: &mut Input, req: &Request) -> anyhow::Result<Option<Vec<u8>>> {
+        let Backend::Local(storage) = &self.backend else {
+            return Ok(None);
+        };
+        let mut spare = self.pipe.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(pipe) = spare.get() else {
+            return Ok(None);
+        };
+        let mut write = PipedWrite::start(storage, req, input.buffer());
+        input.consume(write.done);
+        let socket = input.get_ref().get_ref().1.as_fd();
+        while write.left() > 0 {
+            let n = match pipe.fill_from(socket, write.left().min(pipe.capacity())) {
+                Ok(n) => n,
+                Err(e) if waited(&e) && !self.ended.load(Ordering::Acquire) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            write.moved(pipe, n)?;
+        }
+        Ok(Some(write.reply(self.limits.structured)))
     }
 
     /// Waits until bytes are there to read: true, or false when the
@@ -432,6 +493,9 @@ impl Conn {
 
     /// Carries out one request; its reply.
     fn carry_out(&self, t: Taken) -> Reply {
+        if let Some(reply) = t.answered {
+            return reply.into();
+        }
         let structured = self.limits.structured;
         let cookie = t.req.cookie;
         if self.stopping.load(Ordering::Acquire) {

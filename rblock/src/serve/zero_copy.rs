@@ -108,14 +108,20 @@ impl Spare {
 /// could have to be read from the disk first, holding up the reader),
 /// with nothing of the handshake's input left in front of it.
 pub(super) fn can_splice(rd: &Input, req: &Request) -> bool {
+    let (ahead, socket) = rd.get_ref().get_ref();
+    let ahead_left = ahead.position() < ahead.get_ref().len() as u64;
+    socket.can_splice() && spliceable(req, rd.buffer().len(), ahead_left)
+}
+
+/// The same for any reader: `buffered` bytes in its buffer, and whether
+/// some of the handshake's input is still ahead of the socket's.
+pub(super) fn spliceable(req: &Request, buffered: usize, ahead_left: bool) -> bool {
     let page = rustix::param::page_size() as u64;
-    let (ahead, _) = rd.get_ref().get_ref();
-    let rest = (req.length as usize).saturating_sub(rd.buffer().len());
-    rd.get_ref().get_ref().1.can_splice()
-        && rest as u64 >= DIRECT_READ
+    let rest = (req.length as usize).saturating_sub(buffered);
+    rest as u64 >= DIRECT_READ
         && req.offset % page == 0
         && u64::from(req.length) % page == 0
-        && ahead.position() == ahead.get_ref().len() as u64
+        && !ahead_left
 }
 
 /// Carries out a large write whose data goes from the socket through
@@ -130,33 +136,70 @@ pub(super) async fn splice_write(
     req: &Request,
     structured: bool,
 ) -> anyhow::Result<Vec<u8>> {
-    let len = req.length as usize;
-    let held = rd.buffer().len().min(len);
-    let mut failed = storage.write_here(req.offset, &rd.buffer()[..held]).err();
-    rd.consume(held);
-    let mut done = held;
-    while done < len {
+    let mut write = PipedWrite::start(storage, req, rd.buffer());
+    rd.consume(write.done);
+    while write.left() > 0 {
         let n = rd
             .get_ref()
             .get_ref()
             .1
-            .splice_into(pipe, (len - done).min(pipe.capacity()))
+            .splice_into(pipe, write.left().min(pipe.capacity()))
             .await?;
+        write.moved(pipe, n)?;
+    }
+    Ok(write.reply(structured))
+}
+
+/// A large write on its way through a pipe: the part the input buffer
+/// held is written first, then what each move brings into the pipe. Once
+/// the storage refuses a part, the rest is still taken in (and thrown
+/// away), so that the next request is found.
+pub(super) struct PipedWrite<'a> {
+    storage: &'a Storage,
+    req: &'a Request,
+    /// Bytes of its data taken in.
+    pub(super) done: usize,
+    failed: Option<std::io::Error>,
+}
+
+impl<'a> PipedWrite<'a> {
+    /// Writes what of the data `buffered` holds (the caller consumes
+    /// `done` bytes of it).
+    pub(super) fn start(storage: &'a Storage, req: &'a Request, buffered: &[u8]) -> Self {
+        let held = buffered.len().min(req.length as usize);
+        PipedWrite {
+            storage,
+            req,
+            done: held,
+            failed: storage.write_here(req.offset, &buffered[..held]).err(),
+        }
+    }
+
+    /// Bytes still to take in.
+    pub(super) fn left(&self) -> usize {
+        self.req.length as usize - self.done
+    }
+
+    /// `n` more bytes are in `pipe` (0: the client closed).
+    pub(super) fn moved(&mut self, pipe: &Pipe, n: usize) -> anyhow::Result<()> {
         if n == 0 {
             bail!("the client closed in the middle of a write");
         }
-        if failed.is_none() {
-            failed = storage
-                .write_from_pipe(pipe.output(), req.offset + done as u64, n)
-                .err();
+        if self.failed.is_none() {
+            let at = self.req.offset + self.done as u64;
+            self.failed = self.storage.write_from_pipe(pipe.output(), at, n).err();
         }
-        if failed.is_some() {
+        if self.failed.is_some() {
             pipe.empty()?;
         }
-        done += n;
+        self.done += n;
+        Ok(())
     }
-    Ok(match failed {
-        None => ok_reply(req.cookie),
-        Some(e) => write_failed(structured, req.cookie, &e),
-    })
+
+    pub(super) fn reply(self, structured: bool) -> Vec<u8> {
+        match self.failed {
+            None => ok_reply(self.req.cookie),
+            Some(e) => write_failed(structured, self.req.cookie, &e),
+        }
+    }
 }
