@@ -338,26 +338,34 @@ impl Conn {
                 return;
             }
             let checked = check(&req, &self.limits);
-            let payload = match checked {
-                Ok(Command::Read) => None,
-                Ok(Command::Write { .. }) => {
+            let (mut payload, mut answered) = (None, None);
+            match checked {
+                Ok(Command::Read) => {}
+                Ok(Command::Write { fua }) => {
                     let data_at = REQUEST_LEN;
                     let Some(data) = buffered.get(data_at..data_at + req.length as usize) else {
                         return;
                     };
-                    let mut copy = self.buffers.take(data.len());
-                    copy.extend_from_slice(data);
-                    Some(copy)
+                    answered = self.write_from_input(&req, fua, data);
+                    if answered.is_none() {
+                        let mut copy = self.buffers.take(data.len());
+                        copy.extend_from_slice(data);
+                        payload = Some(copy);
+                    }
                 }
                 _ => return,
+            }
+            let data_len = match checked {
+                Ok(Command::Write { .. }) => req.length as usize,
+                _ => 0,
             };
-            input.consume(REQUEST_LEN + payload.as_ref().map_or(0, Vec::len));
+            input.consume(REQUEST_LEN + data_len);
             self.in_flight.fetch_add(1, Ordering::AcqRel);
             taken.push(Taken {
                 req,
                 checked,
                 payload,
-                answered: None,
+                answered,
             });
         }
     }
@@ -384,6 +392,21 @@ impl Conn {
         let checked = check(&req, &self.limits);
         if matches!(checked, Ok(Command::Disc)) {
             return Ok(None);
+        }
+        // A small write whose data is all in the input already: written
+        // from there.
+        if let Ok(Command::Write { fua }) = checked
+            && let Some(data) = input.buffer().get(..payload_len)
+            && let Some(reply) = self.write_from_input(&req, fua, data)
+        {
+            input.consume(payload_len);
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
+            return Ok(Some(Taken {
+                req,
+                checked,
+                payload: None,
+                answered: Some(reply),
+            }));
         }
         let stopping = self.stopping.load(Ordering::Acquire);
         if let (Ok(Command::Write { fua: false }), false) = (&checked, stopping)
@@ -415,6 +438,24 @@ impl Conn {
             payload,
             answered: None,
         }))
+    }
+
+    /// A small write carried out straight from the input buffer (`data`,
+    /// the request's whole data), while the input is held: no copy out
+    /// of it, and the page cache takes it at once. Its reply; None where
+    /// it goes the usual way (a FUA write, a large one, a remote export,
+    /// a stop under way).
+    fn write_from_input(&self, req: &Request, fua: bool, data: &[u8]) -> Option<Vec<u8>> {
+        let Backend::Local(local) = &self.backend else {
+            return None;
+        };
+        if fua || req.length > BURST_LEN || self.stopping.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(match local.write_here(req.offset, data) {
+            Ok(()) => ok_reply(req.cookie),
+            Err(e) => write_failed(self.limits.structured, req.cookie, &e),
+        })
     }
 
     /// Whether a write's data can go from the socket to the file without
