@@ -393,26 +393,11 @@ impl Conn {
         if matches!(checked, Ok(Command::Disc)) {
             return Ok(None);
         }
-        // A small write whose data is all in the input already: written
-        // from there.
-        if let Ok(Command::Write { fua }) = checked
-            && let Some(data) = input.buffer().get(..payload_len)
-            && let Some(reply) = self.write_from_input(&req, fua, data)
-        {
-            input.consume(payload_len);
-            self.in_flight.fetch_add(1, Ordering::AcqRel);
-            return Ok(Some(Taken {
-                req,
-                checked,
-                payload: None,
-                answered: Some(reply),
-            }));
-        }
-        let stopping = self.stopping.load(Ordering::Acquire);
-        if let (Ok(Command::Write { fua: false }), false) = (&checked, stopping)
-            && self.can_splice(input, &req)
-            && let Some(reply) = self.splice_write(input, &req)?
-        {
+        let written = match checked {
+            Ok(Command::Write { fua }) => self.write_as_taken(input, &req, fua, payload_len)?,
+            _ => None,
+        };
+        if let Some(reply) = written {
             self.in_flight.fetch_add(1, Ordering::AcqRel);
             return Ok(Some(Taken {
                 req,
@@ -438,6 +423,29 @@ impl Conn {
             payload,
             answered: None,
         }))
+    }
+
+    /// A write carried out as it is taken, while the input is held: a
+    /// small one whose data is all in the input already, from there; a
+    /// large one through the pipe. Its reply; None where its data is to
+    /// be read as any other's.
+    fn write_as_taken(
+        &self,
+        input: &mut Input,
+        req: &Request,
+        fua: bool,
+        len: usize,
+    ) -> anyhow::Result<Option<Vec<u8>>> {
+        if let Some(data) = input.buffer().get(..len)
+            && let Some(reply) = self.write_from_input(req, fua, data)
+        {
+            input.consume(len);
+            return Ok(Some(reply));
+        }
+        if fua || self.stopping.load(Ordering::Acquire) || !self.can_splice(input, req) {
+            return Ok(None);
+        }
+        self.splice_write(input, req)
     }
 
     /// A small write carried out straight from the input buffer (`data`,
