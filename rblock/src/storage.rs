@@ -428,16 +428,17 @@ impl Storage {
     /// thread however long the disk takes (`pread`): for threads that are
     /// there to wait, such as a connection's own.
     pub fn read_here(&self, offset: u64, buf: &mut Vec<u8>, len: usize) -> std::io::Result<()> {
-        let target = buf.len() + len;
+        let start = buf.len();
+        let target = start + len;
         while buf.len() < target {
-            let at = offset + (len - (target - buf.len())) as u64;
+            let at = offset + (buf.len() - start) as u64;
             match rfabric::storage::pread_append(&self.fd, at, buf, target - buf.len()) {
                 // The file shrank under us: what is gone reads as zeros.
                 Ok(0) => buf.resize(target, 0),
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    buf.truncate(target - len);
+                    buf.truncate(start);
                     return Err(e);
                 }
             }

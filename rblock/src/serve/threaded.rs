@@ -257,8 +257,8 @@ struct Taken {
     req: Request,
     checked: Result<Command, Refusal>,
     payload: Option<Vec<u8>>,
-    /// Its reply, where it was carried out as it was taken (a large
-    /// write moved through the pipe).
+    /// Its reply, where it was carried out as it was taken (a write from
+    /// the input buffer, or one moved through the pipe).
     answered: Option<Vec<u8>>,
 }
 
@@ -339,13 +339,14 @@ impl Conn {
             }
             let checked = check(&req, &self.limits);
             let (mut payload, mut answered) = (None, None);
+            let mut used = REQUEST_LEN;
             match checked {
                 Ok(Command::Read) => {}
                 Ok(Command::Write { fua }) => {
-                    let data_at = REQUEST_LEN;
-                    let Some(data) = buffered.get(data_at..data_at + req.length as usize) else {
+                    let Some(data) = buffered.get(used..used + req.length as usize) else {
                         return;
                     };
+                    used += data.len();
                     answered = self.write_from_input(&req, fua, data);
                     if answered.is_none() {
                         let mut copy = self.buffers.take(data.len());
@@ -355,11 +356,7 @@ impl Conn {
                 }
                 _ => return,
             }
-            let data_len = match checked {
-                Ok(Command::Write { .. }) => req.length as usize,
-                _ => 0,
-            };
-            input.consume(REQUEST_LEN + data_len);
+            input.consume(used);
             self.in_flight.fetch_add(1, Ordering::AcqRel);
             taken.push(Taken {
                 req,
