@@ -129,7 +129,7 @@ pub struct ServeArgs {
     /// local stream reads faster when the server copies).
     #[arg(long, value_enum, default_value_t = ZeroCopy::Auto)]
     pub zero_copy_reads: ZeroCopy,
-    /// Serve each NBD connection (plain, to a local export) on N threads
+    /// Serve each NBD connection to a local export (plain or TLS) on N threads
     /// of its own that wait on the socket in turn, as nbdkit does: a lone
     /// request is answered on the client's core, at once; a burst of
     /// requests is served by one thread and answered in one write; large

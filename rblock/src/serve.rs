@@ -25,6 +25,7 @@ use crate::export::Export;
 use crate::socket::Stream;
 
 mod accept;
+mod blocking_wire;
 mod buffers;
 mod burst;
 mod connection;

@@ -889,20 +889,33 @@ fn psk_file(t: &Scratch, name: &str, user: &str, key: &str) -> PathBuf {
 
 #[test]
 fn tls_with_certificates_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_plain_clients() {
+    tls_with_certificates_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_plain_clients_with(&[]);
+}
+
+/// The same on the shared runtime (`--nbd-threads 0`).
+#[test]
+fn tls_with_certificates_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_plain_clients_on_the_shared_runtime()
+ {
+    tls_with_certificates_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_plain_clients_with(&[
+        "--nbd-threads",
+        "0",
+    ]);
+}
+
+fn tls_with_certificates_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_plain_clients_with(
+    mode: &[&str],
+) {
     let t = Scratch::new("tls-x509");
     let img = image(&t, 4 << 20);
     let pki = certificates(&t);
-    let s = Server::start_as(
-        &t,
-        &img,
-        Command::new(RBLOCK),
-        &[
-            "--tls",
-            "require",
-            "--tls-certificates",
-            pki.to_str().unwrap(),
-        ],
-    );
+    let mut extra = vec![
+        "--tls",
+        "require",
+        "--tls-certificates",
+        pki.to_str().unwrap(),
+    ];
+    extra.extend_from_slice(mode);
+    let s = Server::start_as(&t, &img, Command::new(RBLOCK), &extra);
     let tls_uri = format!(
         "nbds://localhost:{}/disk?tls-certificates={}",
         s.port,
@@ -942,21 +955,28 @@ fn tls_with_certificates_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_plain_c
 
 #[test]
 fn tls_with_pre_shared_keys_takes_the_right_key_only() {
+    tls_with_pre_shared_keys_takes_the_right_key_only_with(&[]);
+}
+
+/// The same on the shared runtime (`--nbd-threads 0`).
+#[test]
+fn tls_with_pre_shared_keys_takes_the_right_key_only_on_the_shared_runtime() {
+    tls_with_pre_shared_keys_takes_the_right_key_only_with(&["--nbd-threads", "0"]);
+}
+
+fn tls_with_pre_shared_keys_takes_the_right_key_only_with(mode: &[&str]) {
     let t = Scratch::new("tls-psk");
     let img = image(&t, 4 << 20);
     let key = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
     let server_keys = psk_file(&t, "keys.psk", "alice", key);
-    let s = Server::start_as(
-        &t,
-        &img,
-        Command::new(RBLOCK),
-        &[
-            "--tls",
-            "require",
-            "--tls-psk",
-            server_keys.to_str().unwrap(),
-        ],
-    );
+    let mut extra = vec![
+        "--tls",
+        "require",
+        "--tls-psk",
+        server_keys.to_str().unwrap(),
+    ];
+    extra.extend_from_slice(mode);
+    let s = Server::start_as(&t, &img, Command::new(RBLOCK), &extra);
     let uri = |file: &Path| {
         format!(
             "nbds://alice@localhost:{}/disk?tls-psk-file={}",
@@ -1002,6 +1022,84 @@ fn tls_with_pre_shared_keys_takes_the_right_key_only() {
         ],
     );
     assert!(!out.status.success(), "an unknown user was taken");
+}
+
+/// Many requests in flight over one TLS session, sent back to back by
+/// libnbd: small writes of odd lengths, then small reads of odd lengths
+/// with 1 MiB reads among them and a flush. The server takes several from
+/// one decrypted burst (on connection threads, `take_buffered`) and
+/// answers several in one write, gathered into records. Every read is
+/// checked against what the client wrote, and the file against the same.
+#[test]
+fn tls_serves_a_pipelined_mix_of_requests() {
+    tls_serves_a_pipelined_mix_of_requests_with(&[]);
+}
+
+/// The same on the shared runtime (`--nbd-threads 0`).
+#[test]
+fn tls_serves_a_pipelined_mix_of_requests_on_the_shared_runtime() {
+    tls_serves_a_pipelined_mix_of_requests_with(&["--nbd-threads", "0"]);
+}
+
+fn tls_serves_a_pipelined_mix_of_requests_with(mode: &[&str]) {
+    let t = Scratch::new("tls-mix");
+    let img = t.path("disk.img");
+    std::fs::write(&img, pattern(8 << 20, 3)).unwrap();
+    let key = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    let keys = psk_file(&t, "keys.psk", "alice", key);
+    let mut extra = vec!["--tls", "require", "--tls-psk", keys.to_str().unwrap()];
+    extra.extend_from_slice(mode);
+    let s = Server::start_as(&t, &img, Command::new(RBLOCK), &extra);
+    let expected = t.path("expected.img");
+    let script = r#"
+h = nbd.NBD()
+h.set_uri_allow_local_file(True)
+h.connect_uri(os.environ["TLS_URI"])
+image = bytearray(open(os.environ["IMAGE"], "rb").read())
+def wait_all():
+    while h.aio_in_flight() > 0:
+        h.poll(-1)
+# Writes, all in flight at once: odd lengths at odd offsets.
+for i in range(96):
+    off = (i * 83011) % (len(image) - 70000)
+    data = bytes((i * 7 + j) % 251 for j in range(1 + (i * 997) % 66000))
+    h.aio_pwrite(data, off)
+    image[off:off + len(data)] = data
+wait_all()
+h.aio_flush()
+wait_all()
+# Reads, all in flight at once; 1 MiB ones among the small ones.
+reads = []
+for i in range(120):
+    n = (1 << 20) if i % 40 == 17 else 1 + (i * 4099) % 70000
+    off = (i * 61417) % (len(image) - n)
+    buf = nbd.Buffer(n)
+    h.aio_pread(buf, off)
+    reads.append((off, n, buf))
+wait_all()
+for off, n, buf in reads:
+    assert buf.to_bytearray() == image[off:off + n], "read at %d of %d bytes differs" % (off, n)
+open(os.environ["EXPECTED"], "wb").write(image)
+h.shutdown()
+print("pipelined requests served over TLS")
+"#;
+    let env = [
+        (
+            "TLS_URI",
+            format!(
+                "nbds://alice@localhost:{}/disk?tls-psk-file={}",
+                s.port,
+                keys.display()
+            ),
+        ),
+        ("IMAGE", img.display().to_string()),
+        ("EXPECTED", expected.display().to_string()),
+    ];
+    nbdsh(script, &env, "pipelined requests served over TLS");
+    assert!(
+        files_equal(&img, &expected),
+        "the file differs from what was written over TLS"
+    );
 }
 
 #[test]

@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
+use super::blocking_wire::Wire;
 use super::threaded::transmission_on_threads;
 use super::transmission::transmission;
 use super::zero_copy::FromCache;
@@ -68,18 +69,26 @@ pub(super) async fn connection(
         r = handshake => r.context("the handshake took too long")??,
         _ = stop.wait_for(|s| *s) => (None, None),
     };
-    // A plain connection to a local export, on threads of its own.
-    if let (Some(Outcome::Transmission(n)), None, Some(_), true) =
-        (&negotiated, &session, &stream, threads > 0)
+    // A connection to a local export, on threads of its own; under TLS
+    // its session goes with it, off the runtime.
+    if let (Some(Outcome::Transmission(n)), true) = (&negotiated, threads > 0)
         && let Backend::Local(storage) = exports[n.export].source.backend()
     {
         let export = &exports[n.export];
         let limits = Limits::new(n, export.info.size, export.info.read_only);
-        let socket = stream.take().expect("checked above").into_fd()?;
-        return transmission_on_threads(
-            buf, socket, limits, storage, shutdown, threads, from_cache,
-        )
-        .await;
+        let (wire, from_cache) = match (session, stream) {
+            (Some(session), _) => {
+                let (reader, writer) = session.into_inner();
+                let (reader, writer) = rfabric::tls::into_blocking(reader, writer)?;
+                // Under TLS every byte is encrypted here: none goes from
+                // the cache.
+                (Wire::Tls(reader, writer), FromCache::Never)
+            }
+            (None, Some(stream)) => (Wire::Plain(stream.into_fd()?), from_cache),
+            (None, None) => return Ok(()),
+        };
+        return transmission_on_threads(buf, wire, limits, storage, shutdown, threads, from_cache)
+            .await;
     }
     let halves = match (session, stream) {
         (Some(s), _) => split_tls(s),

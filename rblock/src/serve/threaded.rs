@@ -20,17 +20,17 @@
 //! runtime, by one thread going round, and the others are not woken.
 //! Large requests are handed on at once and overlap on the cores.
 //!
-//! Only plain connections to local exports go this way: under TLS the
-//! session is the runtime's, and a remote export's requests are the
-//! fabric link's. Large cached reads go from the page cache as on the
-//! runtime (`--zero-copy-reads`).
+//! Connections to local exports go this way, plain or TLS (the session
+//! taken off the runtime: `blocking_wire.rs`); a remote export's requests
+//! are the fabric link's. On a plain socket large cached reads go from
+//! the page cache as on the runtime (`--zero-copy-reads`), and large
+//! aligned writes through a pipe; under TLS every byte passes through.
 //!
 //! A stop: requests taken before it finish and are answered, any taken
 //! after it are answered ESHUTDOWN, and the connection closes once none
 //! is in flight (the waiting thread's `read` times out every [`LOOK`]).
 
 use std::io::{BufRead, BufReader, Chain, Cursor, IoSlice, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,6 +38,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::watch;
 
+use super::blocking_wire::{Sink, Source, Wire};
 use super::buffers::Buffers;
 use super::burst::{BURST, BURST_LEN};
 use super::input::Payload;
@@ -66,22 +67,22 @@ const LOOK: Duration = Duration::from_millis(200);
 /// until nothing is in flight.
 pub(super) async fn transmission_on_threads(
     pending: Vec<u8>,
-    socket: OwnedFd,
+    wire: Wire,
     limits: Limits,
     storage: Arc<Storage>,
     mut shutdown: watch::Receiver<bool>,
     threads: usize,
     from_cache: FromCache,
 ) -> anyhow::Result<()> {
-    rustix::io::ioctl_fionbio(&socket, false)?;
+    let (input, output) = wire.split()?;
+    let socket = output.socket();
+    rustix::io::ioctl_fionbio(socket, false)?;
     // A thread waiting in `read` looks at the stop this often.
     rustix::net::sockopt::set_socket_timeout(
-        &socket,
+        socket,
         rustix::net::sockopt::Timeout::Recv,
         Some(LOOK),
     )?;
-    let output = std::fs::File::from(socket);
-    let input = output.try_clone()?;
     let conn = Arc::new(Conn {
         input: Mutex::new(BufReader::with_capacity(
             256 * 1024,
@@ -136,17 +137,24 @@ pub(super) async fn transmission_on_threads(
     })
     .await;
     watcher.abort();
-    served.context("the connection's threads")?
+    let served = served.context("the connection's threads")?;
+    // (Under TLS, the goodbye: best effort, the client may be gone.)
+    let _ = conn
+        .output
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .close();
+    served
 }
 
-type Input = BufReader<Chain<Cursor<Vec<u8>>, std::fs::File>>;
+type Input = BufReader<Chain<Cursor<Vec<u8>>, Source>>;
 
 /// One connection, shared by its threads.
 struct Conn {
     /// Held by the thread reading the next request.
     input: Mutex<Input>,
     /// Held by the thread writing a reply.
-    output: Mutex<std::fs::File>,
+    output: Mutex<Sink>,
     stopping: AtomicBool,
     /// The client left, asked to, or broke the protocol: no more requests
     /// are taken.
@@ -165,7 +173,7 @@ struct Conn {
 
 /// Writes `replies` to the client in order: those made here in as few
 /// system calls as it takes, those from the page cache with `sendfile`.
-fn write_all(out: &mut std::fs::File, replies: &[Reply]) -> std::io::Result<()> {
+fn write_all(out: &mut Sink, replies: &[Reply]) -> std::io::Result<()> {
     let mut rest = replies;
     while !rest.is_empty() {
         let made = rest
@@ -183,7 +191,11 @@ fn write_all(out: &mut std::fs::File, replies: &[Reply]) -> std::io::Result<()> 
                 storage,
                 offset,
                 len,
-            } => send_from_file(out, head, storage, *offset, *len)?,
+            } => match out.plain() {
+                Some(socket) => send_from_file(socket, head, storage, *offset, *len)?,
+                // (Never made: under TLS nothing goes from the cache.)
+                None => return Err(std::io::Error::other("a page-cache reply under TLS")),
+            },
             Reply::Bytes(_) | Reply::Landed { .. } => {
                 unreachable!("made replies are written above; nothing lands on a local export")
             }
@@ -194,7 +206,7 @@ fn write_all(out: &mut std::fs::File, replies: &[Reply]) -> std::io::Result<()> 
 }
 
 /// Replies made here, in as few system calls as it takes.
-fn write_made(out: &mut std::fs::File, replies: &[Reply]) -> std::io::Result<()> {
+fn write_made(out: &mut Sink, replies: &[Reply]) -> std::io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = replies
         .iter()
         .filter_map(|r| match r {
@@ -372,7 +384,7 @@ impl Conn {
     fn end(&self) {
         self.ended.store(true, Ordering::Release);
         let out = self.output.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = rustix::net::shutdown(out.as_fd(), rustix::net::Shutdown::Read);
+        let _ = rustix::net::shutdown(out.socket(), rustix::net::Shutdown::Read);
     }
 
     /// The next request and its data; `None` once the connection is over
@@ -406,8 +418,7 @@ impl Conn {
         let payload = match payload_len {
             0 => None,
             len => {
-                let mut data = self.buffers.take(len);
-                data.resize(len, 0);
+                let mut data = self.buffers.take_to_fill(len);
                 self.read_fully(input, &mut data)
                     .context("the client closed in the middle of a write")?;
                 Some(data)
@@ -466,7 +477,10 @@ impl Conn {
     /// Whether a write's data can go from the socket to the file without
     /// passing through here (see `zero_copy::can_splice`).
     fn can_splice(&self, input: &Input, req: &Request) -> bool {
-        let (ahead, _) = input.get_ref().get_ref();
+        let (ahead, socket) = input.get_ref().get_ref();
+        if socket.plain().is_none() {
+            return false;
+        }
         let ahead_left = (ahead.position() as usize) < ahead.get_ref().len();
         spliceable(req, input.buffer().len(), ahead_left)
     }
@@ -485,7 +499,9 @@ impl Conn {
         };
         let mut write = PipedWrite::start(storage, req, input.buffer());
         input.consume(write.done);
-        let socket = input.get_ref().get_ref().1.as_fd();
+        let Some(socket) = input.get_ref().get_ref().1.plain() else {
+            return Ok(None);
+        };
         while write.left() > 0 {
             let n = match pipe.fill_from(socket, write.left().min(pipe.capacity())) {
                 Ok(n) => n,

@@ -1,0 +1,113 @@
+//! The two ends of a connection's socket as its threads use them
+//! (`threaded.rs`): plain, or a TLS session taken off the runtime. Both
+//! block; a receive timeout on the socket comes back as `WouldBlock`.
+//!
+//! Only a plain socket can move bytes without passing through here
+//! (`splice` into a file, `sendfile` from the page cache): under TLS
+//! every byte is decrypted or encrypted here, so those paths ask
+//! [`Source::plain`] and [`Sink::plain`] first.
+
+use std::io::{IoSlice, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rfabric::tls::{BlockingTlsReader, BlockingTlsWriter};
+
+/// A connection's socket as its threads get it.
+pub(super) enum Wire {
+    Plain(OwnedFd),
+    /// A session after STARTTLS, its halves already blocking.
+    Tls(BlockingTlsReader, BlockingTlsWriter),
+}
+
+impl Wire {
+    /// The receiving and sending ends.
+    pub(super) fn split(self) -> std::io::Result<(Source, Sink)> {
+        Ok(match self {
+            Wire::Plain(fd) => {
+                let output = std::fs::File::from(fd);
+                let input = output.try_clone()?;
+                (Source::Plain(input), Sink::Plain(output))
+            }
+            Wire::Tls(r, w) => (Source::Tls(r), Sink::Tls(w)),
+        })
+    }
+}
+
+/// What the client sends.
+pub(super) enum Source {
+    Plain(std::fs::File),
+    Tls(BlockingTlsReader),
+}
+
+impl Source {
+    /// The socket, where its bytes may be moved without being read here.
+    pub(super) fn plain(&self) -> Option<BorrowedFd<'_>> {
+        match self {
+            Source::Plain(f) => Some(f.as_fd()),
+            Source::Tls(_) => None,
+        }
+    }
+}
+
+impl Read for Source {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Source::Plain(f) => f.read(buf),
+            Source::Tls(r) => r.read(buf),
+        }
+    }
+}
+
+/// What the client is sent.
+pub(super) enum Sink {
+    Plain(std::fs::File),
+    Tls(BlockingTlsWriter),
+}
+
+impl Sink {
+    /// The socket, where bytes may be sent to it without passing through
+    /// here.
+    pub(super) fn plain(&mut self) -> Option<&mut std::fs::File> {
+        match self {
+            Sink::Plain(f) => Some(f),
+            Sink::Tls(_) => None,
+        }
+    }
+
+    /// The socket itself (to shut it down).
+    pub(super) fn socket(&self) -> BorrowedFd<'_> {
+        match self {
+            Sink::Plain(f) => f.as_fd(),
+            Sink::Tls(w) => w.socket(),
+        }
+    }
+
+    /// The end of the connection: under TLS, the goodbye (close_notify)
+    /// a client may wait for.
+    pub(super) fn close(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::Plain(_) => Ok(()),
+            Sink::Tls(w) => w.bye(),
+        }
+    }
+}
+
+impl Write for Sink {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::Plain(f) => f.write(data),
+            Sink::Tls(w) => w.write(data),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Sink::Plain(f) => f.write_vectored(bufs),
+            Sink::Tls(w) => w.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
