@@ -87,10 +87,6 @@ pub fn print_itemized(code: &[u8; 11], path: &[u8]) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
-/// Chunks up to this size are hashed in place: a hand-off to a worker
-/// thread would cost more than the hash.
-pub const INLINE_HASH: usize = 64 * 1024;
-
 /// How often a file another copy holds is asked for again.
 const BUSY_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
@@ -834,7 +830,7 @@ async fn write_chunk(
 ) -> ChunkResult {
     let h = *chunk.header();
     let (chunk, digest) = if let Some(alg) = verify {
-        let (chunk, digest) = if chunk.payload().len() <= INLINE_HASH {
+        let (chunk, digest) = if chunk.payload().len() <= crate::tuning::hash_in_place() {
             let d = alg.chunk(chunk.payload());
             (chunk, d)
         } else {

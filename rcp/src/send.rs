@@ -856,7 +856,7 @@ impl Planner {
                     .await
                     .with_context(|| format!("reading {shown} at offset {offset}"))?;
                 let alg = opts.digest;
-                let digest = if hash && buf.len() <= crate::recv::INLINE_HASH {
+                let digest = if hash && buf.len() <= crate::tuning::hash_in_place() {
                     let d = alg.chunk(buf.data());
                     (buf, d)
                 } else if hash {

@@ -40,6 +40,27 @@ pub fn hashing_threads(cores: usize) -> usize {
     cores + 2
 }
 
+/// Chunks up to this size are hashed where they are, on the thread that
+/// read or received them; larger ones on the blocking pool
+/// ([`hashing_threads`]).
+///
+/// A hand-off costs more than hashing a small chunk. And the thread that
+/// read or received a chunk has it in its core's cache; another thread
+/// reads it again from memory. With many cores the pool's spread wins; on
+/// two, both ends of a copy keep both cores busy already, and hashing in
+/// place wins: a local copy of 1 GiB took 0.91-0.94x the CPU and
+/// 0.93-0.98x the time with every chunk hashed in place (medians of three
+/// sets of 12 paired runs, 2 cores).
+pub fn hash_in_place_up_to(cores: usize) -> usize {
+    if cores <= 2 { usize::MAX } else { 64 * 1024 }
+}
+
+/// [`hash_in_place_up_to`] for this process, worked out once.
+pub fn hash_in_place() -> usize {
+    static UP_TO: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *UP_TO.get_or_init(|| hash_in_place_up_to(cores()))
+}
+
 /// Raises the soft limit on open files to the hard one (at most 65536):
 /// a copy holds up to `send::ask_ahead()` files open on each side, and a
 /// local copy is both sides in one process, where RHEL's default soft
@@ -122,5 +143,13 @@ mod tests {
         assert_eq!((workers(4), hashing_threads(4)), (4, 6));
         assert_eq!((workers(64), hashing_threads(64)), (8, 66));
         assert!(cores() >= 1);
+    }
+
+    #[test]
+    fn chunks_are_hashed_in_place_when_small_or_on_two_cores() {
+        assert_eq!(hash_in_place_up_to(1), usize::MAX);
+        assert_eq!(hash_in_place_up_to(2), usize::MAX);
+        assert_eq!(hash_in_place_up_to(4), 64 * 1024);
+        assert_eq!(hash_in_place_up_to(64), 64 * 1024);
     }
 }
