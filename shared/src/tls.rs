@@ -540,8 +540,9 @@ impl Live {
 
 /// The receiving half of a TLS session over a socket (the NBD connection
 /// after STARTTLS). It runs at once with the sending half, without a lock
-/// between them (see [`Live`]); `tokio::io::join` makes one stream of the
-/// two where one is wanted.
+/// between them (GnuTLS allows one thread to send while another
+/// receives); `tokio::io::join` makes one stream of the two where one is
+/// wanted.
 pub struct TlsReader(Arc<Live>);
 
 /// The sending half of a TLS session.
