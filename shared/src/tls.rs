@@ -697,17 +697,22 @@ impl BlockingTlsWriter {
     }
 
     /// Says goodbye (close_notify), then shuts the socket's sending side.
+    /// A send timeout on the socket (`SO_SNDTIMEO`) bounds the wait for a
+    /// client that reads nothing: `WouldBlock` then.
     pub fn bye(&mut self) -> io::Result<()> {
         let tls = &self.held.tls;
         while !self.shut {
             // SAFETY: a live session, sent on by this half only.
             let r = unsafe { (tls.server.lib.bye)(tls.session, GNUTLS_SHUT_WR) } as isize;
-            if r >= 0 {
-                self.shut = true;
-                // SAFETY: shutting down the write side of our own socket.
-                unsafe { libc::shutdown(self.held.fd.as_raw_fd(), libc::SHUT_WR) };
-            } else if !again(r) {
-                return Err(tls.io_error(r));
+            match r {
+                r if r >= 0 => {
+                    self.shut = true;
+                    // SAFETY: shutting down the write side of our own socket.
+                    unsafe { libc::shutdown(self.held.fd.as_raw_fd(), libc::SHUT_WR) };
+                }
+                GNUTLS_E_INTERRUPTED => {}
+                GNUTLS_E_AGAIN => return Err(io::ErrorKind::WouldBlock.into()),
+                r => return Err(tls.io_error(r)),
             }
         }
         Ok(())
@@ -722,17 +727,18 @@ impl io::Write for BlockingTlsWriter {
         let tls = &self.held.tls;
         loop {
             // SAFETY: a live session, sent on by this half only (`&mut
-            // self`); `data` is readable for its length. (After E_AGAIN or
+            // self`); `data` is readable for its length. (After
             // E_INTERRUPTED GnuTLS wants the same data again: the loop
             // passes it.)
             let r = unsafe {
                 (tls.server.lib.record_send)(tls.session, data.as_ptr().cast(), data.len())
             };
-            if r >= 0 {
-                return Ok(r as usize);
-            }
-            if !again(r) {
-                return Err(tls.io_error(r));
+            match r {
+                r if r >= 0 => return Ok(r as usize),
+                GNUTLS_E_INTERRUPTED => {}
+                // (Only with a send timeout on the socket.)
+                GNUTLS_E_AGAIN => return Err(io::ErrorKind::WouldBlock.into()),
+                r => return Err(tls.io_error(r)),
             }
         }
     }

@@ -12,6 +12,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rfabric::tls::{BlockingTlsReader, BlockingTlsWriter};
 
+/// How long the TLS goodbye may wait to be sent.
+const BYE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A connection's socket as its threads get it.
 pub(super) enum Wire {
     Plain(OwnedFd),
@@ -83,11 +86,19 @@ impl Sink {
     }
 
     /// The end of the connection: under TLS, the goodbye (close_notify)
-    /// a client may wait for.
+    /// a client may wait for, given at most [`BYE_WAIT`] to go out (a
+    /// client that reads nothing does not hold the connection open).
     pub(super) fn close(&mut self) -> std::io::Result<()> {
         match self {
             Sink::Plain(_) => Ok(()),
-            Sink::Tls(w) => w.bye(),
+            Sink::Tls(w) => {
+                rustix::net::sockopt::set_socket_timeout(
+                    w.socket(),
+                    rustix::net::sockopt::Timeout::Send,
+                    Some(BYE_WAIT),
+                )?;
+                w.bye()
+            }
         }
     }
 }

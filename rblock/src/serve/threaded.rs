@@ -497,10 +497,14 @@ impl Conn {
         let Some(pipe) = spare.get() else {
             return Ok(None);
         };
+        // (Asked before anything is taken from the input.)
+        if input.get_ref().get_ref().1.plain().is_none() {
+            return Ok(None);
+        }
         let mut write = PipedWrite::start(storage, req, input.buffer());
         input.consume(write.done);
         let Some(socket) = input.get_ref().get_ref().1.plain() else {
-            return Ok(None);
+            anyhow::bail!("the socket is no longer plain");
         };
         while write.left() > 0 {
             let n = match pipe.fill_from(socket, write.left().min(pipe.capacity())) {
