@@ -139,6 +139,13 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 16, value_name = "N",
           value_parser = clap::value_parser!(u16).range(0..=64))]
     pub nbd_threads: u16,
+    /// Seconds a stop (SIGTERM, SIGINT) gives connections to finish the
+    /// requests they have taken; then they are closed and the server
+    /// exits, even if a client reads none of its replies. Keep it below
+    /// systemd's TimeoutStopSec.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub stop_grace: u64,
     /// TLS for NBD clients (NBD_OPT_STARTTLS): off; on (clients may start
     /// it); require (nothing is served before it: a plain client is told
     /// NBD_REP_ERR_TLS_REQD). Needs --tls-certificates or --tls-psk. Reads

@@ -10,6 +10,9 @@ use clap::Parser;
 use rblock::cli::Cli;
 use rblock::exit::Exit;
 
+/// How long the runtime's threads get to end once the work is done.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let rt = match rblock::app::runtime(&cli.command) {
@@ -27,6 +30,10 @@ fn main() -> ExitCode {
             .await
             .unwrap_or_else(|e| Err(anyhow::anyhow!("internal error: {e}")))
     });
+    // The work is over (a server's stop has had its grace): a thread still
+    // blocked, such as a connection thread writing to a client that reads
+    // nothing, must not keep the process alive.
+    rt.shutdown_timeout(SHUTDOWN_WAIT);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

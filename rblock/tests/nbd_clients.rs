@@ -688,6 +688,60 @@ fn sigterm_stops_the_server_cleanly_with(extra: &[&str]) {
     assert!(!s.socket.exists(), "the socket file is removed");
 }
 
+/// A client that asks for 64 MiB of reads and reads none of the replies
+/// holds the connection in a blocked write. A stop still ends the server
+/// soon after `--stop-grace`: the connection is given that long, then the
+/// process exits (a thread blocked on such a client must not keep it
+/// alive, as one did before).
+#[test]
+fn a_client_that_reads_nothing_does_not_hold_up_a_stop() {
+    a_client_that_reads_nothing_does_not_hold_up_a_stop_with(&[]);
+}
+
+/// The same on the shared runtime (`--nbd-threads 0`).
+#[test]
+fn a_client_that_reads_nothing_does_not_hold_up_a_stop_on_the_shared_runtime() {
+    a_client_that_reads_nothing_does_not_hold_up_a_stop_with(&["--nbd-threads", "0"]);
+}
+
+fn a_client_that_reads_nothing_does_not_hold_up_a_stop_with(mode: &[&str]) {
+    let t = Scratch::new("noread");
+    let img = image(&t, 4 << 20);
+    let mut extra = vec!["--stop-grace", "1"];
+    extra.extend_from_slice(mode);
+    let mut s = Server::start_as(&t, &img, Command::new(RBLOCK), &extra);
+    let mut c = raw_attach(s.port);
+    let reads: Vec<u8> = (0..1024u64)
+        .flat_map(|i| raw_request(0, i, (i * 65536) % (4 << 20), 65536))
+        .collect();
+    c.write_all(&reads).unwrap();
+    // Time for the server to fill both sockets' buffers and block.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        s.child.try_wait().unwrap().is_none(),
+        "the server ended early"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(s.child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let asked = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(20),
+            "the server still runs 20 s after the stop (grace 1 s)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    // (The client stays connected, reading nothing, until here.)
+    drop(c);
+}
+
 /// Many requests sent in one go, as a client with many in flight sends
 /// them: small reads and writes (served together, answered in one
 /// write), a large read among them (handed to another thread) and more

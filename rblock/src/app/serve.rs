@@ -111,7 +111,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
             encrypt: a.encrypt,
         },
         max_connections: a.max_connections,
-        grace: Duration::from_secs(30),
+        grace: Duration::from_secs(a.stop_grace),
         zero_copy_reads: a.zero_copy_reads,
         nbd_tls,
         nbd_threads: usize::from(a.nbd_threads),
