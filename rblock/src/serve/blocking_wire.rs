@@ -5,12 +5,15 @@
 //! Only a plain socket can move bytes without passing through here
 //! (`splice` into a file, `sendfile` from the page cache): under TLS
 //! every byte is decrypted or encrypted here, so those paths ask
-//! [`Source::plain`] and [`Sink::plain`] first.
+//! [`Source::can_splice`] and [`Sink::plain`] first, as the runtime's
+//! halves are asked (`socket::ReadHalf`).
 
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rfabric::tls::{BlockingTlsReader, BlockingTlsWriter};
+
+use crate::socket::Pipe;
 
 /// How long the TLS goodbye may wait to be sent.
 const BYE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -43,11 +46,18 @@ pub(super) enum Source {
 }
 
 impl Source {
-    /// The socket, where its bytes may be moved without being read here.
-    pub(super) fn plain(&self) -> Option<BorrowedFd<'_>> {
+    /// Whether its bytes may be moved without being read here (not under
+    /// TLS: they must be decrypted here).
+    pub(super) fn can_splice(&self) -> bool {
+        matches!(self, Source::Plain(_))
+    }
+
+    /// Moves up to `max` bytes from the socket into `pipe`, waiting for
+    /// them as long as the socket's receive timeout lets it.
+    pub(super) fn splice_into(&self, pipe: &Pipe, max: usize) -> std::io::Result<usize> {
         match self {
-            Source::Plain(f) => Some(f.as_fd()),
-            Source::Tls(_) => None,
+            Source::Plain(f) => pipe.fill_from(f.as_fd(), max),
+            Source::Tls(_) => Err(std::io::Error::other("no splicing under TLS")),
         }
     }
 }

@@ -478,11 +478,7 @@ impl Conn {
     /// passing through here (see `zero_copy::can_splice`).
     fn can_splice(&self, input: &Input, req: &Request) -> bool {
         let (ahead, socket) = input.get_ref().get_ref();
-        if socket.plain().is_none() {
-            return false;
-        }
-        let ahead_left = (ahead.position() as usize) < ahead.get_ref().len();
-        spliceable(req, input.buffer().len(), ahead_left)
+        socket.can_splice() && spliceable(req, input.buffer().len(), ahead)
     }
 
     /// A large write's data moved from the socket into the file through
@@ -497,17 +493,11 @@ impl Conn {
         let Some(pipe) = spare.get() else {
             return Ok(None);
         };
-        // (Asked before anything is taken from the input.)
-        if input.get_ref().get_ref().1.plain().is_none() {
-            return Ok(None);
-        }
         let mut write = PipedWrite::start(storage, req, input.buffer());
         input.consume(write.done);
-        let Some(socket) = input.get_ref().get_ref().1.plain() else {
-            anyhow::bail!("the socket is no longer plain");
-        };
+        let socket = &input.get_ref().get_ref().1;
         while write.left() > 0 {
-            let n = match pipe.fill_from(socket, write.left().min(pipe.capacity())) {
+            let n = match socket.splice_into(pipe, write.left().min(pipe.capacity())) {
                 Ok(n) => n,
                 Err(e) if waited(&e) && !self.ended.load(Ordering::Acquire) => continue,
                 Err(e) => return Err(e.into()),
