@@ -635,7 +635,7 @@ fn srun_starts_the_nodes_of_a_slurm_allocation() {
 #[test]
 fn daemons_take_a_broadcast_with_their_shared_secret() {
     let t = Scratch::new("bcast-daemons");
-    let Some(c) = Cluster::new(&t, "rbcd", 4, 205, None) else {
+    let Some(c) = Cluster::new(&t, "rbcd", 4, 206, None) else {
         return;
     };
     let secret = common::secret(&t, "secret");
@@ -660,7 +660,7 @@ fn daemons_take_a_broadcast_with_their_shared_secret() {
                 .arg(c.disk(k))
                 .arg(&c.dest)
                 .arg(RCP)
-                .arg(format!("10.205.0.{k}:7470"))
+                .arg(format!("10.206.0.{k}:7470"))
                 .arg(key)
                 .stderr(log)
                 .spawn()
@@ -685,7 +685,7 @@ fn daemons_take_a_broadcast_with_their_shared_secret() {
         .args(["--json", "--timeout", "10", "--secret-file"])
         .arg(&secret)
         .arg(&big)
-        .arg(format!("rcp://10.205.0.[1-4]/{}/", c.dest.display()))
+        .arg(format!("rcp://10.206.0.[1-4]/{}/", c.dest.display()))
         .output()
         .unwrap();
     some_failed(&out);
@@ -710,8 +710,8 @@ fn daemons_take_a_broadcast_with_their_shared_secret() {
     assert_eq!(
         v["rounds"],
         serde_json::json!([
-            ["10.205.0.1", "10.205.0.2", "10.205.0.3", "10.205.0.4"],
-            ["10.205.0.4"]
+            ["10.206.0.1", "10.206.0.2", "10.206.0.3", "10.206.0.4"],
+            ["10.206.0.4"]
         ])
     );
 }
