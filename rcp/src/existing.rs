@@ -20,6 +20,9 @@ use crate::tree::{self, Base, Fidelity, PartFile};
 /// What is under `e`'s name, and its status when it is a regular file.
 pub fn look(base: &Base, e: &Entry) -> anyhow::Result<(Found, Option<Stat>)> {
     let (parent, name) = base.place(&e.path)?;
+    if parent.made_here() {
+        return Ok((Found::Nothing, None));
+    }
     match rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
             let mtime = (st.st_mtime, st.st_mtime_nsec as u32);

@@ -541,6 +541,9 @@ pub struct Base {
     /// The destination's path, where a file's attributes may be compared
     /// by path (see [`Walker::by_path`]).
     disk: Option<Vec<u8>>,
+    /// The directories this copy made (device and inode): nothing was in
+    /// them before it, so a file received there has nothing to compare with.
+    made: std::sync::Mutex<std::collections::HashSet<(u64, u64)>>,
 }
 
 /// The directories entries went into lately, the latest first. Entries of
@@ -587,21 +590,40 @@ pub struct DestDir {
     /// Whether it has a default ACL, which files made in it inherit
     /// (asked once, when first wanted).
     passes_acls: std::sync::OnceLock<bool>,
+    /// Made by this copy: a file's name in it was free when the copy
+    /// began (see [`DestDir::made_here`]).
+    made_here: bool,
 }
 
 impl DestDir {
-    fn new(fd: OwnedFd, at: Vec<Vec<u8>>) -> anyhow::Result<DestDir> {
+    /// Whether this copy made the directory. A received file's name in it
+    /// was then free when the copy began, so looking whether something is
+    /// there already (a system call per file, all of them answered
+    /// "nothing" on a fresh copy) can be left out. Something put there
+    /// meanwhile by another process is replaced, as it would be had it come
+    /// just after the look: the answer "nothing" only ever sends the file.
+    pub(crate) fn made_here(&self) -> bool {
+        self.made_here
+    }
+
+    fn new(
+        fd: OwnedFd,
+        at: Vec<Vec<u8>>,
+        made: &std::collections::HashSet<(u64, u64)>,
+    ) -> anyhow::Result<DestDir> {
         const TMPFS_MAGIC: u64 = 0x0102_1994;
         const RAMFS_MAGIC: u64 = 0x8584_58f6;
         let in_memory = rustix::fs::fstatfs(&fd)
             .is_ok_and(|s| matches!(s.f_type as u64, TMPFS_MAGIC | RAMFS_MAGIC));
         let st = rustix::fs::fstat(&fd)?;
+        let id = (st.st_dev, st.st_ino);
         Ok(DestDir {
             fd,
             at,
             in_memory,
-            id: (st.st_dev, st.st_ino),
+            id,
             passes_acls: std::sync::OnceLock::new(),
+            made_here: made.contains(&id),
         })
     }
 
@@ -654,6 +676,7 @@ impl Base {
             rename_top,
             recent: std::sync::Mutex::default(),
             disk: None,
+            made: std::sync::Mutex::default(),
         }
     }
 
@@ -690,7 +713,8 @@ impl Base {
             return Ok((dir, name));
         }
         let at = dirs.iter().map(|d| d.to_vec()).collect();
-        let dir = Arc::new(DestDir::new(open_dir_beneath(&self.dir, dirs)?, at)?);
+        let made = self.made.lock().expect("made dirs lock");
+        let dir = Arc::new(DestDir::new(open_dir_beneath(&self.dir, dirs)?, at, &made)?);
         recent.add(Arc::clone(&dir));
         Ok((dir, name))
     }
@@ -698,7 +722,16 @@ impl Base {
     pub fn make_dir(&self, e: &Entry) -> anyhow::Result<()> {
         let (parent, name) = self.place(&e.path)?;
         match rustix::fs::mkdirat(&parent, name.as_c_str(), Mode::from_raw_mode(0o700)) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                // (Known by its inode: a name can be swapped, not that.)
+                if let Ok(st) =
+                    rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+                {
+                    let mut made = self.made.lock().expect("made dirs lock");
+                    made.insert((st.st_dev, st.st_ino));
+                }
+                Ok(())
+            }
             Err(rustix::io::Errno::EXIST) => {
                 // Fine if it is a directory (not a symlink to one).
                 open_dir_beneath(&parent, &[name.as_bytes()]).map(|_| ())
@@ -1334,6 +1367,47 @@ mod tests {
             b"../from/src/a/f"
         );
         assert_eq!(walk.disk_path(b"src").unwrap().as_bytes(), b"../from/src");
+    }
+
+    /// A file received into a directory this copy made is not looked for
+    /// (nothing was there when the copy began); in a directory that was
+    /// there already, and for any other copy, it is.
+    #[test]
+    fn files_in_directories_this_copy_made_are_not_looked_for() {
+        use crate::existing::look;
+        use crate::resync::Found;
+        let scratch = test_support::Scratch::new("rcp-made-dirs");
+        std::fs::create_dir(scratch.path("old")).unwrap();
+        let entry = |kind, path: &str| Entry {
+            index: 0,
+            kind,
+            mode: 0o755,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            size: 0,
+            path: path.as_bytes().to_vec(),
+            target: Vec::new(),
+            chunk: 4096,
+            meta: None,
+        };
+        let base = Base::new(open_root(scratch.dir()).unwrap(), None);
+        base.make_dir(&entry(EntryKind::Dir, "old")).unwrap();
+        base.make_dir(&entry(EntryKind::Dir, "new")).unwrap();
+        base.make_dir(&entry(EntryKind::Dir, "new/sub")).unwrap();
+        // Files put there behind the copy's back.
+        for f in ["old/f", "new/f", "new/sub/f"] {
+            std::fs::write(scratch.path(f), b"abc").unwrap();
+        }
+        let found = |base: &Base, path| look(base, &entry(EntryKind::File, path)).unwrap().0;
+        assert!(matches!(found(&base, "old/f"), Found::File { size: 3, .. }));
+        assert_eq!(found(&base, "new/f"), Found::Nothing, "made by this copy");
+        assert_eq!(found(&base, "new/sub/f"), Found::Nothing);
+        // Another copy did not make them: it looks.
+        let other = Base::new(open_root(scratch.dir()).unwrap(), None);
+        assert!(matches!(
+            found(&other, "new/f"),
+            Found::File { size: 3, .. }
+        ));
     }
 
     /// The other names of hard links, made last, alternate between two
