@@ -80,6 +80,11 @@ impl Cluster {
         )
     }
 
+    /// Node `k`'s address, `10.OCTET.0.k`.
+    fn addr(&self, k: usize) -> String {
+        format!("10.{}.0.{k}", self.octet)
+    }
+
     fn disk(&self, k: usize) -> PathBuf {
         self.dir.join(format!("node-{k}"))
     }
@@ -209,7 +214,7 @@ fn a_file_a_sparse_file_and_a_tree_reach_all_eight_nodes() {
     let all = nodes(&v);
     assert_eq!(all.len(), 8, "{v}");
     for (k, (name, good, why)) in all.iter().enumerate() {
-        assert_eq!(name, &format!("10.201.0.{}", k + 1));
+        assert_eq!(name, &c.addr(k + 1));
         assert!(good, "{name}: {why}");
         for f in ["big", "sparse"] {
             let there = std::fs::read(c.disk(k + 1).join(f)).unwrap();
@@ -304,7 +309,7 @@ fn a_node_killed_mid_broadcast_is_cut_out_and_the_others_finish() {
         );
     }
     assert_eq!(v["ok"], false);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("10.202.0.4: FAILED"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("{}: FAILED", c.addr(4))));
 
     // The same broadcast again with --resume completes the failed node:
     // what it had is kept, the others (which have it all) only pass on
@@ -660,7 +665,7 @@ fn daemons_take_a_broadcast_with_their_shared_secret() {
                 .arg(c.disk(k))
                 .arg(&c.dest)
                 .arg(RCP)
-                .arg(format!("10.206.0.{k}:7470"))
+                .arg(format!("{}:7470", c.addr(k)))
                 .arg(key)
                 .stderr(log)
                 .spawn()
@@ -685,7 +690,11 @@ fn daemons_take_a_broadcast_with_their_shared_secret() {
         .args(["--json", "--timeout", "10", "--secret-file"])
         .arg(&secret)
         .arg(&big)
-        .arg(format!("rcp://10.206.0.[1-4]/{}/", c.dest.display()))
+        .arg(format!(
+            "rcp://10.{}.0.[1-4]/{}/",
+            c.octet,
+            c.dest.display()
+        ))
         .output()
         .unwrap();
     some_failed(&out);
@@ -709,9 +718,6 @@ fn daemons_take_a_broadcast_with_their_shared_secret() {
     }
     assert_eq!(
         v["rounds"],
-        serde_json::json!([
-            ["10.206.0.1", "10.206.0.2", "10.206.0.3", "10.206.0.4"],
-            ["10.206.0.4"]
-        ])
+        serde_json::json!([[c.addr(1), c.addr(2), c.addr(3), c.addr(4)], [c.addr(4)]])
     );
 }
