@@ -6,10 +6,11 @@
 //! * [`relative`] checks a peer-supplied relative path.
 //! * [`Walker`] lists what to send (files, directories, symlinks as symlinks).
 //! * [`Base`] is where received entries are created: under temporary names,
-//!   renamed into place only when complete.
+//!   renamed into place only when complete (files of one chunk at most:
+//!   under none, linked into place, [`unnamed`]).
 //! * What is there already (re-sync) is [`crate::existing`]'s.
 
-use std::ffi::{CString, OsStr};
+use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
@@ -25,6 +26,9 @@ use crate::filter::Filter;
 use crate::idmap::Owners;
 use crate::listed;
 use crate::proto::{Entry, EntryKind, Meta};
+
+mod unnamed;
+use unnamed::Linking;
 
 /// Splits a peer's relative path into checked components: not empty, not
 /// absolute, no `.` or `..`, no NUL, no empty component.
@@ -544,6 +548,9 @@ pub struct Base {
     /// The directories this copy made (device and inode): nothing was in
     /// them before it, so a file received there has nothing to compare with.
     made: std::sync::Mutex<std::collections::HashSet<(u64, u64)>>,
+    /// By device: whether files can be made unnamed there, and how they
+    /// are linked into place (probed once, [`unnamed::probe`]).
+    unnamed: std::sync::Mutex<std::collections::HashMap<u64, Option<Linking>>>,
 }
 
 /// The directories entries went into lately, the latest first. Entries of
@@ -593,6 +600,9 @@ pub struct DestDir {
     /// Made by this copy: a file's name in it was free when the copy
     /// began (see [`DestDir::made_here`]).
     made_here: bool,
+    /// Whether files can be made unnamed in it, and how they are linked
+    /// into place (its device's answer, asked when first wanted).
+    unnamed: std::sync::OnceLock<Option<Linking>>,
 }
 
 impl DestDir {
@@ -624,6 +634,7 @@ impl DestDir {
             id,
             passes_acls: std::sync::OnceLock::new(),
             made_here: made.contains(&id),
+            unnamed: std::sync::OnceLock::new(),
         })
     }
 
@@ -654,18 +665,27 @@ impl AsFd for PartFile {
     }
 }
 
-/// A file being received under a temporary name.
+/// A file being received, under a temporary name or none.
 #[derive(Debug)]
 pub struct PartFile {
     pub fd: OwnedFd,
     parent: Arc<DestDir>,
-    temp: CString,
+    naming: Naming,
     name: CString,
     /// Created afresh by this copy (not an earlier one's leftover):
     /// nothing beyond what is written.
     fresh: bool,
     /// Created with the entry's mode (the umask applied): no chmod needed.
     mode_right: bool,
+}
+
+/// What a file being received is called until it is in place.
+#[derive(Debug)]
+enum Naming {
+    /// A temporary name in its directory, renamed at the end.
+    Temp(CString),
+    /// None: it is linked into place at the end, so.
+    Unnamed(Linking),
 }
 
 impl Base {
@@ -677,6 +697,7 @@ impl Base {
             recent: std::sync::Mutex::default(),
             disk: None,
             made: std::sync::Mutex::default(),
+            unnamed: std::sync::Mutex::default(),
         }
     }
 
@@ -698,6 +719,18 @@ impl Base {
             disk.extend_from_slice(part);
         }
         CString::new(disk).ok()
+    }
+
+    /// Whether files can be made unnamed in `dir` (see [`unnamed`]), and
+    /// how they are linked: its device is probed the first time.
+    fn unnamed_in(&self, dir: &DestDir) -> Option<Linking> {
+        *dir.unnamed.get_or_init(|| {
+            let mut known = self.unnamed.lock().expect("unnamed lock");
+            let device = dir.id.0;
+            *known
+                .entry(device)
+                .or_insert_with(|| unnamed::probe(dir))
+        })
     }
 
     /// Parent directory fd and final name for a peer's entry path.
@@ -910,8 +943,29 @@ impl Base {
     /// its files for a moment while the client's `--resume` already asks
     /// for them; without the lock the old session would remove or
     /// truncate the file under the new one, or both would write into it.)
+    ///
+    /// Without `resume`, a file of one chunk at most is made with no name
+    /// at all where the filesystem allows it ([`unnamed`]): nothing of it
+    /// could be resumed, and nobody else can reach it.
     pub fn create_file(&self, e: &Entry, resume: bool) -> anyhow::Result<Opened> {
         let (parent, name) = self.place(&e.path)?;
+        if !resume
+            && e.size <= u64::from(e.chunk)
+            && let Some(how) = self.unnamed_in(&parent)
+        {
+            let (mode, mode_right) = first_mode(e);
+            // (Where that fails, the named file says why.)
+            if let Ok(fd) = unnamed::open(&parent, mode) {
+                return Ok(Opened::Ready(PartFile {
+                    fd,
+                    parent,
+                    naming: Naming::Unnamed(how),
+                    name,
+                    fresh: true,
+                    mode_right,
+                }));
+            }
+        }
         let temp = part_name(&name)?;
         let shown = || format!("cannot create a temporary file for {}", show(&e.path));
         loop {
@@ -961,14 +1015,10 @@ fn open_part(
 ) -> rustix::io::Result<Option<PartFile>> {
     let mut made = None;
     if !resume {
-        // Usually nothing is there: create it with the entry's mode (the
-        // umask applies), so that committing needs no chmod. With metadata
-        // to apply, the owner keeps write access until then (setting an
-        // attribute on a read-only file is refused).
+        // Usually nothing is there: create it.
         let flags =
             OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let mode_right = e.meta.is_none();
-        let mode = Mode::from_raw_mode(if mode_right { e.mode & 0o777 } else { 0o600 });
+        let (mode, mode_right) = first_mode(e);
         match rustix::fs::openat(parent, temp.as_c_str(), flags, mode) {
             Ok(fd) => made = Some((fd, mode_right)),
             Err(rustix::io::Errno::EXIST) => {}
@@ -992,11 +1042,51 @@ fn open_part(
     Ok(Some(PartFile {
         fd,
         parent: Arc::clone(parent),
-        temp: temp.clone(),
+        naming: Naming::Temp(temp.clone()),
         name: CString::default(),
         fresh,
         mode_right,
     }))
+}
+
+/// Removes what an interrupted copy left of `name` in `parent` (its
+/// temporary file), unless another copy holds it: a copy that made the
+/// file unnamed ends as one that took the leftover over would have, with
+/// nothing of it left. (In a directory this copy made there is none.)
+fn remove_leftover(parent: &DestDir, name: &CString) -> anyhow::Result<()> {
+    let temp = part_name(name)?;
+    // (Looked at before it is opened: opening a device node may act.)
+    match rustix::fs::statat(parent, temp.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {}
+        // Nothing there, or nothing a copy left.
+        _ => return Ok(()),
+    }
+    let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let Ok(fd) = rustix::fs::openat(parent, temp.as_c_str(), flags, Mode::empty()) else {
+        return Ok(());
+    };
+    match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => return Ok(()),
+        Err(err) => return Err(err.into()),
+    }
+    if let Some(st) = still_named(parent, &temp, &fd)?
+        && FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+    {
+        rustix::fs::unlinkat(parent, temp.as_c_str(), AtFlags::empty())
+            .with_context(|| format!("cannot remove {}", temp.to_string_lossy()))?;
+    }
+    Ok(())
+}
+
+/// The mode a file being received is made with, and whether it is the
+/// final one: the entry's (the umask applies), so that committing needs no
+/// chmod; with metadata to apply, the owner keeps write access until then
+/// (setting an attribute on a read-only file is refused).
+fn first_mode(e: &Entry) -> (Mode, bool) {
+    let mode_right = e.meta.is_none();
+    let mode = Mode::from_raw_mode(if mode_right { e.mode & 0o777 } else { 0o600 });
+    (mode, mode_right)
 }
 
 /// The status of the file open as `fd` if `temp` in `parent` still names
@@ -1112,34 +1202,47 @@ impl PartFile {
         if how.preserve {
             rustix::fs::futimens(&self.fd, &times(e))?;
         }
-        if self.parent.in_memory {
+        let PartFile {
+            fd,
+            parent,
+            naming,
+            name,
+            ..
+        } = self;
+        match naming {
             // Nothing to wait for: done here, without a hand-off.
-            rustix::fs::renameat(
-                &self.parent,
-                self.temp.as_c_str(),
-                &self.parent,
-                self.name.as_c_str(),
-            )
-            .context("cannot rename into place")?;
-        } else {
-            let PartFile {
-                fd,
-                parent,
-                temp,
-                name,
-                ..
-            } = self;
-            engine
-                .sync_and_rename(&Arc::new(fd), &parent, temp, name)
-                .await?;
-            return Ok(parent);
+            Naming::Temp(temp) if parent.in_memory => {
+                rustix::fs::renameat(&parent, temp.as_c_str(), &parent, name.as_c_str())
+                    .context("cannot rename into place")?;
+            }
+            Naming::Temp(temp) => {
+                engine
+                    .sync_and_rename(&Arc::new(fd), &parent, temp, name)
+                    .await?;
+            }
+            Naming::Unnamed(how) => {
+                let fd = Arc::new(fd);
+                if !parent.in_memory {
+                    engine
+                        .sync(&fd, true)
+                        .await
+                        .context("cannot sync the data to disk")?;
+                }
+                unnamed::place(&fd, how, &parent, &name).context("cannot link into place")?;
+                if !parent.made_here {
+                    remove_leftover(&parent, &name)?;
+                }
+            }
         }
-        Ok(self.parent)
+        Ok(parent)
     }
 
-    /// Removes the temporary file: nothing false is left behind.
+    /// Removes the temporary file: nothing false is left behind. (An
+    /// unnamed one goes with its descriptor.)
     pub fn discard(self) {
-        let _ = rustix::fs::unlinkat(&self.parent, self.temp.as_c_str(), AtFlags::empty());
+        if let Naming::Temp(temp) = &self.naming {
+            let _ = rustix::fs::unlinkat(&self.parent, temp.as_c_str(), AtFlags::empty());
+        }
     }
 }
 
@@ -1250,12 +1353,13 @@ fn part_name(name: &CString) -> anyhow::Result<CString> {
     cstr(&t)
 }
 
-fn temp_name(name: &CString) -> anyhow::Result<CString> {
+fn temp_name(name: &CStr) -> anyhow::Result<CString> {
     let mut r = [0u8; 6];
     getrandom::fill(&mut r).expect("OS random source");
     let tag = digest::hex(&r);
     // Keep within NAME_MAX (255) even for long names.
-    let base = &name.as_bytes()[..name.as_bytes().len().min(200)];
+    let name = name.to_bytes();
+    let base = &name[..name.len().min(200)];
     let mut t = b".rcp-".to_vec();
     t.extend_from_slice(base);
     t.extend_from_slice(format!(".{tag}.part").as_bytes());
@@ -1457,7 +1561,8 @@ mod tests {
             size: 5,
             path: b"f".to_vec(),
             target: Vec::new(),
-            chunk: 4096,
+            // (Two chunks: a file of one is made unnamed, see unnamed.rs.)
+            chunk: 4,
             meta: None,
         };
         let ready = |o: Opened| match o {
