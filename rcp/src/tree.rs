@@ -727,9 +727,7 @@ impl Base {
         *dir.unnamed.get_or_init(|| {
             let mut known = self.unnamed.lock().expect("unnamed lock");
             let device = dir.id.0;
-            *known
-                .entry(device)
-                .or_insert_with(|| unnamed::probe(dir))
+            *known.entry(device).or_insert_with(|| unnamed::probe(dir))
         })
     }
 

@@ -163,7 +163,8 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(out.commit(e, &[], how, true, &engine)).map(drop)
+        rt.block_on(out.commit(e, &[], how, true, &engine))
+            .map(drop)
     }
 
     #[test]
@@ -174,12 +175,18 @@ mod tests {
         let out = ready(base.create_file(&e, false).unwrap());
         assert!(matches!(out.naming, crate::tree::Naming::Unnamed(_)));
         rustix::io::pwrite(&out.fd, b"abc", 0).unwrap();
-        assert!(names(scratch.dir()).is_empty(), "no name while it is written");
+        assert!(
+            names(scratch.dir()).is_empty(),
+            "no name while it is written"
+        );
         commit(out, &e).unwrap();
         assert_eq!(names(scratch.dir()), ["f"]);
         assert_eq!(std::fs::read(scratch.path("f")).unwrap(), b"abc");
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(scratch.path("f")).unwrap().permissions().mode();
+        let mode = std::fs::metadata(scratch.path("f"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o640 & !crate::tree::umask());
     }
 
