@@ -137,69 +137,95 @@ pub struct Xattr {
 
 /// A name in a directory, addressed through `/proc/self/fd` so that the
 /// `l*xattr` calls act on it without following it (a symlink, a FIFO that
-/// must not be opened) and without leaving the confined directory.
+/// must not be opened) and without leaving the confined directory: the
+/// way when this thread cannot enter the directory
+/// ([`rfabric::thread_dir`]).
 fn proc_path(dir: BorrowedFd<'_>, name: &CStr) -> CString {
     let mut p = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
     p.extend_from_slice(name.to_bytes());
     CString::new(p).expect("a C name has no NUL")
 }
 
-/// How attributes of a node are reached: through its descriptor, or by a
-/// path (for a name in a directory, the `/proc/self/fd` path of it), never
-/// following a symlink at its end.
+/// How attributes of a node are reached: through its descriptor, or by
+/// a name, never following a symlink at its end.
 enum Reach<'a> {
     Fd(BorrowedFd<'a>),
-    Path(std::borrow::Cow<'a, CStr>),
+    Named(Name<'a>),
+}
+
+/// A node by name.
+#[derive(Clone, Copy)]
+enum Name<'a> {
+    /// A name in a directory: the bare name with the thread in the
+    /// directory (one lookup, as an `*at` call would make), else its
+    /// `/proc/self/fd` path (a walk through procfs that cost as much again
+    /// as the call).
+    At(BorrowedFd<'a>, &'a CStr),
+    Path(&'a CStr),
+}
+
+impl Name<'_> {
+    /// `call` on the path that names the node.
+    fn call<R>(self, mut call: impl FnMut(&CStr) -> R) -> R {
+        match self {
+            Name::At(dir, name) => match rfabric::thread_dir::in_dir(dir, || call(name)) {
+                Some(done) => done,
+                None => call(&proc_path(dir, name)),
+            },
+            Name::Path(p) => call(p),
+        }
+    }
 }
 
 impl Reach<'_> {
     fn of(node: Node<'_>) -> Reach<'_> {
         match node {
             Node::Fd(fd) => Reach::Fd(fd),
-            Node::At(dir, name) => Reach::Path(proc_path(dir, name).into()),
-            Node::Path(path) => Reach::Path(path.into()),
+            Node::At(dir, name) => Reach::Named(Name::At(dir, name)),
+            Node::Path(path) => Reach::Named(Name::Path(path)),
         }
     }
 
     fn set(&self, name: &CStr, value: &[u8]) -> rustix::io::Result<()> {
+        let flags = XattrFlags::empty();
         match self {
-            Reach::Fd(fd) => rustix::fs::fsetxattr(fd, name, value, XattrFlags::empty()),
-            Reach::Path(p) => rustix::fs::lsetxattr(p.as_ref(), name, value, XattrFlags::empty()),
+            Reach::Fd(fd) => rustix::fs::fsetxattr(fd, name, value, flags),
+            Reach::Named(n) => n.call(|p| rustix::fs::lsetxattr(p, name, value, flags)),
         }
     }
 
     fn remove(&self, name: &CStr) -> rustix::io::Result<()> {
         match self {
             Reach::Fd(fd) => rustix::fs::fremovexattr(fd, name),
-            Reach::Path(p) => rustix::fs::lremovexattr(p.as_ref(), name),
+            Reach::Named(n) => n.call(|p| rustix::fs::lremovexattr(p, name)),
         }
     }
 
     fn list_query(&self) -> rustix::io::Result<usize> {
         match self {
             Reach::Fd(fd) => rustix::fs::flistxattr_query(fd),
-            Reach::Path(p) => rustix::fs::llistxattr_query(p.as_ref()),
+            Reach::Named(n) => n.call(|p| rustix::fs::llistxattr_query(p)),
         }
     }
 
     fn list(&self, b: &mut [u8]) -> rustix::io::Result<usize> {
         match self {
             Reach::Fd(fd) => rustix::fs::flistxattr(fd, b),
-            Reach::Path(p) => rustix::fs::llistxattr(p.as_ref(), b),
+            Reach::Named(n) => n.call(|p| rustix::fs::llistxattr(p, &mut *b)),
         }
     }
 
     fn get_query(&self, name: &CStr) -> rustix::io::Result<usize> {
         match self {
             Reach::Fd(fd) => rustix::fs::fgetxattr_query(fd, name),
-            Reach::Path(p) => rustix::fs::lgetxattr_query(p.as_ref(), name),
+            Reach::Named(n) => n.call(|p| rustix::fs::lgetxattr_query(p, name)),
         }
     }
 
     fn get(&self, name: &CStr, b: &mut [u8]) -> rustix::io::Result<usize> {
         match self {
             Reach::Fd(fd) => rustix::fs::fgetxattr(fd, name, b),
-            Reach::Path(p) => rustix::fs::lgetxattr(p.as_ref(), name, b),
+            Reach::Named(n) => n.call(|p| rustix::fs::lgetxattr(p, name, &mut *b)),
         }
     }
 }
@@ -739,7 +765,28 @@ mod tests {
 
     #[test]
     fn attributes_round_trip_through_a_file_and_acls_are_kept_apart() {
-        let dir = std::env::temp_dir().join(format!("rcp-archive-{}", std::process::id()));
+        round_trip("moved");
+        assert!(
+            rfabric::thread_dir::available(),
+            "names in a directory were reached with the thread in it"
+        );
+    }
+
+    #[test]
+    fn attributes_round_trip_through_proc_where_the_thread_cannot_move() {
+        std::thread::spawn(|| {
+            rfabric::thread_dir::forgo();
+            round_trip("proc");
+            assert!(!rfabric::thread_dir::available());
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Attributes read, applied and removed through a descriptor, a name
+    /// in a directory and a path.
+    fn round_trip(tag: &str) {
+        let dir = std::env::temp_dir().join(format!("rcp-archive-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("f");
         std::fs::write(&file, b"x").unwrap();

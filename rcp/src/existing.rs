@@ -73,13 +73,18 @@ pub fn refresh(
     let mode_wrong = how.preserve && st.st_mode & 0o7777 != how.mode_of(e);
     let times_wrong = how.time_differs(e, st);
     let owner_wrong = how.owner_differs(e, st);
-    // Attributes are compared by path where the base allows it, else
-    // through the file opened (no path walk); set through it if they
-    // differ.
+    // Attributes are compared by path where the base allows it, else by
+    // name in its directory where this thread can (`rfabric::thread_dir`),
+    // else through the file opened (no path walk); set through the file
+    // if they differ.
     let mut open = None;
     let attributes_wrong = e.meta.is_some() && (how.keep.xattrs || how.keep.acls) && {
         match base.disk_path(&e.path) {
             Some(disk) => how.attributes_differ(Node::Path(&disk), e.kind, xattrs)?,
+            None if rfabric::thread_dir::available() => {
+                let (parent, name) = base.place(&e.path)?;
+                how.attributes_differ(Node::At(parent.as_fd(), name.as_c_str()), e.kind, xattrs)?
+            }
             None => {
                 let fd = open.insert(open_regular(base, e)?);
                 how.attributes_differ(Node::Fd(fd.as_fd()), e.kind, xattrs)?

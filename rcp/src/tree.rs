@@ -412,20 +412,25 @@ impl Walker {
             _ => None,
         };
         // Else open already when its attributes are read: through the
-        // descriptor that costs no path walk.
+        // descriptor that costs no path walk (where this thread cannot
+        // reach them by name in the directory: `rfabric::thread_dir`).
         let open = match entry.kind {
             EntryKind::Dir => Some(open_dir_beneath(&**parent, &[name])?),
-            EntryKind::File if attributes && disk.is_none() => rustix::fs::openat(
-                &**parent,
-                cname.as_c_str(),
-                OFlags::RDONLY
-                    | OFlags::NOFOLLOW
-                    | OFlags::NONBLOCK
-                    | OFlags::NOCTTY
-                    | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .ok(),
+            EntryKind::File
+                if attributes && disk.is_none() && !rfabric::thread_dir::available() =>
+            {
+                rustix::fs::openat(
+                    &**parent,
+                    cname.as_c_str(),
+                    OFlags::RDONLY
+                        | OFlags::NOFOLLOW
+                        | OFlags::NONBLOCK
+                        | OFlags::NOCTTY
+                        | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .ok()
+            }
             _ => None,
         };
         let node = match (&open, &disk) {

@@ -30,6 +30,9 @@
 //!   and 9.3+/10 where io_uring is refused by default).
 //! * [`auth`]: challenge-response over a shared secret, for both tools'
 //!   sessions (sans I/O).
+//! * [`thread_dir`]: a thread's own working directory, so that the
+//!   calls with no `*at` form (extended attributes) reach a name in an
+//!   open directory without a walk through `/proc/self/fd`.
 //! * [`size`]: sizes as typed on command lines (`64K`, `1M`).
 //! * [`daemon_log`] (feature `daemon-log`): how the tools' daemons log,
 //!   as terminal lines or journal entries with fields.
@@ -44,6 +47,7 @@ pub mod link;
 pub mod memory;
 pub mod size;
 pub mod storage;
+pub mod thread_dir;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod transport;

@@ -23,8 +23,7 @@ fn scan(path: &mut Vec<u8>, buf: &mut Buffers) -> anyhow::Result<u64> {
         Mode::empty(),
     )?;
     let mut entries = 0;
-    let mut listing = rustix::fs::Dir::read_from(&dir)?;
-    while let Some(e) = listing.next() {
+    for e in rustix::fs::Dir::read_from(&dir)? {
         let e = e?;
         let name = e.file_name();
         if matches!(name.to_bytes(), b"." | b"..") {
