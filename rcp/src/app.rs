@@ -435,6 +435,10 @@ async fn local_copy(
                 .build()
                 .map_err(anyhow::Error::from)
                 .and_then(|rt| {
+                    // The receiving end reaches its destination by
+                    // descriptors beneath the absolute path above: the
+                    // thread may stay in a directory between its files.
+                    let _stay = rfabric::thread_dir::stay();
                     rt.block_on(session::serve_one(listener, config, LOCAL_SERVER_WAIT))
                 });
             let _ = served_tx.send(served);

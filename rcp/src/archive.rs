@@ -18,6 +18,8 @@
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+use rfabric::thread_dir::HeldDir;
+
 use anyhow::{Context, bail};
 use rustix::fs::{AtFlags, XattrFlags};
 use rustix::io::Errno;
@@ -161,6 +163,9 @@ enum Name<'a> {
     /// `/proc/self/fd` path (a walk through procfs that cost as much again
     /// as the call).
     At(BorrowedFd<'a>, &'a CStr),
+    /// The same, on a thread that may stay in the directory
+    /// ([`rfabric::thread_dir::stay`]).
+    Held(&'a HeldDir, &'a CStr),
     Path(&'a CStr),
 }
 
@@ -172,6 +177,10 @@ impl Name<'_> {
                 Some(done) => done,
                 None => call(&proc_path(dir, name)),
             },
+            Name::Held(dir, name) => match rfabric::thread_dir::in_held(dir, || call(name)) {
+                Some(done) => done,
+                None => call(&proc_path(dir.as_ref().as_fd(), name)),
+            },
             Name::Path(p) => call(p),
         }
     }
@@ -182,6 +191,7 @@ impl Reach<'_> {
         match node {
             Node::Fd(fd) => Reach::Fd(fd),
             Node::At(dir, name) => Reach::Named(Name::At(dir, name)),
+            Node::Held(dir, name) => Reach::Named(Name::Held(dir, name)),
             Node::Path(path) => Reach::Named(Name::Path(path)),
         }
     }
@@ -273,7 +283,9 @@ pub fn read_xattrs(node: Node<'_>, keep: Keep) -> anyhow::Result<Vec<Xattr>> {
     }
     let reach = Reach::of(node);
     let shown = || match node {
-        Node::At(_, name) | Node::Path(name) => name.to_string_lossy().into_owned(),
+        Node::At(_, name) | Node::Held(_, name) | Node::Path(name) => {
+            name.to_string_lossy().into_owned()
+        }
         Node::Fd(_) => "the file".to_string(),
     };
     let list = match sized(|| reach.list_query(), |b| reach.list(b)) {
@@ -456,6 +468,9 @@ impl XattrInbox {
 pub enum Node<'a> {
     Fd(BorrowedFd<'a>),
     At(BorrowedFd<'a>, &'a CStr),
+    /// A name in a directory held for a thread that may stay there
+    /// between calls (a walk's, [`rfabric::thread_dir::stay`]).
+    Held(&'a HeldDir, &'a CStr),
     Path(&'a CStr),
 }
 
@@ -582,6 +597,9 @@ fn set_owner(node: Node<'_>, meta: &Meta, keep: Keep, powers: Powers) -> anyhow:
     let r = match node {
         Node::Fd(fd) => rustix::fs::fchown(fd, uid, gid),
         Node::At(dir, name) => rustix::fs::chownat(dir, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW),
+        Node::Held(dir, name) => {
+            rustix::fs::chownat(dir.as_ref(), name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)
+        }
         Node::Path(path) => {
             rustix::fs::chownat(rustix::fs::CWD, path, uid, gid, AtFlags::SYMLINK_NOFOLLOW)
         }

@@ -10,6 +10,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use anyhow::{Context, bail};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 
+use rfabric::thread_dir::HeldDir;
+
 use crate::archive::{self, Node};
 use crate::digest::Algorithm;
 use crate::proto::Entry;
@@ -73,22 +75,21 @@ pub fn refresh(
     let mode_wrong = how.preserve && st.st_mode & 0o7777 != how.mode_of(e);
     let times_wrong = how.time_differs(e, st);
     let owner_wrong = how.owner_differs(e, st);
-    // Attributes are compared by path where the base allows it, else by
-    // name in its directory where this thread can (`rfabric::thread_dir`),
-    // else through the file opened (no path walk); set through the file
-    // if they differ.
+    // Attributes are compared by name with the thread in the directory
+    // where it can be (`rfabric::thread_dir`), else by path where the
+    // base allows it, else through the file opened (no path walk); set
+    // through the file if they differ.
     let mut open = None;
     let attributes_wrong = e.meta.is_some() && (how.keep.xattrs || how.keep.acls) && {
-        match base.disk_path(&e.path) {
-            Some(disk) => how.attributes_differ(Node::Path(&disk), e.kind, xattrs)?,
-            None if rfabric::thread_dir::available() => {
-                let (parent, name) = base.place(&e.path)?;
-                how.attributes_differ(Node::At(parent.as_fd(), name.as_c_str()), e.kind, xattrs)?
-            }
-            None => {
-                let fd = open.insert(open_regular(base, e)?);
-                how.attributes_differ(Node::Fd(fd.as_fd()), e.kind, xattrs)?
-            }
+        if rfabric::thread_dir::available() {
+            let (parent, name) = base.place(&e.path)?;
+            let held: HeldDir = parent;
+            how.attributes_differ(Node::Held(&held, name.as_c_str()), e.kind, xattrs)?
+        } else if let Some(disk) = base.disk_path(&e.path) {
+            how.attributes_differ(Node::Path(&disk), e.kind, xattrs)?
+        } else {
+            let fd = open.insert(open_regular(base, e)?);
+            how.attributes_differ(Node::Fd(fd.as_fd()), e.kind, xattrs)?
         }
     };
     if !(mode_wrong || times_wrong || owner_wrong || attributes_wrong) {
@@ -140,11 +141,11 @@ pub fn in_place(base: &Base, e: &Entry, xattrs: &[archive::Xattr], how: Fidelity
     if !mode_right || how.time_differs(e, &st) || how.owner_differs(e, &st) {
         return false;
     }
-    e.meta.is_none()
-        || !(how.keep.xattrs || how.keep.acls)
-        || how
-            .attributes_differ(Node::At(parent.as_fd(), name.as_c_str()), e.kind, xattrs)
+    e.meta.is_none() || !(how.keep.xattrs || how.keep.acls) || {
+        let held: HeldDir = parent;
+        how.attributes_differ(Node::Held(&held, name.as_c_str()), e.kind, xattrs)
             .is_ok_and(|differ| !differ)
+    }
 }
 
 /// [`refresh`] for the file open as `fd` (the basis of a comparison that

@@ -239,9 +239,10 @@ impl Walker {
     }
 
     /// Lets the next walk read the attributes of files by path, as rsync
-    /// does, rather than by opening each file: a third of the system calls
-    /// a file costs when its data does not travel (an unchanged re-sync).
-    /// `disk` is where the walk's top (`top` in the entry paths) is, as
+    /// does, rather than by opening each file (a third of the system calls
+    /// a file costs when its data does not travel, an unchanged re-sync),
+    /// where this thread cannot read them by name in the directory
+    /// (`rfabric::thread_dir`, cheaper than either). `disk` is where the walk's top (`top` in the entry paths) is, as
     /// this process reaches it; `None` keeps to descriptors, as a daemon
     /// must: a path is resolved anew at each call, so a directory swapped
     /// for a symlink meanwhile would lead it out of its roots. (A user's
@@ -407,36 +408,35 @@ impl Walker {
             self.first_names.insert(id, path.clone());
         }
         let attributes = self.keep.xattrs || self.keep.acls;
+        // Attributes are read by name with the thread in the directory
+        // (`rfabric::thread_dir`; the walk stays in each directory while
+        // it reads the names in it), else by path where the walk may,
+        // else through the file opened already (no path walk).
+        let by_name = rfabric::thread_dir::available();
         let disk = match entry.kind {
-            EntryKind::File if attributes => self.disk_path(&path),
+            EntryKind::File if attributes && !by_name => self.disk_path(&path),
             _ => None,
         };
-        // Else open already when its attributes are read: through the
-        // descriptor that costs no path walk (where this thread cannot
-        // reach them by name in the directory: `rfabric::thread_dir`).
         let open = match entry.kind {
             EntryKind::Dir => Some(open_dir_beneath(&**parent, &[name])?),
-            EntryKind::File
-                if attributes && disk.is_none() && !rfabric::thread_dir::available() =>
-            {
-                rustix::fs::openat(
-                    &**parent,
-                    cname.as_c_str(),
-                    OFlags::RDONLY
-                        | OFlags::NOFOLLOW
-                        | OFlags::NONBLOCK
-                        | OFlags::NOCTTY
-                        | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .ok()
-            }
+            EntryKind::File if attributes && disk.is_none() && !by_name => rustix::fs::openat(
+                &**parent,
+                cname.as_c_str(),
+                OFlags::RDONLY
+                    | OFlags::NOFOLLOW
+                    | OFlags::NONBLOCK
+                    | OFlags::NOCTTY
+                    | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .ok(),
             _ => None,
         };
+        let held: rfabric::thread_dir::HeldDir = parent.clone();
         let node = match (&open, &disk) {
             (Some(fd), _) => Node::Fd(fd.as_fd()),
             (None, Some(disk)) => Node::Path(disk.as_c_str()),
-            (None, None) => Node::At(parent.as_fd(), cname.as_c_str()),
+            (None, None) => Node::Held(&held, cname.as_c_str()),
         };
         let xattrs = archive::read_xattrs(node, self.keep)?;
         if let Some(meta) = &mut entry.meta {
@@ -706,9 +706,11 @@ impl Base {
         }
     }
 
-    /// Lets attributes of files there be compared by path: `dest` is the
-    /// destination as this process reaches it (the path the base was
-    /// opened for). Only for a user's own copy, as [`Walker::by_path`].
+    /// Lets attributes of files there be compared by path where the
+    /// receiving thread cannot compare them by name in the directory:
+    /// `dest` is the destination as this process reaches it (the path the
+    /// base was opened for). Only for a user's own copy, as
+    /// [`Walker::by_path`].
     pub fn by_path(&mut self, dest: Option<Vec<u8>>) {
         self.disk = dest;
     }
