@@ -16,8 +16,7 @@
 //! looked up in that directory as the `*at` calls would), and moves it
 //! back to the process's working directory. A relative path keeps its
 //! meaning on the moved thread, which is home again whenever its call is
-//! done (the walker of a user's own copy reads the operands as typed,
-//! relative ones too, on the thread it moves). Other threads never see
+//! done (but see [`stay`]). Other threads never see
 //! the move, with one exception the kernel makes: a thread started *from*
 //! a moved thread (a runtime's blocking threads may be) shares its working
 //! directory until it calls [`in_dir`] itself, so it would see a move if

@@ -113,6 +113,8 @@ fn harmless_call(number: u32, scratch: &mut Scratch) -> Option<(&'static str, [i
             [scratch.null.as_raw_fd().into(), buffer, 1, 0, 0, 0],
         ),
         39 => ("getpid", [0; 6]),
+        // Unknown flag bits: EINVAL before anything is unshared.
+        272 => ("unshare", [all_flags, 0, 0, 0, 0, 0]),
         424 => ("pidfd_send_signal", [bad_fd, 0, 0, 0, 0, 0]),
         // No entries, NULL params: EFAULT (or EINVAL) where io_uring is
         // there, EPERM where it is disabled.

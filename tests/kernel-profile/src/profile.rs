@@ -8,6 +8,7 @@
 //! `462 mseal`; upstream has reached 471 since):
 //!
 //! ```text
+//! 272 unshare                        Linux 2.6.16
 //! 333 io_pgetevents, 334 rseq         Linux 4.18: the last two of RHEL 8's kernel
 //! 335 uretprobe                       Linux 6.11, put into the old gap
 //! 387..=423                           never used on x86_64 (kept free to stay
@@ -43,6 +44,8 @@ pub const HIGHEST_RULED_NUMBER: u32 = 600;
 /// as this table knows; the tests check that the bound above stays far past it.
 pub const LAST_KNOWN_NUMBER: u32 = 471;
 
+/// Refused to a container without CAP_SYS_ADMIN by its runtime's profile.
+const UNSHARE: u32 = 272;
 /// uretprobe (Linux 6.11) took a number below 424, in the gap after rseq.
 const URETPROBE: u32 = 335;
 const IO_URING_SETUP: u32 = 425;
@@ -57,13 +60,22 @@ pub enum Profile {
     Rhel8,
     /// RHEL 9.0-9.2 (kernel 5.14, built without io_uring).
     Rhel9,
-    /// RHEL 9.3+ and 10, and container runtimes: io_uring refused with EPERM.
+    /// RHEL 9.3+ and 10: io_uring refused with EPERM.
     UringDisabled,
+    /// A container under Docker's default seccomp profile (moby/profiles),
+    /// without CAP_SYS_ADMIN: io_uring and `unshare` refused with EPERM
+    /// (so no thread gets a working directory of its own).
+    Container,
 }
 
 impl Profile {
     /// Every profile, in the order they are listed to users.
-    pub const ALL: [Profile; 3] = [Profile::Rhel8, Profile::Rhel9, Profile::UringDisabled];
+    pub const ALL: [Profile; 4] = [
+        Profile::Rhel8,
+        Profile::Rhel9,
+        Profile::UringDisabled,
+        Profile::Container,
+    ];
 
     /// The name given on the command line.
     pub fn name(self) -> &'static str {
@@ -71,6 +83,7 @@ impl Profile {
             Profile::Rhel8 => "rhel8",
             Profile::Rhel9 => "rhel9",
             Profile::UringDisabled => "uring-disabled",
+            Profile::Container => "container",
         }
     }
 
@@ -94,8 +107,12 @@ impl Profile {
                  uretprobe (335) and every call from 448 up (futex_waitv, cachestat, ...)"
             }
             Profile::UringDisabled => {
-                "RHEL 9.3+ and 10 (kernel.io_uring_disabled), container runtimes: \
+                "RHEL 9.3+ and 10 (kernel.io_uring_disabled): \
                  EPERM for io_uring_setup/enter/register (425-427)"
+            }
+            Profile::Container => {
+                "a container under Docker's default seccomp profile, without \
+                 CAP_SYS_ADMIN: EPERM for unshare (272) and io_uring_setup/enter/register (425-427)"
             }
         }
     }
@@ -106,7 +123,7 @@ impl Profile {
     pub fn errno(self) -> i32 {
         match self {
             Profile::Rhel8 | Profile::Rhel9 => libc::ENOSYS,
-            Profile::UringDisabled => libc::EPERM,
+            Profile::UringDisabled | Profile::Container => libc::EPERM,
         }
     }
 
@@ -123,6 +140,7 @@ impl Profile {
                 PROCESS_MRELEASE..=HIGHEST_RULED_NUMBER,
             ],
             Profile::UringDisabled => vec![IO_URING_SETUP..=IO_URING_REGISTER],
+            Profile::Container => vec![UNSHARE..=UNSHARE, IO_URING_SETUP..=IO_URING_REGISTER],
         }
     }
 
@@ -175,7 +193,7 @@ mod tests {
         let message = Profile::from_name("rhel7").unwrap_err().to_string();
         assert_eq!(
             message,
-            "unknown profile 'rhel7' (known profiles: rhel8, rhel9, uring-disabled)"
+            "unknown profile 'rhel7' (known profiles: rhel8, rhel9, uring-disabled, container)"
         );
     }
 
@@ -214,6 +232,14 @@ mod tests {
         let p = Profile::UringDisabled;
         let refused: Vec<u32> = p.refused_numbers().collect();
         assert_eq!(refused, [425, 426, 427]);
+        assert_eq!(p.errno(), libc::EPERM);
+    }
+
+    #[test]
+    fn container_refuses_unshare_and_io_uring_with_eperm() {
+        let p = Profile::Container;
+        let refused: Vec<u32> = p.refused_numbers().collect();
+        assert_eq!(refused, [272, 425, 426, 427]);
         assert_eq!(p.errno(), libc::EPERM);
     }
 

@@ -125,6 +125,25 @@ fn uring_disabled_refuses_io_uring_with_eperm_and_nothing_else() {
 }
 
 #[test]
+fn container_refuses_unshare_and_io_uring_with_eperm_and_nothing_else() {
+    let tokens = ["272", "425", "426", "427", "451", "435", "434", "39"];
+    let host = probe(None, &tokens);
+    let container = probe(Some("container"), &tokens);
+    for refused in ["272", "425", "426", "427"] {
+        assert_eq!(answer(&container, refused), "EPERM", "{refused}");
+    }
+    // (unshare's probe has unknown flags: the kernel itself says EINVAL.)
+    assert_eq!(answer(&host, "272"), "EINVAL");
+    for untouched in &tokens[4..] {
+        assert_eq!(
+            answer(&container, untouched),
+            answer(&host, untouched),
+            "{untouched}"
+        );
+    }
+}
+
+#[test]
 fn rhel9_refuses_io_uring_and_calls_after_5_14() {
     let tokens = [
         "425", "426", "427", "448", "449", "451", "447", "435", "439", "424", "39",
@@ -152,7 +171,7 @@ fn rhel9_refuses_io_uring_and_calls_after_5_14() {
 
 #[test]
 fn x32_calls_are_refused_under_every_profile() {
-    for profile in ["rhel8", "rhel9", "uring-disabled"] {
+    for profile in ["rhel8", "rhel9", "uring-disabled", "container"] {
         let answers = probe(Some(profile), &["x32:39", "x32:425", "39"]);
         assert_eq!(answer(&answers, "x32:39"), "ENOSYS", "{profile}");
         assert_eq!(answer(&answers, "x32:425"), "ENOSYS", "{profile}");
@@ -173,7 +192,7 @@ fn a_32_bit_call_kills_the_process() {
         );
         return;
     }
-    for profile in ["rhel8", "rhel9", "uring-disabled"] {
+    for profile in ["rhel8", "rhel9", "uring-disabled", "container"] {
         let output = Command::new(LAUNCHER)
             .args([profile, "--", LAUNCHER, "--probe", "39", "i386:20"])
             .output()
@@ -198,7 +217,9 @@ fn unknown_profiles_are_refused_with_the_known_ones_listed() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("unknown profile 'rhel7' (known profiles: rhel8, rhel9, uring-disabled)"),
+        stderr.contains(
+            "unknown profile 'rhel7' (known profiles: rhel8, rhel9, uring-disabled, container)"
+        ),
         "{stderr}"
     );
 }
