@@ -1164,12 +1164,11 @@ impl PartFile {
         crate::existing::chunk_digests(&self.fd, size, chunk, alg)
     }
 
-    /// Size, durability, metadata, then the rename that makes it visible.
-    /// Returns the directory it was renamed in: the caller syncs each such
-    /// directory once, before the copy is reported complete (a sync per file
-    /// would cost a journal commit per file).
     /// Puts a complete, verified file in place: its size (trailing hole),
-    /// mode and times, its data synced, then the rename.
+    /// durability, metadata (mode and times), then the rename that makes
+    /// it visible. Returns the directory it was renamed in: the caller
+    /// syncs each such directory once, before the copy is reported
+    /// complete (a sync per file would cost a journal commit per file).
     /// `sized`: the file's last byte was written, so a fresh file has its
     /// size already (else the size is set: a hole at the end).
     pub async fn commit(
@@ -1440,6 +1439,23 @@ impl DirSyncs {
     }
 }
 
+/// Commits `out` (entry `e`, written whole, no metadata kept) on a threads
+/// engine and a runtime of its own: for tests that make files by hand.
+#[cfg(test)]
+pub(crate) fn commit_whole(out: PartFile, e: &Entry) -> anyhow::Result<()> {
+    let engine = Engine::start(rfabric::storage::Kind::Threads, None)?;
+    let how = Fidelity {
+        preserve: false,
+        keep: Keep::default(),
+        powers: Powers::here(false),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(out.commit(e, &[], how, true, &engine))
+        .map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1594,19 +1610,8 @@ mod tests {
         // A copy that finishes renames its file while another waits for
         // it: the waiter starts over from what is there under the final
         // name, and its rename works.
-        let engine = Engine::start(rfabric::storage::Kind::Threads, None).unwrap();
-        let how = Fidelity {
-            preserve: false,
-            keep: Keep::default(),
-            powers: Powers::here(false),
-        };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
         rustix::io::pwrite(&mine.fd, b"new!!", 0).unwrap();
-        rt.block_on(mine.commit(&e, &[], how, true, &engine))
-            .unwrap();
+        commit_whole(mine, &e).unwrap();
         assert_eq!(std::fs::read(scratch.path("f")).unwrap(), b"new!!");
         let after = ready(old.create_file(&e, true).unwrap());
         assert_eq!(
@@ -1615,8 +1620,7 @@ mod tests {
             "resumed from the final file"
         );
         rustix::io::pwrite(&after.fd, b"again", 0).unwrap();
-        rt.block_on(after.commit(&e, &[], how, true, &engine))
-            .unwrap();
+        commit_whole(after, &e).unwrap();
         assert_eq!(std::fs::read(scratch.path("f")).unwrap(), b"again");
         assert!(!temp.exists());
 

@@ -113,10 +113,8 @@ pub(crate) fn probe(dir: &DestDir) -> Option<Linking> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::archive::{Keep, Powers};
     use crate::proto::{Entry, EntryKind};
-    use crate::tree::{Base, Fidelity, Opened, PartFile, open_root};
-    use rfabric::storage::{Engine, Kind};
+    use crate::tree::{Base, Opened, PartFile, commit_whole, open_root};
 
     fn file(path: &str, size: u64, chunk: u32) -> Entry {
         Entry {
@@ -150,23 +148,6 @@ mod tests {
         v
     }
 
-    /// Commits `out` (entry `e`, written whole) on a threads engine: the
-    /// scratch directory is on a disk here, so the data is synced first.
-    fn commit(out: PartFile, e: &Entry) -> anyhow::Result<()> {
-        let engine = Engine::start(Kind::Threads, None).unwrap();
-        let how = Fidelity {
-            preserve: false,
-            keep: Keep::default(),
-            powers: Powers::here(false),
-        };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(out.commit(e, &[], how, true, &engine))
-            .map(drop)
-    }
-
     #[test]
     fn a_file_of_one_chunk_has_no_name_until_it_is_in_place() {
         let scratch = test_support::Scratch::new("rcp-unnamed-new");
@@ -179,7 +160,7 @@ mod tests {
             names(scratch.dir()).is_empty(),
             "no name while it is written"
         );
-        commit(out, &e).unwrap();
+        commit_whole(out, &e).unwrap();
         assert_eq!(names(scratch.dir()), ["f"]);
         assert_eq!(std::fs::read(scratch.path("f")).unwrap(), b"abc");
         use std::os::unix::fs::PermissionsExt;
@@ -201,7 +182,7 @@ mod tests {
         let e = file("f", 3, 4096);
         let out = ready(base.create_file(&e, false).unwrap());
         rustix::io::pwrite(&out.fd, b"new", 0).unwrap();
-        commit(out, &e).unwrap();
+        commit_whole(out, &e).unwrap();
         assert_eq!(names(scratch.dir()), ["f", "g"]);
         assert_eq!(std::fs::read(scratch.path("f")).unwrap(), b"new");
         assert_eq!(std::fs::read(scratch.path("g")).unwrap(), b"old contents");
@@ -217,14 +198,14 @@ mod tests {
         let e = file("f", 3, 4096);
         let out = ready(base.create_file(&e, false).unwrap());
         rustix::io::pwrite(&out.fd, b"abc", 0).unwrap();
-        commit(out, &e).unwrap();
+        commit_whole(out, &e).unwrap();
         assert_eq!(names(scratch.dir()), ["f"]);
 
         let other = Base::new(open_root(scratch.dir()).unwrap(), None);
         let held = ready(other.create_file(&file("f", 5000, 4096), false).unwrap());
         let out = ready(base.create_file(&e, false).unwrap());
         rustix::io::pwrite(&out.fd, b"xyz", 0).unwrap();
-        commit(out, &e).unwrap();
+        commit_whole(out, &e).unwrap();
         assert_eq!(names(scratch.dir()), [".rcp-f.part", "f"]);
         assert_eq!(std::fs::read(scratch.path("f")).unwrap(), b"xyz");
         held.discard();
