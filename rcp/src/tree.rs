@@ -242,12 +242,12 @@ impl Walker {
     /// does, rather than by opening each file (a third of the system calls
     /// a file costs when its data does not travel, an unchanged re-sync),
     /// where this thread cannot read them by name in the directory
-    /// (`rfabric::thread_dir`, cheaper than either). `disk` is where the walk's top (`top` in the entry paths) is, as
-    /// this process reaches it; `None` keeps to descriptors, as a daemon
-    /// must: a path is resolved anew at each call, so a directory swapped
-    /// for a symlink meanwhile would lead it out of its roots. (A user's
-    /// own copy runs as that user, who may read wherever such a symlink
-    /// leads.)
+    /// (`rfabric::thread_dir`, cheaper than either). `disk` is where the
+    /// walk's top (`top` in the entry paths) is, as this process reaches
+    /// it; `None` keeps to descriptors, as a daemon must: a path is
+    /// resolved anew at each call, so a directory swapped for a symlink
+    /// meanwhile would lead it out of its roots. (A user's own copy runs
+    /// as that user, who may read wherever such a symlink leads.)
     pub fn by_path(&mut self, disk: Option<&[u8]>, top: &[u8]) {
         self.by_path = disk.map(|d| (d.to_vec(), top.len()));
     }
@@ -432,11 +432,15 @@ impl Walker {
             .ok(),
             _ => None,
         };
-        let held: rfabric::thread_dir::HeldDir = parent.clone();
+        // (Held only where it is used: a reference more per entry otherwise.)
+        let held: rfabric::thread_dir::HeldDir;
         let node = match (&open, &disk) {
             (Some(fd), _) => Node::Fd(fd.as_fd()),
             (None, Some(disk)) => Node::Path(disk.as_c_str()),
-            (None, None) => Node::Held(&held, cname.as_c_str()),
+            (None, None) => {
+                held = parent.clone();
+                Node::Held(&held, cname.as_c_str())
+            }
         };
         let xattrs = archive::read_xattrs(node, self.keep)?;
         if let Some(meta) = &mut entry.meta {

@@ -265,13 +265,20 @@ mod tests {
         Arc::new(dir(path))
     }
 
-    #[test]
-    fn a_staying_thread_stays_until_the_guard_drops_and_each_dir_is_its_own() {
-        let scratch = test_support::Scratch::new("thread-dir-stay");
+    /// Directories `a` and `b`, each with a file of its own (`in-a`,
+    /// `in-b`): which one a bare name is looked up in shows.
+    fn two_dirs(tag: &str) -> test_support::Scratch {
+        let scratch = test_support::Scratch::new(tag);
         for d in ["a", "b"] {
             std::fs::create_dir(scratch.path(d)).unwrap();
             std::fs::write(scratch.path(&format!("{d}/in-{d}")), b"x").unwrap();
         }
+        scratch
+    }
+
+    #[test]
+    fn a_staying_thread_stays_until_the_guard_drops_and_each_dir_is_its_own() {
+        let scratch = two_dirs("thread-dir-stay");
         let before = std::env::current_dir().unwrap();
         let (a, b) = (held(&scratch.path("a")), held(&scratch.path("b")));
         let sees = |d: &HeldDir, name: &str| in_held(d, || std::fs::metadata(name).is_ok());
@@ -300,11 +307,7 @@ mod tests {
 
     #[test]
     fn a_staying_thread_is_never_fooled_by_a_reused_descriptor() {
-        let scratch = test_support::Scratch::new("thread-dir-reuse");
-        for d in ["a", "b"] {
-            std::fs::create_dir(scratch.path(d)).unwrap();
-            std::fs::write(scratch.path(&format!("{d}/in-{d}")), b"x").unwrap();
-        }
+        let scratch = two_dirs("thread-dir-reuse");
         let _stay = stay();
         let a = held(&scratch.path("a"));
         let number = a.as_ref().as_fd().as_raw_fd();
