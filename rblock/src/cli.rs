@@ -124,9 +124,9 @@ pub struct ServeArgs {
     pub max_connections: usize,
     /// Large reads (64 KiB and more) whose data is all in the page cache
     /// are sent straight from it (sendfile), never copied by the server.
-    /// auto: for clients across the network always; for clients on this
-    /// machine once there are at least as many connections as cores (one
-    /// local stream reads faster when the server copies).
+    /// auto (the default) and always: for every plain client, across the
+    /// network or on this machine; never: the server copies every read.
+    /// Under TLS reads are always copied (the server encrypts them).
     #[arg(long, value_enum, default_value_t = ZeroCopy::Auto)]
     pub zero_copy_reads: ZeroCopy,
     /// Serve each NBD connection to a local export (plain or TLS) on N threads

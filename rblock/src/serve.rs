@@ -96,7 +96,6 @@ pub async fn run(
     let (shutdown_tx, shutdown) = watch::channel(false);
     let load = Arc::new(Load {
         slots: Arc::new(Semaphore::new(max_connections)),
-        max: max_connections,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
     });
     let (conn_tx, mut conn_rx) = mpsc::channel::<()>(1);

@@ -21,18 +21,6 @@ pub enum Stream {
 }
 
 impl Stream {
-    /// Whether the client is on this machine: a unix socket, or TCP from
-    /// a loopback address or from the address it reached.
-    pub fn is_local(&self) -> bool {
-        match self {
-            Stream::Unix(_) => true,
-            Stream::Tcp(s) => match (s.peer_addr(), s.local_addr()) {
-                (Ok(peer), Ok(local)) => peer.ip().is_loopback() || peer.ip() == local.ip(),
-                _ => false,
-            },
-        }
-    }
-
     /// The receiving and the sending half, each usable on its own.
     pub fn split(self) -> (ReadHalf, WriteHalf) {
         match self {

@@ -515,6 +515,30 @@ fn fio_random_writes_verify_with_crc32c_with(extra: &[&str]) {
     assert_eq!(job["read"]["io_bytes"], 32 << 20);
 }
 
+/// Large reads of data just written (in the page cache) verify both
+/// ways they can go: from the page cache (`sendfile`, the default for
+/// every plain client) and copied by the server (`--zero-copy-reads
+/// never`), on threads and on the shared runtime; requests from 512
+/// bytes to 3 MiB, 16 at once, so that the large ones are sent beside
+/// small ones, and odd sizes cross page boundaries.
+#[test]
+fn large_reads_verify_from_the_page_cache_and_copied() {
+    for policy in ["auto", "never"] {
+        for threads in ["16", "0"] {
+            let t = Scratch::new("large-reads");
+            let img = image(&t, 64 << 20);
+            let extra = ["--zero-copy-reads", policy, "--nbd-threads", threads];
+            let s = Server::start_as(&t, &img, Command::new(RBLOCK), &extra);
+            let v = fio_verify(&s.uri("disk"), 48, 16, &["--bsrange=512-3m"]);
+            let job = &v["jobs"][0];
+            let how = format!("{policy}, {threads} threads");
+            assert_eq!(job["error"], 0, "{how}");
+            assert_eq!(job["write"]["io_bytes"], 48 << 20, "{how}");
+            assert_eq!(job["read"]["io_bytes"], 48 << 20, "{how}");
+        }
+    }
+}
+
 /// A raw connection through the handshake (fixed newstyle, no zeroes,
 /// EXPORT_NAME "disk"), checking the export's size on the way.
 fn raw_attach(port: u16) -> TcpStream {

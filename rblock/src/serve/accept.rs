@@ -70,10 +70,8 @@ impl Accepting {
 
     pub(super) fn start(&self, stream: Stream) {
         let from_cache = match self.zero_copy_reads {
-            ZeroCopy::Always => FromCache::Always,
+            ZeroCopy::Auto | ZeroCopy::Always => FromCache::Always,
             ZeroCopy::Never => FromCache::Never,
-            ZeroCopy::Auto if !stream.is_local() => FromCache::Always,
-            ZeroCopy::Auto => FromCache::WhenBusy(Arc::clone(&self.load)),
         };
         let client = match &stream {
             Stream::Tcp(s) => s

@@ -42,39 +42,34 @@ pub(super) fn send_from_cache(
 /// When a large read's data is sent straight from the page cache.
 #[derive(Debug)]
 pub(super) enum FromCache {
-    /// A client across the network: the network card takes the pages,
-    /// and nothing copies them.
+    /// Whenever all of it is there (`--zero-copy-reads auto`, the
+    /// default, and `always`), for clients across the network, whose
+    /// network card takes the pages, and for clients on this machine
+    /// alike. A local client copies the data out of the page cache pages
+    /// itself, at about 1.2 times its CPU per GB against a buffer the
+    /// server has just written, but the server's two copies (file to
+    /// buffer, buffer to socket) are gone: one fio stream of 1 MiB reads
+    /// went 1.4 times as fast, with 0.67 times the server's CPU per GB
+    /// and 0.8 times the two processes' CPU together, on threads and on
+    /// the runtime alike (`docs/rblock.md`).
     Always,
-    /// A client on this machine (loopback, unix socket) copies the data
-    /// out of the socket itself, and out of page cache pages (memory no
-    /// cache holds) that costs it almost twice what it costs out of the
-    /// buffer the server has just written: fio's CPU per GB read, 329
-    /// against 184 ms, measured here. While cores are idle, the server's
-    /// copy runs beside the client's and one stream goes faster (about
-    /// 4.2 against 3.7 GB/s); once the connections are at least as many
-    /// as the cores, the copy saved wins (nbdcopy with 4 connections,
-    /// about 4.0 against 2.5 GB/s).
-    WhenBusy(Arc<Load>),
+    /// Every read is copied (`never`; and under TLS, where every byte is
+    /// encrypted in the server).
     Never,
 }
 
-/// How busy the server is: one for the whole server.
+/// The server's places among the connections: one for the whole server.
 #[derive(Debug)]
 pub(super) struct Load {
     /// Places among the connections (free ones are permits).
     pub(super) slots: Arc<Semaphore>,
-    pub(super) max: usize,
     /// The machine's, counted once at the start.
     pub(super) cores: usize,
 }
 
 impl FromCache {
     pub(super) fn now(&self) -> bool {
-        match self {
-            FromCache::Always => true,
-            FromCache::Never => false,
-            FromCache::WhenBusy(l) => l.max - l.slots.available_permits() >= l.cores,
-        }
+        matches!(self, FromCache::Always)
     }
 }
 
