@@ -46,12 +46,14 @@ pub(super) enum FromCache {
     /// default, and `always`), for clients across the network, whose
     /// network card takes the pages, and for clients on this machine
     /// alike. A local client copies the data out of the page cache pages
-    /// itself, at about 1.2 times its CPU per GB against a buffer the
-    /// server has just written, but the server's two copies (file to
-    /// buffer, buffer to socket) are gone: one fio stream of 1 MiB reads
-    /// went 1.4 times as fast, with 0.67 times the server's CPU per GB
-    /// and 0.8 times the two processes' CPU together, on threads and on
-    /// the runtime alike (`docs/rblock.md`).
+    /// itself, which costs it more than out of a buffer the server has
+    /// just written, but the server's two copies (file to buffer, buffer
+    /// to socket) are gone: one fio stream of 1 MiB reads went 1.4 times
+    /// as fast, on threads and on the runtime alike, with 0.67 times the
+    /// server's CPU per GB and 0.8 times the two processes' together.
+    /// (Held to a fixed 1 GB/s the two together spend 1.08 times what
+    /// they spend with the server copying: the client's colder copy
+    /// weighs more there. `docs/rblock.md` has the numbers.)
     Always,
     /// Every read is copied (`never`; and under TLS, where every byte is
     /// encrypted in the server).
