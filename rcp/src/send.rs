@@ -247,6 +247,7 @@ pub async fn send(
     // files) ahead. Items go over in batches when the planner is behind, so
     // that the two threads do not wake each other for every file.
     let (items_tx, mut items) = mpsc::channel::<Vec<anyhow::Result<Item>>>(WALK_BATCHES);
+    let window = ask_ahead();
     // Files whose data is read, so far: the walk's batches grow while
     // few are.
     let with_data = Arc::new(AtomicU64::new(0));
@@ -259,7 +260,7 @@ pub async fn send(
         let _stay = rfabric::thread_dir::stay();
         let mut batch = Vec::new();
         let mut first_at = std::time::Instant::now();
-        let mut size = BatchSize::new(ask_ahead());
+        let mut size = BatchSize::new(window);
         let mut emit = |item| {
             if batch.is_empty() {
                 first_at = std::time::Instant::now();
@@ -324,7 +325,7 @@ pub async fn send(
     let asking: Asking = Arc::default();
     let steps_for_answers = planner.steps.downgrade();
     // Files announced ahead of their data, waiting for their answers.
-    let (ahead_tx, mut ahead) = mpsc::channel::<(FileToSend, Answer)>(ask_ahead());
+    let (ahead_tx, mut ahead) = mpsc::channel::<(FileToSend, Answer)>(window);
     let feeder = {
         let planner = planner.clone();
         tokio::spawn(async move {

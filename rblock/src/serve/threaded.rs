@@ -576,7 +576,7 @@ impl Conn {
             // This thread is there to wait: reads of any length are made
             // here, with no hand-off to the storage engine.
             (Command::Read, Backend::Local(local)) => {
-                let zero_copy = self.from_cache.now();
+                let zero_copy = self.from_cache.allows();
                 if let Some(reply) = send_from_cache(local, &t.req, structured, zero_copy) {
                     return reply;
                 }

@@ -71,7 +71,7 @@ pub(super) async fn transmission(
                 break;
             }
             if let (false, Backend::Local(storage)) = (stopping, &backend) {
-                let zero_copy = from_cache.now();
+                let zero_copy = from_cache.allows();
                 let burst = take_burst(&mut rd, &limits, &budget, storage, zero_copy);
                 if !(burst.reads.is_empty() && burst.answered.is_empty()) {
                     let replies = &replies;
@@ -143,7 +143,7 @@ pub(super) async fn transmission(
                 .expect("never closed");
             let (backend, replies, buffers) =
                 (backend.clone(), Arc::clone(&replies), buffers.clone());
-            let zero_copy = from_cache.now();
+            let zero_copy = from_cache.allows();
             tokio::spawn(async move {
                 let data = Data {
                     payload,

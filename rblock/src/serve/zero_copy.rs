@@ -70,7 +70,8 @@ pub(super) struct Load {
 }
 
 impl FromCache {
-    pub(super) fn now(&self) -> bool {
+    /// Whether a large cached read may be sent from the page cache.
+    pub(super) fn allows(&self) -> bool {
         matches!(self, FromCache::Always)
     }
 }

@@ -17,8 +17,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// on every architecture).
 const SYS_CACHESTAT: libc::c_long = 451;
 
-/// Whether this kernel answered `cachestat` with `ENOSYS` (or a filter
-/// with `EPERM`) once: then it is not asked again.
+/// Whether `cachestat` was refused once, with `ENOSYS` (a kernel before
+/// 6.5) or `EPERM` (a seccomp filter, or a kernel that answers only a
+/// file's writers): then it is not asked again, in this process, and
+/// `mincore` answers for every file.
 static NO_CACHESTAT: AtomicBool = AtomicBool::new(false);
 
 /// Pages of `[offset, offset+len)` of `file` in the page cache:
@@ -75,7 +77,7 @@ fn by_cachestat(file: BorrowedFd<'_>, offset: u64, len: u64) -> std::io::Result<
 /// shared mapping of them that nothing reads (so nothing is faulted in
 /// and nothing can fault: a page past the end of the file is simply not
 /// resident). Pages beyond the end count as not cached.
-pub(crate) fn by_mincore(file: BorrowedFd<'_>, offset: u64, len: u64) -> std::io::Result<u64> {
+fn by_mincore(file: BorrowedFd<'_>, offset: u64, len: u64) -> std::io::Result<u64> {
     if len == 0 {
         return Ok(0);
     }
