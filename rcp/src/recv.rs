@@ -163,6 +163,9 @@ pub async fn receive(
     let base = Arc::new(base);
     let mut files: HashMap<u32, File> = HashMap::new();
     let mut finals = Finals::default();
+    // Files being finished at once: the sender's window of announced
+    // files, which is sized to the limit on open files the same way.
+    let finishing_most = crate::send::ask_ahead();
     let dirs_to_sync = Arc::new(std::sync::Mutex::new(DirSyncs::default()));
     let mut stats = Stats {
         stream_bytes: vec![0; links.len()],
@@ -293,6 +296,7 @@ pub async fn receive(
                     }
                     Action::Finish { entry } => {
                         let file = files.remove(&entry).expect("an open file");
+                        finals.room(finishing_most).await;
                         finals.spawn(finish_file(
                             answers.clone(),
                             engine.clone(),
@@ -431,6 +435,23 @@ struct Finals {
 }
 
 impl Finals {
+    /// Waits while `most` files are being finished for one of them to end.
+    /// Each keeps its descriptor open until it is committed, and nothing
+    /// else bounds them: slots are credited back once written, before the
+    /// commit. Into XFS with a sync per file, a local 100,000-entry copy
+    /// held so many that the sending side's next `open` failed with
+    /// `EMFILE` under a limit of 20,000 files. Waiting here holds up the
+    /// stream, and with it the sender; a finish never waits for this loop
+    /// (its answer goes out through an unbounded queue).
+    async fn room(&mut self, most: usize) {
+        while self.running.len() >= most {
+            match self.running.join_next().await {
+                Some(done) => self.take(done),
+                None => break,
+            }
+        }
+    }
+
     fn spawn(&mut self, finish: impl Future<Output = Verdict> + Send + 'static) {
         self.running.spawn(finish);
         while let Some(done) = self.running.try_join_next() {

@@ -27,7 +27,9 @@ use crate::idmap::Owners;
 use crate::listed;
 use crate::proto::{Entry, EntryKind, Meta};
 
+mod together;
 mod unnamed;
+use together::Together;
 use unnamed::Linking;
 
 /// Splits a peer's relative path into checked components: not empty, not
@@ -560,6 +562,8 @@ pub struct Base {
     /// By device: whether files can be made unnamed there, and how they
     /// are linked into place (probed once, [`unnamed::probe`]).
     unnamed: std::sync::Mutex<std::collections::HashMap<u64, Option<Linking>>>,
+    /// By device, where files are made durable together: its rounds.
+    together: std::sync::Mutex<std::collections::HashMap<u64, Arc<Together>>>,
 }
 
 /// The directories entries went into lately, the latest first. Entries of
@@ -592,15 +596,26 @@ impl RecentDirs {
     }
 }
 
+/// How a received file's data is made durable before it gets its name.
+#[derive(Debug)]
+enum Durability {
+    /// tmpfs or ramfs: no disk behind it, so there is nothing to sync and
+    /// a rename cannot wait for I/O.
+    InMemory,
+    /// In rounds of one `syncfs` for many files ([`together`]).
+    Together(Arc<Together>),
+    /// An `fdatasync` of each file.
+    EachFile,
+}
+
 /// A directory files are received into.
 #[derive(Debug)]
 pub struct DestDir {
     fd: OwnedFd,
     /// Its components beneath the base.
     at: Vec<Vec<u8>>,
-    /// On tmpfs or ramfs: no disk behind it, so syncing is free and a
-    /// rename cannot wait for I/O.
-    in_memory: bool,
+    /// How files placed in it are made durable first.
+    durability: Durability,
     /// Device and inode: which directory it is, whatever fd shows it.
     id: (u64, u64),
     /// Whether it has a default ACL, which files made in it inherit
@@ -629,17 +644,28 @@ impl DestDir {
         fd: OwnedFd,
         at: Vec<Vec<u8>>,
         made: &std::collections::HashSet<(u64, u64)>,
+        together: &mut std::collections::HashMap<u64, Arc<Together>>,
     ) -> anyhow::Result<DestDir> {
         const TMPFS_MAGIC: u64 = 0x0102_1994;
         const RAMFS_MAGIC: u64 = 0x8584_58f6;
-        let in_memory = rustix::fs::fstatfs(&fd)
-            .is_ok_and(|s| matches!(s.f_type as u64, TMPFS_MAGIC | RAMFS_MAGIC));
         let st = rustix::fs::fstat(&fd)?;
         let id = (st.st_dev, st.st_ino);
+        let durability = match rustix::fs::fstatfs(&fd).map(|s| s.f_type as u64) {
+            Ok(TMPFS_MAGIC | RAMFS_MAGIC) => Durability::InMemory,
+            Ok(f_type) if together::syncs_whole(f_type) => match together.get(&st.st_dev) {
+                Some(rounds) => Durability::Together(Arc::clone(rounds)),
+                None => {
+                    let rounds = Arc::new(Together::new(rustix::io::dup(&fd)?));
+                    together.insert(st.st_dev, Arc::clone(&rounds));
+                    Durability::Together(rounds)
+                }
+            },
+            _ => Durability::EachFile,
+        };
         Ok(DestDir {
             fd,
             at,
-            in_memory,
+            durability,
             id,
             passes_acls: std::sync::OnceLock::new(),
             made_here: made.contains(&id),
@@ -707,6 +733,7 @@ impl Base {
             disk: None,
             made: std::sync::Mutex::default(),
             unnamed: std::sync::Mutex::default(),
+            together: std::sync::Mutex::default(),
         }
     }
 
@@ -756,7 +783,9 @@ impl Base {
         }
         let at = dirs.iter().map(|d| d.to_vec()).collect();
         let made = self.made.lock().expect("made dirs lock");
-        let dir = Arc::new(DestDir::new(open_dir_beneath(&self.dir, dirs)?, at, &made)?);
+        let mut together = self.together.lock().expect("together lock");
+        let fd = open_dir_beneath(&self.dir, dirs)?;
+        let dir = Arc::new(DestDir::new(fd, at, &made, &mut together)?);
         recent.add(Arc::clone(&dir));
         Ok((dir, name))
     }
@@ -1217,24 +1246,32 @@ impl PartFile {
             name,
             ..
         } = self;
+        let fd = Arc::new(fd);
         match naming {
-            // Nothing to wait for: done here, without a hand-off.
-            Naming::Temp(temp) if parent.in_memory => {
+            Naming::Temp(temp) => {
+                match &parent.durability {
+                    // Nothing to wait for: done here, without a hand-off.
+                    Durability::InMemory => {}
+                    Durability::Together(rounds) => durable_together(rounds, &fd, engine).await?,
+                    Durability::EachFile => {
+                        return engine
+                            .sync_and_rename(&fd, &parent, temp, name)
+                            .await
+                            .map(|()| parent)
+                            .map_err(Into::into);
+                    }
+                }
                 rustix::fs::renameat(&parent, temp.as_c_str(), &parent, name.as_c_str())
                     .context("cannot rename into place")?;
             }
-            Naming::Temp(temp) => {
-                engine
-                    .sync_and_rename(&Arc::new(fd), &parent, temp, name)
-                    .await?;
-            }
             Naming::Unnamed(how) => {
-                let fd = Arc::new(fd);
-                if !parent.in_memory {
-                    engine
+                match &parent.durability {
+                    Durability::InMemory => {}
+                    Durability::Together(rounds) => durable_together(rounds, &fd, engine).await?,
+                    Durability::EachFile => engine
                         .sync(&fd, true)
                         .await
-                        .context("cannot sync the data to disk")?;
+                        .context("cannot sync the data to disk")?,
                 }
                 unnamed::place(&fd, how, &parent, &name).context("cannot link into place")?;
                 if !parent.made_here {
@@ -1251,6 +1288,23 @@ impl PartFile {
         if let Naming::Temp(temp) = &self.naming {
             let _ = rustix::fs::unlinkat(&self.parent, temp.as_c_str(), AtFlags::empty());
         }
+    }
+}
+
+/// Makes `fd`'s data durable in a round of its filesystem's, or, where
+/// the round failed, with its own `fdatasync`.
+async fn durable_together(
+    rounds: &Arc<Together>,
+    fd: &Arc<OwnedFd>,
+    engine: &Engine,
+) -> anyhow::Result<()> {
+    if rounds.durable().await {
+        rfabric::storage::writeback_errors(&**fd).context("cannot write the data to disk")
+    } else {
+        engine
+            .sync(fd, true)
+            .await
+            .context("cannot sync the data to disk")
     }
 }
 

@@ -30,6 +30,7 @@ mod cachestat;
 mod probe;
 mod threads;
 mod uring;
+mod writeback;
 
 use std::ffi::CString;
 use std::os::fd::AsFd;
@@ -41,6 +42,7 @@ use tokio::sync::oneshot;
 pub use buf::IoBuf;
 pub use cachestat::cached_pages;
 pub use threads::pread_append;
+pub use writeback::writeback_errors;
 
 use crate::memory::{BufferPool, PoolBuf};
 use threads::Threads;
