@@ -25,7 +25,10 @@
 //!
 //! The price: `syncfs` writes back all the filesystem holds dirty, other
 //! programs' files too, so where others keep a filesystem busy a round
-//! lasts as long as their writeback. Elsewhere (NFS, Lustre, GPFS, FUSE:
+//! lasts as long as their writeback. Per-file syncs wait as long there,
+//! their journal commits queued behind the same writeback: beside a `dd`
+//! filling the same XFS, 10,000 files took 13.0-14.5 s in rounds and
+//! 12.8-35.1 s with an `fdatasync` each. Elsewhere (NFS, Lustre, GPFS, FUSE:
 //! what `syncfs` promises there is each filesystem's own) every file has
 //! its own `fdatasync`, as before.
 //!
