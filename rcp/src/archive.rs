@@ -9,7 +9,12 @@
 //! * Extended attributes: `user.*` always, `trusted.*` and `security.*`
 //!   with the powers of owners; POSIX ACLs are the two
 //!   `system.posix_acl_*` attributes, carried with `-A`. No other
-//!   `system.*` attribute is ever read or set.
+//!   `system.*` attribute is ever read or set. XFS shows root its ACLs a
+//!   second time, under their on-disk names `trusted.SGI_ACL_FILE` and
+//!   `trusted.SGI_ACL_DEFAULT` ([`acl_alias`]): those are never read, set
+//!   or removed as attributes of their own. Removing one removes the ACL:
+//!   a re-sync's cleanup once took every default ACL off directories it
+//!   copied into XFS.
 //! * Device nodes need the powers of owners; FIFOs and sockets do not.
 //! * Hard links: the sender keeps a map of the files it sent with more
 //!   than one name; the receiver links the other names once every file
@@ -80,7 +85,7 @@ impl Keep {
 
     /// Whether attribute `name` is carried under these choices.
     fn carries(self, name: &[u8]) -> bool {
-        if !xattr_name_allowed(name) {
+        if !xattr_name_allowed(name) || acl_alias(name) {
             return false;
         }
         if name == ACL_ACCESS || name == ACL_DEFAULT {
@@ -89,6 +94,13 @@ impl Keep {
             self.xattrs
         }
     }
+}
+
+/// Whether `name` is XFS's second name for a POSIX ACL (its on-disk
+/// name, listed to root as a `trusted.*` attribute): the ACL itself,
+/// carried as `system.posix_acl_*` with `-A`.
+pub fn acl_alias(name: &[u8]) -> bool {
+    name == b"trusted.SGI_ACL_FILE" || name == b"trusted.SGI_ACL_DEFAULT"
 }
 
 /// What the receiving process may do. A root process that is not allowed
@@ -492,7 +504,8 @@ pub fn apply(
     set_owner(node, meta, keep, powers)?;
     for x in xattrs {
         let privileged = x.name.starts_with(b"trusted.") || x.name.starts_with(b"security.");
-        if privileged && !powers.owners {
+        // (An alias comes only from a sender before acl_alias.)
+        if privileged && !powers.owners || acl_alias(&x.name) {
             continue;
         }
         set_xattr(node, &x.name, Some(&x.value)).with_context(|| {

@@ -231,6 +231,61 @@ fn trees_of_many_seeds_match_rsync_locally() {
     }
 }
 
+/// A loop-mounted filesystem image, unmounted when dropped.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Into XFS, RHEL's default filesystem, where received files are made
+/// durable in rounds of one `syncfs` (`tree/together.rs`) and made
+/// unnamed first, and where root sees each POSIX ACL twice (also as
+/// `trusted.SGI_ACL_*`, whose removal removes the ACL): the copy matches
+/// rsync's copy of the same tree beside the source. (Not rsync's copy
+/// into XFS: rsync 3.2 `-aHAX` as root removes those names there, and
+/// with them every ACL it copied, as rcp did before `acl_alias`.)
+#[test]
+fn an_archive_copy_into_xfs_matches_rsync() {
+    if !is_root() {
+        eprintln!("skipped: needs root (a loop mount)");
+        return;
+    }
+    let t = Scratch::new("archive-xfs");
+    let (image, mnt) = (t.path("xfs.img"), t.path("mnt"));
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(512 << 20)
+        .unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let made = Command::new("mkfs.xfs").arg("-q").arg(&image).status();
+    assert!(
+        made.is_ok_and(|s| s.success()),
+        "mkfs.xfs (xfsprogs, scripts/setup)"
+    );
+    let mounted = Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&image)
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    if !mounted.success() {
+        eprintln!("skipped: this kernel mounts no XFS image");
+        return;
+    }
+    let _mounted = Mounted(mnt.clone());
+    // (A seed whose tree has files and directories with access and
+    // default ACLs, some inherited.)
+    let (src, oracle, ours) = (t.path("src"), t.path("rsync"), mnt.join("rcp"));
+    generate(&src, 3);
+    rsync_copy(&src, &oracle);
+    rcp_archive(&[src.as_os_str(), ours.as_os_str()]);
+    let diff = differences(&oracle, &ours);
+    assert!(diff.is_empty(), "{}", diff.join("\n"));
+}
+
 /// A tree whose entries belong to named and nameless users and groups
 /// (root, daemon, bin, man; ids no name has), directories and a symlink
 /// among them.
