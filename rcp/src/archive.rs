@@ -13,8 +13,8 @@
 //!   second time, under their on-disk names `trusted.SGI_ACL_FILE` and
 //!   `trusted.SGI_ACL_DEFAULT` ([`acl_alias`]): those are never read, set
 //!   or removed as attributes of their own. Removing one removes the ACL:
-//!   a re-sync's cleanup once took every default ACL off directories it
-//!   copied into XFS.
+//!   the receiver's cleanup of attributes the source lacks once took the
+//!   ACLs off what it copied into XFS.
 //! * Device nodes need the powers of owners; FIFOs and sockets do not.
 //! * Hard links: the sender keeps a map of the files it sent with more
 //!   than one name; the receiver links the other names once every file
@@ -505,7 +505,7 @@ pub fn apply(
     for x in xattrs {
         let privileged = x.name.starts_with(b"trusted.") || x.name.starts_with(b"security.");
         // (An alias comes only from a sender before acl_alias.)
-        if privileged && !powers.owners || acl_alias(&x.name) {
+        if (privileged && !powers.owners) || acl_alias(&x.name) {
             continue;
         }
         set_xattr(node, &x.name, Some(&x.value)).with_context(|| {
