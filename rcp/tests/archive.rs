@@ -245,7 +245,7 @@ impl Drop for Mounted {
 /// unnamed first, and where root sees each POSIX ACL twice (also as
 /// `trusted.SGI_ACL_*`, whose removal removes the ACL): the copy matches
 /// rsync's copy of the same tree beside the source. (Not rsync's copy
-/// into XFS: rsync 3.2 `-aHAX` as root removes those names there, and
+/// into XFS: rsync (3.5.0 here) `-aHAX` as root removes those names there, and
 /// with them every ACL it copied, as rcp did before `acl_alias`.)
 #[test]
 fn an_archive_copy_into_xfs_matches_rsync() {
