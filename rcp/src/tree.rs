@@ -608,6 +608,27 @@ enum Durability {
     EachFile,
 }
 
+impl Durability {
+    /// Makes `fd`'s data durable: nothing in memory; in a round of its
+    /// filesystem's, then its own writeback errors asked; by its own
+    /// `fdatasync` where the filesystem has no rounds or its round failed.
+    async fn make(&self, fd: &Arc<OwnedFd>, engine: &Engine) -> anyhow::Result<()> {
+        let own_sync = match self {
+            Durability::InMemory => return Ok(()),
+            Durability::Together(rounds) => !rounds.durable().await,
+            Durability::EachFile => true,
+        };
+        if own_sync {
+            engine
+                .sync(fd, true)
+                .await
+                .context("cannot sync the data to disk")
+        } else {
+            rfabric::storage::writeback_errors(&**fd).context("cannot write the data to disk")
+        }
+    }
+}
+
 /// A directory files are received into.
 #[derive(Debug)]
 pub struct DestDir {
@@ -1248,31 +1269,19 @@ impl PartFile {
         } = self;
         let fd = Arc::new(fd);
         match naming {
+            // A sync of its own is linked with the rename (one pair of
+            // io_uring operations, one job of the threads engine).
+            Naming::Temp(temp) if matches!(parent.durability, Durability::EachFile) => {
+                engine.sync_and_rename(&fd, &parent, temp, name).await?;
+            }
+            // Otherwise nothing to hand off: renamed here once durable.
             Naming::Temp(temp) => {
-                match &parent.durability {
-                    // Nothing to wait for: done here, without a hand-off.
-                    Durability::InMemory => {}
-                    Durability::Together(rounds) => durable_together(rounds, &fd, engine).await?,
-                    Durability::EachFile => {
-                        return engine
-                            .sync_and_rename(&fd, &parent, temp, name)
-                            .await
-                            .map(|()| parent)
-                            .map_err(Into::into);
-                    }
-                }
+                parent.durability.make(&fd, engine).await?;
                 rustix::fs::renameat(&parent, temp.as_c_str(), &parent, name.as_c_str())
                     .context("cannot rename into place")?;
             }
             Naming::Unnamed(how) => {
-                match &parent.durability {
-                    Durability::InMemory => {}
-                    Durability::Together(rounds) => durable_together(rounds, &fd, engine).await?,
-                    Durability::EachFile => engine
-                        .sync(&fd, true)
-                        .await
-                        .context("cannot sync the data to disk")?,
-                }
+                parent.durability.make(&fd, engine).await?;
                 unnamed::place(&fd, how, &parent, &name).context("cannot link into place")?;
                 if !parent.made_here {
                     remove_leftover(&parent, &name)?;
@@ -1288,23 +1297,6 @@ impl PartFile {
         if let Naming::Temp(temp) = &self.naming {
             let _ = rustix::fs::unlinkat(&self.parent, temp.as_c_str(), AtFlags::empty());
         }
-    }
-}
-
-/// Makes `fd`'s data durable in a round of its filesystem's, or, where
-/// the round failed, with its own `fdatasync`.
-async fn durable_together(
-    rounds: &Arc<Together>,
-    fd: &Arc<OwnedFd>,
-    engine: &Engine,
-) -> anyhow::Result<()> {
-    if rounds.durable().await {
-        rfabric::storage::writeback_errors(&**fd).context("cannot write the data to disk")
-    } else {
-        engine
-            .sync(fd, true)
-            .await
-            .context("cannot sync the data to disk")
     }
 }
 

@@ -253,7 +253,9 @@ pub fn xattrs_of(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let n = rustix::fs::llistxattr(p, &mut list[..]).unwrap();
     let mut out = BTreeMap::new();
     // (XFS lists its ACLs to root a second time, under their on-disk
-    // names: they are compared as the system.posix_acl_* they are.)
+    // names: they are compared as the system.posix_acl_* they are. Spelled
+    // out here, not taken from rcp's archive::acl_alias: the oracle does
+    // not lean on the code it checks.)
     let alias = |n: &[u8]| n == b"trusted.SGI_ACL_FILE" || n == b"trusted.SGI_ACL_DEFAULT";
     for name in list[..n]
         .split(|&b| b == 0)

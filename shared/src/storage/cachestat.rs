@@ -81,17 +81,12 @@ fn by_mincore(file: BorrowedFd<'_>, offset: u64, len: u64) -> std::io::Result<u6
     if len == 0 {
         return Ok(0);
     }
+    let overflow = || std::io::Error::from_raw_os_error(libc::EOVERFLOW);
     let page = rustix::param::page_size() as u64;
     let start = offset / page * page;
-    let end = offset
-        .checked_add(len)
-        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EOVERFLOW))?
-        .div_ceil(page)
-        * page;
-    let map_len = usize::try_from(end - start)
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EOVERFLOW))?;
-    let map_offset = libc::off_t::try_from(start)
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+    let end = offset.checked_add(len).ok_or_else(overflow)?.div_ceil(page) * page;
+    let map_len = usize::try_from(end - start).map_err(|_| overflow())?;
+    let map_offset = libc::off_t::try_from(start).map_err(|_| overflow())?;
     // SAFETY: FFI; a fresh mapping at an address the kernel chooses, so it
     // replaces nothing of ours; it is only handed to mincore and unmapped
     // below, never read or written through.
