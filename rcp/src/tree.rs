@@ -272,15 +272,23 @@ impl Walker {
         top: &[u8],
         emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
-        let shown = String::from_utf8_lossy(name).into_owned();
+        let shown = || String::from_utf8_lossy(name).into_owned();
         let stat = rustix::fs::statat(parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .with_context(|| format!("cannot stat {shown}"))?;
+            .with_context(|| format!("cannot stat {}", shown()))?;
         let parent = Arc::new(rustix::io::dup(parent)?);
         let how = Visit {
             depth: Depth::All,
             filtered: true,
         };
-        self.visit(&parent, name, top.to_vec(), &stat, emit, &shown, how)
+        self.visit(
+            &parent,
+            &cstr(name)?,
+            top.to_vec(),
+            &stat,
+            emit,
+            &shown,
+            how,
+        )
     }
 
     /// `--files-from`: lists `names` (checked, sorted and deduplicated by
@@ -342,16 +350,24 @@ impl Walker {
         emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
         how: Visit,
     ) -> anyhow::Result<bool> {
-        let shown = String::from_utf8_lossy(path).into_owned();
+        let shown = || String::from_utf8_lossy(path).into_owned();
         let parts = relative(path)?;
         let (name, dirs) = parts.split_last().expect("relative paths have a part");
         let parent = Arc::new(
             open_dir_beneath(base, dirs)
-                .with_context(|| format!("cannot reach {shown} (listed in --files-from)"))?,
+                .with_context(|| format!("cannot reach {} (listed in --files-from)", shown()))?,
         );
         let stat = rustix::fs::statat(&*parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .with_context(|| format!("cannot stat {shown} (listed in --files-from)"))?;
-        self.visit(&parent, name, path.to_vec(), &stat, emit, &shown, how)?;
+            .with_context(|| format!("cannot stat {} (listed in --files-from)", shown()))?;
+        self.visit(
+            &parent,
+            &cstr(name)?,
+            path.to_vec(),
+            &stat,
+            emit,
+            &shown,
+            how,
+        )?;
         Ok(FileType::from_raw_mode(stat.st_mode) == FileType::Directory)
     }
 
@@ -359,21 +375,23 @@ impl Walker {
     fn visit(
         &mut self,
         parent: &Arc<OwnedFd>,
-        name: &[u8],
+        cname: &CStr,
         path: Vec<u8>,
         stat: &rustix::fs::Stat,
         emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
-        shown: &str,
+        // The name in messages: made only for one (a walk meets every
+        // name once, and almost never has anything to say about it).
+        shown: &dyn Fn() -> String,
         how: Visit,
     ) -> anyhow::Result<()> {
         let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
         if how.filtered && self.filter.excludes(&path, is_dir) {
             return Ok(());
         }
-        let cname = cstr(name)?;
+        let name = cname.to_bytes();
         let target = if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink {
-            rustix::fs::readlinkat(parent, cname.as_c_str(), Vec::new())
-                .with_context(|| format!("cannot read symlink {shown}"))?
+            rustix::fs::readlinkat(parent, cname, Vec::new())
+                .with_context(|| format!("cannot read symlink {}", shown()))?
                 .into_bytes()
         } else {
             Vec::new()
@@ -381,8 +399,9 @@ impl Walker {
         let Some(mut entry) = entry_for(stat, self.keep, self.next_index, path.clone(), target)
         else {
             eprintln!(
-                "rcp: skipping {shown}: not a regular file, directory or symlink (-D copies \
-                 devices, FIFOs and sockets)"
+                "rcp: skipping {}: not a regular file, directory or symlink (-D copies \
+                 devices, FIFOs and sockets)",
+                shown()
             );
             return Ok(());
         };
@@ -390,7 +409,7 @@ impl Walker {
             owners.apply(meta);
         }
         if entry.kind == EntryKind::Dir && how.depth == Depth::All && !self.recursive {
-            bail!("{shown} is a directory (use -r to copy directories)");
+            bail!("{} is a directory (use -r to copy directories)", shown());
         }
         if entry.kind == EntryKind::File && self.keep.hard_links && stat.st_nlink > 1 {
             let id = (stat.st_dev, stat.st_ino);
@@ -423,7 +442,7 @@ impl Walker {
             EntryKind::Dir => Some(open_dir_beneath(&**parent, &[name])?),
             EntryKind::File if attributes && disk.is_none() && !by_name => rustix::fs::openat(
                 &**parent,
-                cname.as_c_str(),
+                cname,
                 OFlags::RDONLY
                     | OFlags::NOFOLLOW
                     | OFlags::NONBLOCK
@@ -441,7 +460,7 @@ impl Walker {
             (None, Some(disk)) => Node::Path(disk.as_c_str()),
             (None, None) => {
                 held = parent.clone();
-                Node::Held(&held, cname.as_c_str())
+                Node::Held(&held, cname)
             }
         };
         let xattrs = archive::read_xattrs(node, self.keep)?;
@@ -454,7 +473,7 @@ impl Walker {
                 let dense = stat.st_blocks as u64 * 512 >= entry.size;
                 let file = FileAt {
                     dir: Arc::clone(parent),
-                    name: cname,
+                    name: cname.to_owned(),
                     id: (stat.st_dev, stat.st_ino),
                     open,
                 };
@@ -482,28 +501,26 @@ impl Walker {
                     ..how
                 };
                 let dir = Arc::new(open.expect("a directory is open"));
-                let mut names: Vec<Vec<u8>> = Vec::new();
+                let mut names: Vec<CString> = Vec::new();
                 for d in rustix::fs::Dir::read_from(&*dir)
-                    .with_context(|| format!("cannot list {shown}"))?
+                    .with_context(|| format!("cannot list {}", shown()))?
                 {
-                    let d = d.with_context(|| format!("cannot list {shown}"))?;
-                    let n = d.file_name().to_bytes();
-                    if n != b"." && n != b".." {
-                        names.push(n.to_vec());
+                    let d = d.with_context(|| format!("cannot list {}", shown()))?;
+                    let n = d.file_name();
+                    if !matches!(n.to_bytes(), b"." | b"..") {
+                        names.push(n.to_owned());
                     }
                 }
                 // A stable order: same tree, same entry numbers.
                 names.sort();
                 for n in names {
-                    let st =
-                        rustix::fs::statat(&*dir, cstr(&n)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-                            .with_context(|| {
-                                format!("cannot stat {shown}/{}", String::from_utf8_lossy(&n))
-                            })?;
+                    let named = || format!("{}/{}", shown(), n.to_string_lossy());
+                    let st = rustix::fs::statat(&*dir, &n, AtFlags::SYMLINK_NOFOLLOW)
+                        .with_context(|| format!("cannot stat {}", named()))?;
                     let mut child = path.clone();
                     child.push(b'/');
-                    child.extend_from_slice(&n);
-                    let shown = format!("{shown}/{}", String::from_utf8_lossy(&n));
+                    child.extend_from_slice(n.as_bytes());
+                    let shown = || named();
                     self.visit(&dir, &n, child, &st, emit, &shown, how)?;
                 }
                 Ok(())
