@@ -690,14 +690,19 @@ impl DestDir {
         let id = (st.st_dev, st.st_ino);
         let durability = match rustix::fs::fstatfs(&fd).map(|s| s.f_type as u64) {
             Ok(TMPFS_MAGIC | RAMFS_MAGIC) => Durability::InMemory,
-            Ok(f_type) if together::syncs_whole(f_type) => match together.get(&st.st_dev) {
-                Some(rounds) => Durability::Together(Arc::clone(rounds)),
-                None => {
-                    let rounds = Arc::new(Together::new(rustix::io::dup(&fd)?));
-                    together.insert(st.st_dev, Arc::clone(&rounds));
-                    Durability::Together(rounds)
+            Ok(f_type)
+                if together::syncs_whole(f_type)
+                    && together::test_hook() != Some(together::Hook::EachFile) =>
+            {
+                match together.get(&st.st_dev) {
+                    Some(rounds) => Durability::Together(Arc::clone(rounds)),
+                    None => {
+                        let rounds = Arc::new(Together::new(rustix::io::dup(&fd)?));
+                        together.insert(st.st_dev, Arc::clone(&rounds));
+                        Durability::Together(rounds)
+                    }
                 }
-            },
+            }
             _ => Durability::EachFile,
         };
         Ok(DestDir {

@@ -14,6 +14,7 @@ use test_support::Scratch;
 
 mod common;
 use common::trees::*;
+use common::xfs::Xfs;
 use common::{Daemon, RCP, fake_rsh, secret};
 
 fn rcp_archive(args: &[&OsStr]) {
@@ -231,15 +232,6 @@ fn trees_of_many_seeds_match_rsync_locally() {
     }
 }
 
-/// A loop-mounted filesystem image, unmounted when dropped.
-struct Mounted(std::path::PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 /// Into XFS, RHEL's default filesystem, where received files are made
 /// durable in rounds of one `syncfs` (`tree/together.rs`) and made
 /// unnamed first, and where root sees each POSIX ACL twice (also as
@@ -249,36 +241,11 @@ impl Drop for Mounted {
 /// with them every ACL it copied, as rcp did before `acl_alias`.)
 #[test]
 fn an_archive_copy_into_xfs_matches_rsync() {
-    if !is_root() {
-        eprintln!("skipped: needs root (a loop mount)");
-        return;
-    }
     let t = Scratch::new("archive-xfs");
-    let (image, mnt) = (t.path("xfs.img"), t.path("mnt"));
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(512 << 20)
-        .unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    let made = Command::new("mkfs.xfs").arg("-q").arg(&image).status();
-    assert!(
-        made.is_ok_and(|s| s.success()),
-        "mkfs.xfs (xfsprogs, scripts/setup)"
-    );
-    let mounted = Command::new("mount")
-        .args(["-o", "loop"])
-        .arg(&image)
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    if !mounted.success() {
-        eprintln!("skipped: this kernel mounts no XFS image");
-        return;
-    }
-    let _mounted = Mounted(mnt.clone());
+    let Some(xfs) = Xfs::mount(&t) else { return };
     // (A seed whose tree has files and directories with access and
     // default ACLs, some inherited.)
-    let (src, oracle, ours) = (t.path("src"), t.path("rsync"), mnt.join("rcp"));
+    let (src, oracle, ours) = (t.path("src"), t.path("rsync"), xfs.path().join("rcp"));
     generate(&src, 3);
     rsync_copy(&src, &oracle);
     rcp_archive(&[src.as_os_str(), ours.as_os_str()]);

@@ -46,6 +46,33 @@ pub(super) fn syncs_whole(f_type: u64) -> bool {
     matches!(f_type, XFS_MAGIC | EXT_MAGIC | BTRFS_MAGIC)
 }
 
+/// Test hook (`RCP_TEST_DURABILITY`), so that the integration tests reach
+/// the ways a file is made durable that a healthy disk of theirs never
+/// takes: `each-file` gives every file an `fdatasync` of its own where
+/// rounds would be used (as on NFS or Lustre), `rounds-fail` makes every
+/// round fail as if `syncfs` had (each file then syncs itself). Only in
+/// builds with the `test-hooks` feature: a shipping binary reads no such
+/// variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Hook {
+    EachFile,
+    RoundsFail,
+}
+
+#[cfg(feature = "test-hooks")]
+pub(super) fn test_hook() -> Option<Hook> {
+    match std::env::var("RCP_TEST_DURABILITY").ok()?.as_str() {
+        "each-file" => Some(Hook::EachFile),
+        "rounds-fail" => Some(Hook::RoundsFail),
+        _ => None,
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+pub(super) fn test_hook() -> Option<Hook> {
+    None
+}
+
 /// The rounds of one filesystem: which round a file waits for, when the
 /// next one starts, and what a waiting file learns.
 #[derive(Debug, Default)]
@@ -163,9 +190,11 @@ impl Together {
             let mut round = Some(first);
             while round.is_some() {
                 let fs = Arc::clone(&me.fs);
-                let good = tokio::task::spawn_blocking(move || rustix::fs::syncfs(&*fs).is_ok())
-                    .await
-                    .unwrap_or(false);
+                let good = tokio::task::spawn_blocking(move || {
+                    test_hook() != Some(Hook::RoundsFail) && rustix::fs::syncfs(&*fs).is_ok()
+                })
+                .await
+                .unwrap_or(false);
                 let mut rounds = me.rounds.lock().expect("rounds lock");
                 round = rounds.end(good);
                 let ended = rounds.ended;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use test_support::{Scratch, free_port};
 
 pub mod trees;
+pub mod xfs;
 
 pub const RCP: &str = env!("CARGO_BIN_EXE_rcp");
 
