@@ -166,8 +166,6 @@ enum Step {
         /// it was there already.
         compared: bool,
     },
-    /// The receiver has this file already: nothing of it is sent.
-    Skipped,
     /// The feeder could not send a wanted file's data (the receiver waits
     /// for it): the copy stops with this error, at once.
     Failed(anyhow::Error),
@@ -321,7 +319,10 @@ pub async fn send(
         engine: engine.clone(),
         steps: steps_tx,
         with_data: Arc::clone(&with_data),
+        skipped: Arc::default(),
+        progress: progress.clone(),
     };
+    let skipped = Arc::clone(&planner.skipped);
     let asking: Asking = Arc::default();
     let steps_for_answers = planner.steps.downgrade();
     // Files announced ahead of their data, waiting for their answers.
@@ -433,9 +434,6 @@ pub async fn send(
                             ledger.note(&m);
                             batch.push(encoded);
                         }
-                        // (Only counted: an unchanged tree's answers come
-                        // between its entries, and cut no batch short.)
-                        Ok(Step::Skipped) => ledger.skipped(),
                         Ok(other) => {
                             next = Some(other);
                             break;
@@ -445,7 +443,6 @@ pub async fn send(
                 }
                 batch.send(link).await?;
             }
-            Step::Skipped => ledger.skipped(),
             Step::Failed(e) => return Err(e),
             Step::ReceiverStopped => {
                 return match (&mut answers).await? {
@@ -550,6 +547,7 @@ pub async fn send(
     planner.await??;
     feeder.await??;
     walker.await?;
+    ledger.stats.skipped += skipped.load(Ordering::Relaxed);
     let done = Msg::Done {
         entries: ledger.entries,
     };
@@ -591,12 +589,6 @@ struct Ledger {
 }
 
 impl Ledger {
-    /// A file the receiver has already: nothing of it goes.
-    fn skipped(&mut self) {
-        self.stats.skipped += 1;
-        self.progress.there_already(1);
-    }
-
     /// A message about to go.
     fn note(&mut self, m: &Msg) {
         match m {
@@ -758,6 +750,9 @@ struct Planner {
     steps: mpsc::Sender<Step>,
     /// Files whose data is read (see [`BatchSize`]).
     with_data: Arc<AtomicU64>,
+    /// Files the receiver has already: none of their data is sent.
+    skipped: Arc<AtomicU64>,
+    progress: Progress,
 }
 
 /// A file announced, its data still to be planned.
@@ -857,7 +852,10 @@ impl Planner {
         let count = file.size.div_ceil(chunk);
         let there = match wanted {
             Wanted::Nothing => {
-                let _ = self.steps.send(Step::Skipped).await;
+                // (Only counted, not a step: an unchanged tree's answers
+                // would otherwise come between its entries.)
+                self.skipped.fetch_add(1, Ordering::Relaxed);
+                self.progress.there_already(1);
                 return Ok(());
             }
             Wanted::All => None,
