@@ -520,8 +520,7 @@ impl Walker {
                     let mut child = path.clone();
                     child.push(b'/');
                     child.extend_from_slice(n.as_bytes());
-                    let shown = || named();
-                    self.visit(&dir, &n, child, &st, emit, &shown, how)?;
+                    self.visit(&dir, &n, child, &st, emit, &named, how)?;
                 }
                 Ok(())
             }
