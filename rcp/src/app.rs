@@ -364,15 +364,25 @@ async fn remote_copy(
                 addr: endpoint::resolve(host, *port)?,
                 transport: a.tuning.transport,
             };
-            session::client(target, &secret, request, p, progress).await
+            session::client(target, &secret, request, p, progress, None).await
         }
         Operand::Shell { login, host, .. } => {
+            // A push walks its sources while the far side logs in.
+            let early = match &request {
+                Request::Push {
+                    sources,
+                    chain: None,
+                    ..
+                } => Some(session::walk_sources(sources, &p)?),
+                _ => None,
+            };
             let mut remote = shell::start(&a.rsh, login, &a.tuning, a.streams).await?;
             let target = Target {
                 addr: endpoint::resolve(host, remote.banner.port)?,
                 transport: a.tuning.transport,
             };
-            let report = session::client(target, &remote.banner.token, request, p, progress).await;
+            let report =
+                session::client(target, &remote.banner.token, request, p, progress, early).await;
             let status = remote.child.wait().await?;
             let report = report?;
             if !status.success() && report.failed.is_empty() {
@@ -452,7 +462,7 @@ async fn local_copy(
         dest: dest.as_os_str().as_encoded_bytes().to_vec(),
         chain: None,
     };
-    let report = session::client(target, &secret, request, p, progress).await;
+    let report = session::client(target, &secret, request, p, progress, None).await;
     let served = served_rx.await?;
     let report = report?;
     served?;

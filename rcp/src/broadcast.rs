@@ -174,7 +174,7 @@ pub async fn run(
                 dest: b.dest.clone(),
                 chain: Some(hops),
             };
-            session::client(target, &head_secret, request, p.clone(), progress).await
+            session::client(target, &head_secret, request, p.clone(), progress, None).await
         };
         match round.await {
             Ok(r) => {

@@ -166,7 +166,11 @@ pub async fn receive(
     // Files being finished at once: the sender's window of announced
     // files, which is sized to the limit on open files the same way.
     let finishing_most = crate::send::ask_ahead();
-    let dirs_to_sync = Arc::new(std::sync::Mutex::new(DirSyncs::default()));
+    // Directories held open for their sync: a quarter of that.
+    let dirs_to_sync = Arc::new(std::sync::Mutex::new(DirSyncs::new(
+        engine.clone(),
+        finishing_most / 4,
+    )));
     let mut stats = Stats {
         stream_bytes: vec![0; links.len()],
         ..Stats::default()
@@ -406,8 +410,11 @@ pub async fn receive(
         }
     }
     // Every rename is durable before the sender can report success.
-    let dirs = std::mem::take(&mut *dirs_to_sync.lock().expect("dir lock"));
-    dirs.sync(&engine).await?;
+    let dirs = std::mem::replace(
+        &mut *dirs_to_sync.lock().expect("dir lock"),
+        DirSyncs::new(engine.clone(), 1),
+    );
+    dirs.sync().await?;
     drop(answers);
     answerer.await??;
     if !ok {

@@ -21,14 +21,15 @@ use tokio::task::JoinHandle;
 use crate::archive::{self, Keep};
 use crate::digest::Algorithm;
 use crate::exit::PeerLost;
-use crate::filter::Filter;
-use crate::idmap::Owners;
 use crate::proto::{Entry, EntryKind, Msg, NodeResult};
 use crate::report::{Failure, Progress, Stats};
 use crate::resume;
 use crate::resync::Policy;
-use crate::tree::{self, Item, Walker};
+use crate::tree::{self, Item};
 use rfabric::storage::{Engine, Kind};
+
+mod walk;
+pub use walk::Walk;
 
 /// A source operand: `name` inside the directory `parent`, arriving as
 /// `top` on the other side.
@@ -77,68 +78,10 @@ pub struct SendOptions {
     pub engine: Kind,
 }
 
-/// Walked items per batch at most while file data moves, and batches
-/// queued: together they bound the files held open ahead of the sender.
-/// (Batches of 256 made a fresh copy of 100,000 entries 1.12x slower.)
-const WALK_BATCH: usize = 32;
-const WALK_BATCHES: usize = 4;
-/// Walked items per batch at most while few of the files walked have
-/// data sent (a re-sync of a tree that is mostly unchanged, where each
-/// entry is decided in microseconds): the walking and planning threads
-/// wake each other fewer times. Unchanged 100,000-entry local re-sync:
-/// 0.90x the time of batches of 32 always (0.84-0.95, 10 paired runs),
-/// with a fresh copy (which keeps 32) no slower.
-const WALK_BATCH_QUIET: usize = 256;
-/// How long walked items wait for a full batch. Handed over one by one
-/// as soon as the planner had room, the entries of an unchanged tree
-/// (decided in microseconds) went ten or so to a message; a millisecond
-/// is nothing next to any file's data.
-const WALK_HOLD: std::time::Duration = std::time::Duration::from_millis(1);
 /// Steps queued for the sending loop. What it finds queued goes out in
 /// one message, so this bounds the entries per message; the memory of
 /// chunks read ahead is bounded by the buffer pool, not by this.
 const STEPS_QUEUED: usize = 256;
-
-/// How many walked items go in a batch: [`WALK_BATCH`] while file data
-/// moves, [`WALK_BATCH_QUIET`] (at most an eighth of the window of files
-/// asked about ahead, which bounds the open files) while at most one file
-/// in 16 walked since the last batch had its data read. The count of
-/// files with data comes from the planner and lags the walk (the answers
-/// to files announced come later), so a batch's choice follows the
-/// copy's recent past, not its exact present.
-struct BatchSize {
-    quiet_limit: usize,
-    /// Files with data when the last batch went.
-    with_data: u64,
-    quiet: bool,
-}
-
-impl BatchSize {
-    /// A walk starts as a copy whose data moves.
-    fn new(ask_ahead: usize) -> BatchSize {
-        BatchSize {
-            quiet_limit: (ask_ahead / 8).clamp(WALK_BATCH, WALK_BATCH_QUIET),
-            with_data: 0,
-            quiet: false,
-        }
-    }
-
-    fn limit(&self) -> usize {
-        if self.quiet {
-            self.quiet_limit
-        } else {
-            WALK_BATCH
-        }
-    }
-
-    /// A batch of `len` items went; `with_data` files have had their
-    /// data read so far.
-    fn sent(&mut self, len: usize, with_data: u64) {
-        let since = with_data.saturating_sub(self.with_data);
-        self.with_data = with_data;
-        self.quiet = since.saturating_mul(16) <= len as u64;
-    }
-}
 
 /// What the sender does next, in the order of the wire's message stream.
 /// With re-sync, entries go a window ahead of the data of earlier files,
@@ -187,9 +130,15 @@ enum Wanted {
 
 /// Files announced whose answer the sender may wait for at once, at most:
 /// their open files and the receiver's temporary files are bounded by it,
-/// so the window is a quarter of the soft limit on open files (raised to
+/// so the window is an eighth of the soft limit on open files (raised to
 /// the hard one at start, [`crate::tuning::raise_open_file_limit`]), at
-/// least [`ASK_AHEAD_LEAST`]; a local copy is both sides in one process.
+/// least [`ASK_AHEAD_LEAST`]. In a tree of one file a directory each
+/// file holds two descriptors on either side (its directory too), the
+/// receiver has a window of files arriving and one being finished, and
+/// a local copy is both sides in one process: under a quarter, a local
+/// copy of 3,000 such directories ran out at a limit of 1,024 (300
+/// source directories, 300 destination directories, 300 temporary
+/// files open).
 /// Each answer is a round trip through the receiver, so the window is what
 /// keeps a re-sync of small files from waiting on it: on a 100,000-entry
 /// unchanged local re-sync, 1024 took 0.91x the time of 256 (median of 7
@@ -203,7 +152,7 @@ pub const ASK_AHEAD_LEAST: usize = 32;
 pub fn ask_ahead() -> usize {
     let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current
-        .map_or(ASK_AHEAD as u64, |n| n / 4);
+        .map_or(ASK_AHEAD as u64, |n| n / 8);
     (soft as usize).clamp(ASK_AHEAD_LEAST, ASK_AHEAD)
 }
 
@@ -222,10 +171,8 @@ pub struct Outcome {
 /// entry.
 pub async fn send(
     links: &[Link],
-    sources: Sources,
+    walk: Walk,
     opts: SendOptions,
-    filter: &Arc<Filter>,
-    owners: Option<Arc<Owners>>,
     progress: &Progress,
 ) -> anyhow::Result<(Stats, Outcome)> {
     let link = &links[0];
@@ -241,71 +188,14 @@ pub async fn send(
         .with_context(|| format!("cannot start the {} storage engine", opts.engine))?;
     let (data, stripers) = stripe(links, &pool)?;
 
-    // Walk on a blocking thread, a bounded number of items (and open
-    // files) ahead. Items go over in batches when the planner is behind, so
-    // that the two threads do not wake each other for every file.
-    let (items_tx, mut items) = mpsc::channel::<Vec<anyhow::Result<Item>>>(WALK_BATCHES);
+    // The walk goes on as far ahead as the session allows.
+    walk.settle();
+    let Walk {
+        items: mut walked,
+        thread: walker,
+        with_data,
+    } = walk;
     let window = ask_ahead();
-    // Files whose data is read, so far: the walk's batches grow while
-    // few are.
-    let with_data = Arc::new(AtomicU64::new(0));
-    let mut walk = Walker::new(opts.recursive, opts.keep, Arc::clone(filter));
-    walk.map_owners(owners);
-    let walked_with_data = Arc::clone(&with_data);
-    let walker = tokio::task::spawn_blocking(move || {
-        // The walk goes by descriptors (and absolute paths), so the thread
-        // may stay in each directory while it reads the names there.
-        let _stay = rfabric::thread_dir::stay();
-        let mut batch = Vec::new();
-        let mut first_at = std::time::Instant::now();
-        let mut size = BatchSize::new(window);
-        let mut emit = |item| {
-            if batch.is_empty() {
-                first_at = std::time::Instant::now();
-            }
-            batch.push(Ok(item));
-            let limit = size.limit();
-            if batch.len() < limit && first_at.elapsed() < WALK_HOLD {
-                return Ok(());
-            }
-            let full = std::mem::take(&mut batch);
-            let len = full.len();
-            let sent = if len >= limit {
-                items_tx.blocking_send(full).is_ok()
-            } else {
-                match items_tx.try_send(full) {
-                    Ok(()) => true,
-                    Err(mpsc::error::TrySendError::Full(back)) => {
-                        batch = back;
-                        return Ok(());
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => false,
-                }
-            };
-            size.sent(len, walked_with_data.load(Ordering::Relaxed));
-            if sent {
-                Ok(())
-            } else {
-                Err(anyhow::anyhow!("copy stopped"))
-            }
-        };
-        let walked = match sources {
-            Sources::Operands(sources) => sources.iter().try_for_each(|s| {
-                walk.by_path(s.disk.as_deref(), &s.top);
-                walk.walk(&s.parent, &s.name, &s.top, &mut emit)
-            }),
-            Sources::Listed { base, names, disk } => {
-                walk.by_path(disk.map(|d| [&d[..], b"/"].concat()).as_deref(), b"");
-                walk.walk_listed(&base, &names, &mut emit)
-            }
-        };
-        if let Err(e) = walked {
-            batch.push(Err(e));
-        }
-        if !batch.is_empty() {
-            let _ = items_tx.blocking_send(batch);
-        }
-    });
 
     // Plan steps in order, starting reads as buffers allow.
     let (steps_tx, mut steps) = mpsc::channel::<Step>(STEPS_QUEUED);
@@ -347,7 +237,7 @@ pub async fn send(
         let asking = Arc::clone(&asking);
         tokio::spawn(async move {
             let asks = opts.policy.answered(opts.resume, opts.dry_run);
-            while let Some(batch) = items.recv().await {
+            while let Some(batch) = walked.next().await {
                 for item in batch {
                     let item = item?;
                     if !asks {
@@ -1133,42 +1023,4 @@ async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow:
         }
     }
     Ok((failed, removed, nodes))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn walk_batches_grow_while_few_files_have_data_and_shrink_when_many_do() {
-        let mut size = BatchSize::new(ASK_AHEAD);
-        // A walk starts as a copy whose data moves.
-        assert_eq!(size.limit(), WALK_BATCH);
-        // 32 walked, none with data: an unchanged tree.
-        size.sent(32, 0);
-        assert_eq!(size.limit(), WALK_BATCH_QUIET);
-        // One in 16 still counts as quiet (a 1% change is far below)...
-        size.sent(256, 16);
-        assert_eq!(size.limit(), WALK_BATCH_QUIET);
-        // ...one more is not: a fresh copy's batches stay small.
-        size.sent(256, 16 + 17);
-        assert_eq!(size.limit(), WALK_BATCH);
-        size.sent(32, 16 + 17 + 30);
-        assert_eq!(size.limit(), WALK_BATCH);
-        // Quiet again once the data stops.
-        size.sent(32, 16 + 17 + 30);
-        assert_eq!(size.limit(), WALK_BATCH_QUIET);
-    }
-
-    #[test]
-    fn quiet_batches_stay_within_the_open_file_window() {
-        // A low limit on open files: batches never grow past an eighth
-        // of the window, nor below the usual size.
-        let mut size = BatchSize::new(ASK_AHEAD_LEAST);
-        size.sent(32, 0);
-        assert_eq!(size.limit(), WALK_BATCH);
-        let mut size = BatchSize::new(512);
-        size.sent(32, 0);
-        assert_eq!(size.limit(), 64);
-    }
 }

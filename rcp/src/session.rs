@@ -272,19 +272,24 @@ impl Target {
 }
 
 /// The client side: connect, authenticate, ask, copy.
+///
+/// `early`: a push's walk of its sources, started before the session was
+/// (see [`walk_sources`]); without it the walk starts once the server
+/// is ready.
 pub async fn client(
     target: Target,
     secret: &[u8],
     request: Request,
     params: Params,
     progress: &Progress,
+    early: Option<send::Walk>,
 ) -> anyhow::Result<Report> {
     let first = target.open(secret, &params).await?;
     let transport = first.backend().name();
     let protection = first.protection().expect("an authenticated link is sealed");
     let mut links = vec![first];
     let (io_engine, algorithm) = (params.io_engine, params.verify.then_some(params.digest));
-    let result = client_session(target, &mut links, secret, request, params, progress).await;
+    let result = client_session(target, &mut links, secret, request, params, progress, early).await;
     if result.is_err() {
         streams::abort_all(&links, "client gave up");
     }
@@ -394,6 +399,7 @@ async fn client_session(
     request: Request,
     params: Params,
     progress: &Progress,
+    early: Option<send::Walk>,
 ) -> anyhow::Result<(Stats, send::Outcome, f64)> {
     let started = Instant::now();
     let control = links[0].clone();
@@ -403,13 +409,9 @@ async fn client_session(
             dest,
             chain,
         } => {
-            let local = match &params.listed {
-                Some(names) => Sources::Listed {
-                    base: listed_base(&sources)?,
-                    names: Arc::clone(names),
-                    disk: Some(sources[0].as_os_str().as_encoded_bytes().to_vec()),
-                },
-                None => Sources::Operands(local_sources(&sources)?),
+            let walk = match early {
+                Some(walk) => walk,
+                None => walk_sources(&sources, &params)?,
             };
             // A chain whose files are answered merges the nodes' answers.
             let chained = match &chain {
@@ -432,15 +434,7 @@ async fn client_session(
             }
             let session = expect_ready(&control).await?;
             join_streams(target, links, secret, session, params.clone()).await?;
-            let (stats, outcome) = send::send(
-                links,
-                local,
-                params.send_options(),
-                &params.filter,
-                params.owners.clone(),
-                progress,
-            )
-            .await?;
+            let (stats, outcome) = send::send(links, walk, params.send_options(), progress).await?;
             streams::finish_all(links).await?;
             (stats, outcome)
         }
@@ -642,6 +636,29 @@ pub(crate) async fn expect_ready(link: &Link) -> anyhow::Result<[u8; 16]> {
 }
 
 /// Local source operands.
+/// Starts the walk of a push's local `sources` (the operands, or with
+/// `--files-from` the names listed in the one directory), as `params`
+/// ask: a remote-shell copy calls it before the far side logs in, so
+/// that the walk runs while the login waits ([`send::Walk`]).
+pub fn walk_sources(sources: &[PathBuf], params: &Params) -> anyhow::Result<send::Walk> {
+    let local = match &params.listed {
+        Some(names) => Sources::Listed {
+            base: listed_base(sources)?,
+            names: Arc::clone(names),
+            disk: Some(sources[0].as_os_str().as_encoded_bytes().to_vec()),
+        },
+        None => Sources::Operands(local_sources(sources)?),
+    };
+    let options = params.send_options();
+    Ok(send::Walk::start(
+        local,
+        options.recursive,
+        options.keep,
+        &params.filter,
+        params.owners.clone(),
+    ))
+}
+
 pub fn local_sources(paths: &[PathBuf]) -> anyhow::Result<Vec<Source>> {
     paths
         .iter()
@@ -908,8 +925,9 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             };
             *links = ready(&link, config, false, streams).await?;
             let options = params.send_options();
-            let (stats, _) =
-                send::send(links, local, options, &params.filter, None, &progress).await?;
+            let walk =
+                send::Walk::start(local, options.recursive, options.keep, &params.filter, None);
+            let (stats, _) = send::send(links, walk, options, &progress).await?;
             streams::finish_all(links).await?;
             stats
         }

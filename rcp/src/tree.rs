@@ -140,6 +140,11 @@ pub struct FileAt {
 }
 
 impl FileAt {
+    /// Whether it holds a descriptor of the file already.
+    pub fn is_open(&self) -> bool {
+        self.open.is_some()
+    }
+
     pub fn open(self) -> anyhow::Result<OwnedFd> {
         if let Some(fd) = self.open {
             return Ok(fd);
@@ -589,26 +594,40 @@ pub struct Base {
 /// tree. With one directory kept, each of those opened both again
 /// (`dup`, an `openat` a component, `fstatfs`, `fstat`): on the bench's
 /// 100,000-entry tree, 8,200 times in an unchanged re-sync.
-#[derive(Debug, Default)]
-struct RecentDirs(Vec<Arc<DestDir>>);
+///
+/// At most 64 are kept, fewer under a low limit on open files (a
+/// sixteenth of the sender's window, [`crate::send::ask_ahead`], which is
+/// an eighth of the limit): the receiver's other open files, and in a
+/// local copy the sender's, need the rest.
+#[derive(Debug)]
+struct RecentDirs {
+    dirs: Vec<Arc<DestDir>>,
+    most: usize,
+}
+
+impl Default for RecentDirs {
+    fn default() -> RecentDirs {
+        RecentDirs {
+            dirs: Vec::new(),
+            most: (crate::send::ask_ahead() / 16).clamp(2, 64),
+        }
+    }
+}
 
 impl RecentDirs {
-    /// Directories kept open at most.
-    const MOST: usize = 64;
-
     /// The directory at `dirs`, if kept (then it becomes the latest).
     fn find(&mut self, dirs: &[&[u8]]) -> Option<Arc<DestDir>> {
         let at = self
-            .0
+            .dirs
             .iter()
             .position(|d| d.at.iter().map(Vec::as_slice).eq(dirs.iter().copied()))?;
-        self.0[..=at].rotate_right(1);
-        Some(Arc::clone(&self.0[0]))
+        self.dirs[..=at].rotate_right(1);
+        Some(Arc::clone(&self.dirs[0]))
     }
 
     fn add(&mut self, dir: Arc<DestDir>) {
-        self.0.insert(0, dir);
-        self.0.truncate(Self::MOST);
+        self.dirs.insert(0, dir);
+        self.dirs.truncate(self.most);
     }
 }
 
@@ -1483,31 +1502,84 @@ pub fn os(b: &[u8]) -> &OsStr {
     OsStr::from_bytes(b)
 }
 
-/// Directories whose entries changed, each kept once, synced at the end so
-/// that every rename survives a crash before success is reported.
-#[derive(Debug, Default)]
-pub struct DirSyncs(std::collections::HashMap<(u64, u64), Arc<DestDir>>);
+/// Directories whose entries changed, each synced before the copy
+/// reports success, so that every rename survives a crash.
+///
+/// A directory is kept open until its sync, and a tree may have more
+/// directories than the process may open files: a copy of 200 directories
+/// under a limit of 64 open files failed with `EMFILE`. So at most
+/// [`DirSyncs::new`]'s `most` wait at once; past that they are synced
+/// there and then, on a task of their own, and let go (a directory that
+/// gets another entry afterwards waits again). Directories in memory
+/// (tmpfs, ramfs) have nothing to sync and are not kept.
+#[derive(Debug)]
+pub struct DirSyncs {
+    engine: Engine,
+    most: usize,
+    waiting: std::collections::HashMap<(u64, u64), Arc<DestDir>>,
+    /// Syncs started early: their outcomes count at the end.
+    started: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
 
 impl DirSyncs {
-    pub fn add(&mut self, dir: Arc<DestDir>) {
-        self.0.entry(dir.id).or_insert(dir);
+    /// Keeps at most `most` directories open (at least one), synced on
+    /// `engine`.
+    pub fn new(engine: Engine, most: usize) -> DirSyncs {
+        DirSyncs {
+            engine,
+            most: most.max(1),
+            waiting: Default::default(),
+            started: Vec::new(),
+        }
     }
 
-    /// `fsync` of each, all in flight at once on the storage engine.
-    pub async fn sync(self, engine: &Engine) -> anyhow::Result<()> {
-        let syncs: Vec<_> = self
-            .0
-            .into_values()
-            .map(|dir| {
-                let engine = engine.clone();
-                tokio::spawn(async move { engine.sync(&dir, false).await })
-            })
-            .collect();
-        for sync in syncs {
-            sync.await?.context("cannot sync a directory")?;
+    /// A directory an entry was placed in. (Called on a runtime: the
+    /// syncs started early are tasks.)
+    pub fn add(&mut self, dir: Arc<DestDir>) {
+        if matches!(dir.durability, Durability::InMemory) {
+            return;
+        }
+        self.waiting.entry(dir.id).or_insert(dir);
+        if self.waiting.len() >= self.most {
+            let dirs = std::mem::take(&mut self.waiting);
+            self.started
+                .push(tokio::spawn(sync_dirs(self.engine.clone(), dirs)));
+        }
+    }
+
+    /// Every directory added is synced: the ones still waiting now, all
+    /// at once, and those started early.
+    pub async fn sync(self) -> anyhow::Result<()> {
+        let DirSyncs {
+            engine,
+            waiting,
+            mut started,
+            ..
+        } = self;
+        started.push(tokio::spawn(sync_dirs(engine, waiting)));
+        for sync in started {
+            sync.await??;
         }
         Ok(())
     }
+}
+
+/// `fsync` of each of `dirs`, all in flight at once on `engine`.
+async fn sync_dirs(
+    engine: Engine,
+    dirs: std::collections::HashMap<(u64, u64), Arc<DestDir>>,
+) -> anyhow::Result<()> {
+    let syncs: Vec<_> = dirs
+        .into_values()
+        .map(|dir| {
+            let engine = engine.clone();
+            tokio::spawn(async move { engine.sync(&dir, false).await })
+        })
+        .collect();
+    for sync in syncs {
+        sync.await?.context("cannot sync a directory")?;
+    }
+    Ok(())
 }
 
 /// Commits `out` (entry `e`, written whole, no metadata kept) on a threads
@@ -1612,7 +1684,8 @@ mod tests {
     #[test]
     fn recent_directories_are_reused_and_bounded() {
         let scratch = test_support::Scratch::new("rcp-recent-dirs");
-        let count = RecentDirs::MOST + 8;
+        let most = RecentDirs::default().most;
+        let count = most + 8;
         for i in 0..count {
             std::fs::create_dir_all(scratch.path(&format!("top/d{i}"))).unwrap();
         }
@@ -1628,7 +1701,7 @@ mod tests {
         for i in 0..count {
             place(i);
         }
-        assert_eq!(base.recent.lock().unwrap().0.len(), RecentDirs::MOST);
+        assert_eq!(base.recent.lock().unwrap().dirs.len(), most);
         let latest = place(count - 1);
         assert!(Arc::ptr_eq(&latest, &place(count - 1)));
         assert!(!Arc::ptr_eq(&first, &place(1)), "opened again");

@@ -783,6 +783,118 @@ fn remote_shell_mode_push_and_pull() {
     assert_eq!(v["streams"], 3);
 }
 
+/// Every directory that received a file is synced before the copy
+/// succeeds, and each used to stay open until then: a tree of more
+/// directories than the limit on open files failed with `EMFILE` (3,000
+/// directories under 1,024). Now at most a few wait open and the others
+/// are synced early, so 3,000 directories of one file each arrive under a
+/// limit of 512, locally (both ends in one process) and through a shell.
+#[test]
+fn a_tree_of_more_directories_than_open_files_arrives() {
+    // On the disk the tests run on, where directories are synced.
+    let t = Scratch::new("many-dirs");
+    let src = t.path("src");
+    for i in 0..3000 {
+        let dir = src.join(format!("d{i:04}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("f"), format!("file {i}")).unwrap();
+    }
+    let (rsh, path) = fake_rsh(&t);
+    for (dest, remote) in [(t.path("local"), false), (t.path("pushed"), true)] {
+        let target = if remote {
+            format!(
+                "--rsh {} {} localhost:{}",
+                rsh.display(),
+                src.display(),
+                dest.display()
+            )
+        } else {
+            format!("{} {}", src.display(), dest.display())
+        };
+        let script = format!("ulimit -n 512 && exec {RCP} -q -r {target}");
+        let out = Command::new("sh")
+            .args(["-c", &script])
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_same_tree(&src, &dest);
+    }
+}
+
+/// A push through a remote shell walks its sources while the far side
+/// logs in (`send/walk.rs`), as far as its room allows: under a limit of
+/// 256 open files the walk of 200 directories waits for room after 16. A login that fails must stop that walk (the process
+/// ends with the shell's error rather than waiting on it), and one that
+/// succeeds late must let it go on: the whole tree arrives.
+#[test]
+fn a_push_walks_during_the_login_and_stops_if_the_login_fails() {
+    let t = Scratch::new("rsh-early");
+    let src = t.path("src");
+    for i in 0..200 {
+        let dir = src.join(format!("d{i:03}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("f"), format!("file {i}")).unwrap();
+    }
+    let (_, path) = fake_rsh(&t);
+    // A slow login, then the far side as usual or a refusal.
+    let shell = |name: &str, then: &str| {
+        let rsh = t.path(name);
+        std::fs::write(&rsh, format!("#!/bin/sh\nsleep 1\nshift\n{then}\n")).unwrap();
+        std::fs::set_permissions(&rsh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        rsh
+    };
+    let push = |rsh: &Path, dest: &Path| {
+        let script = format!(
+            "ulimit -n 256 && exec {} -q -r --rsh {} {} localhost:{}",
+            RCP,
+            rsh.display(),
+            src.display(),
+            dest.display()
+        );
+        // Waited for a while at most: a walk that kept waiting for room
+        // would keep the process from ending.
+        let mut child = Command::new("sh")
+            .args(["-c", &script])
+            .env("PATH", &path)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("rcp did not end: its walk still waits for room");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        (status, err)
+    };
+
+    let refused = shell(
+        "refusing-rsh",
+        "echo 'Permission denied (publickey).' >&2; exit 255",
+    );
+    let (status, err) = push(&refused, &t.path("never"));
+    assert!(!status.success());
+    assert!(err.contains("Permission denied"), "{err}");
+    assert!(!t.path("never").exists());
+
+    let late = shell("late-rsh", "exec \"$@\"");
+    let (status, err) = push(&late, &t.path("dst"));
+    assert!(status.success(), "{err}");
+    assert_same_tree(&src, &t.path("dst"));
+}
+
 #[test]
 fn a_full_destination_is_a_clear_error_and_leaves_nothing() {
     let t = Scratch::new("full");
