@@ -635,7 +635,6 @@ pub(crate) async fn expect_ready(link: &Link) -> anyhow::Result<[u8; 16]> {
     }
 }
 
-/// Local source operands.
 /// Starts the walk of a push's local `sources` (the operands, or with
 /// `--files-from` the names listed in the one directory), as `params`
 /// ask: a remote-shell copy calls it before the far side logs in, so
@@ -659,6 +658,7 @@ pub fn walk_sources(sources: &[PathBuf], params: &Params) -> anyhow::Result<send
     ))
 }
 
+/// Local source operands.
 pub fn local_sources(paths: &[PathBuf]) -> anyhow::Result<Vec<Source>> {
     paths
         .iter()

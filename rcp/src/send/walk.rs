@@ -11,11 +11,17 @@
 //! batches. Either way the directories and files its items hold open stay
 //! under half the sender's window ([`super::ask_ahead`]).
 //!
-//! How far ahead pays: over the loopback sshd, an unchanged `-aHAX`
-//! re-sync of 100,000 entries took 0.95x the time of a walk started with
-//! the session (0.92-1.01, 10 paired runs) with room for 65,536 items
-//! ahead (about 17 MB), and 1.04x that with room for 16,384: what is not
-//! walked during the login competes with the far side's scan after it.
+//! What it pays on these machines is little: over the loopback sshd, an
+//! unchanged `-aHAX` re-sync of 100,000 entries took 0.95x the time of a
+//! walk started with the session (0.92-1.01, 10 paired runs) with room
+//! for 65,536 items ahead, and 0.98x and 0.99x (0.91-1.09) in two more
+//! sets with room for the whole tree (32 MiB, 26 MiB more peak memory).
+//! The walk overlapped the far side's scan before too, and that scan,
+//! which cannot start before the login ends, is what such a copy waits
+//! for. Room for 16,384 items took 1.04x the time of 65,536: what is not
+//! walked during the login competes with that scan for the cores. Where
+//! a login takes longer (Kerberos, a directory service) and a walk is
+//! slower (a network filesystem's metadata), it takes more off the copy.
 //!
 //! [`Lead`] is the bookkeeping of how far ahead the walk is, without I/O
 //! or waiting; [`Walk`] runs it between the walking thread (which waits
