@@ -794,11 +794,7 @@ fn a_tree_of_more_directories_than_open_files_arrives() {
     // On the disk the tests run on, where directories are synced.
     let t = Scratch::new("many-dirs");
     let src = t.path("src");
-    for i in 0..3000 {
-        let dir = src.join(format!("d{i:04}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("f"), format!("file {i}")).unwrap();
-    }
+    one_file_directories(&src, 3000);
     let (rsh, path) = fake_rsh(&t);
     for (dest, remote) in [(t.path("local"), false), (t.path("pushed"), true)] {
         let target = if remote {
@@ -826,20 +822,27 @@ fn a_tree_of_more_directories_than_open_files_arrives() {
     }
 }
 
+/// `count` directories in `src` of one file each: the tree that holds
+/// the most descriptors a file (its directory's too, on both sides).
+fn one_file_directories(src: &Path, count: usize) {
+    for i in 0..count {
+        let dir = src.join(format!("d{i:04}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("f"), format!("file {i}")).unwrap();
+    }
+}
+
 /// A push through a remote shell walks its sources while the far side
 /// logs in (`send/walk.rs`), as far as its room allows: under a limit of
-/// 256 open files the walk of 200 directories waits for room after 16. A login that fails must stop that walk (the process
-/// ends with the shell's error rather than waiting on it), and one that
-/// succeeds late must let it go on: the whole tree arrives.
+/// 256 open files the walk of 200 directories waits for room after 16.
+/// A login that fails must stop that walk (the process ends with the
+/// shell's error rather than waiting on it), and one that succeeds late
+/// must let it go on: the whole tree arrives.
 #[test]
 fn a_push_walks_during_the_login_and_stops_if_the_login_fails() {
     let t = Scratch::new("rsh-early");
     let src = t.path("src");
-    for i in 0..200 {
-        let dir = src.join(format!("d{i:03}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("f"), format!("file {i}")).unwrap();
-    }
+    one_file_directories(&src, 200);
     let (_, path) = fake_rsh(&t);
     // A slow login, then the far side as usual or a refusal.
     let shell = |name: &str, then: &str| {
@@ -858,26 +861,13 @@ fn a_push_walks_during_the_login_and_stops_if_the_login_fails() {
         );
         // Waited for a while at most: a walk that kept waiting for room
         // would keep the process from ending.
-        let mut child = Command::new("sh")
-            .args(["-c", &script])
-            .env("PATH", &path)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if std::time::Instant::now() > deadline {
-                child.kill().unwrap();
-                panic!("rcp did not end: its walk still waits for room");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-        (status, err)
+        let mut sh = Command::new("sh");
+        sh.args(["-c", &script]).env("PATH", &path);
+        ended_within(
+            sh,
+            Duration::from_secs(30),
+            "rcp did not end: its walk still waits for room",
+        )
     };
 
     let refused = shell(
@@ -1396,24 +1386,37 @@ fn running_out_of_open_files_is_a_clear_error_not_a_hang() {
         src.display(),
         t.path("dst").display()
     );
-    let mut child = Command::new("sh")
-        .args(["-c", &script])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut sh = Command::new("sh");
+    sh.args(["-c", &script]);
+    let (status, err) = ended_within(
+        sh,
+        Duration::from_secs(60),
+        "rcp hung when it ran out of open files",
+    );
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("Too many open files"), "{err}");
+}
+
+/// Runs `cmd` and waits for it `within` so long at most (it is killed
+/// then, and the test fails with `hung`): its exit status and stderr.
+fn ended_within(
+    mut cmd: Command,
+    within: Duration,
+    hung: &str,
+) -> (std::process::ExitStatus, String) {
+    let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + within;
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
         if std::time::Instant::now() > deadline {
             child.kill().unwrap();
-            panic!("rcp hung when it ran out of open files");
+            panic!("{hung}");
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     };
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(!status.success(), "{err}");
-    assert!(err.contains("Too many open files"), "{err}");
+    (status, err)
 }
