@@ -116,8 +116,10 @@ pub async fn run(
         }
         Via::Shell { .. } => None,
     };
-    // A source that cannot be read is found before any node is started.
-    drop(session::local_sources(&b.sources)?);
+    // A source that cannot be read is found before any node is started,
+    // and the first round's walk runs while the nodes start (the
+    // logins of a remote shell take longest); a later round walks again.
+    let mut early = Some(session::walk_sources(&b.sources, &p)?);
     let started = Instant::now();
     let mut results: Vec<Option<NodeResult>> = vec![None; b.nodes.len()];
     let mut pending: Vec<usize> = (0..b.nodes.len()).collect();
@@ -174,7 +176,8 @@ pub async fn run(
                 dest: b.dest.clone(),
                 chain: Some(hops),
             };
-            session::client(target, &head_secret, request, p.clone(), progress, None).await
+            let early = early.take();
+            session::client(target, &head_secret, request, p.clone(), progress, early).await
         };
         match round.await {
             Ok(r) => {
