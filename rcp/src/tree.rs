@@ -1506,8 +1506,9 @@ pub fn os(b: &[u8]) -> &OsStr {
 /// reports success, so that every rename survives a crash.
 ///
 /// A directory is kept open until its sync, and a tree may have more
-/// directories than the process may open files: a copy of 200 directories
-/// under a limit of 64 open files failed with `EMFILE`. So at most
+/// directories than the process may open files: a local copy of 3,000
+/// directories under a limit of 1,024 open files failed with `EMFILE`
+/// when each stayed open to the end. So at most
 /// [`DirSyncs::new`]'s `most` wait at once; past that they are synced
 /// there and then, on a task of their own, and let go (a directory that
 /// gets another entry afterwards waits again). Directories in memory
