@@ -39,7 +39,7 @@ pub struct Source {
     pub name: Vec<u8>,
     pub top: Vec<u8>,
     /// The operand's path, where its attributes may be read by path (see
-    /// [`Walker::by_path`]); `None` in a daemon.
+    /// [`tree::Walker::by_path`]); `None` in a daemon.
     pub disk: Option<Vec<u8>>,
 }
 
@@ -638,7 +638,7 @@ struct Planner {
     pool: Arc<BufferPool>,
     engine: Engine,
     steps: mpsc::Sender<Step>,
-    /// Files whose data is read (see [`BatchSize`]).
+    /// Files whose data is read (see [`walk::BatchSize`]).
     with_data: Arc<AtomicU64>,
     /// Files the receiver has already: none of their data is sent.
     skipped: Arc<AtomicU64>,

@@ -260,7 +260,7 @@ impl Drop for Items {
 impl Walk {
     /// Starts walking `sources` (with `recursive`, the archive metadata
     /// of `keep`, `filter`'s rules and `owners`' maps) on a blocking
-    /// thread; its items wait for the session ([`Walk::settle`]).
+    /// thread; its items wait for the session (`Walk::settle`).
     pub fn start(
         sources: Sources,
         recursive: bool,
