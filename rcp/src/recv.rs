@@ -410,11 +410,8 @@ pub async fn receive(
         }
     }
     // Every rename is durable before the sender can report success.
-    let dirs = std::mem::replace(
-        &mut *dirs_to_sync.lock().expect("dir lock"),
-        DirSyncs::new(engine.clone(), 1),
-    );
-    dirs.sync().await?;
+    let synced = dirs_to_sync.lock().expect("dir lock").all_synced();
+    synced.await?;
     drop(answers);
     answerer.await??;
     if !ok {

@@ -1548,20 +1548,19 @@ impl DirSyncs {
         }
     }
 
-    /// Every directory added is synced: the ones still waiting now, all
-    /// at once, and those started early.
-    pub async fn sync(self) -> anyhow::Result<()> {
-        let DirSyncs {
-            engine,
-            waiting,
-            mut started,
-            ..
-        } = self;
-        started.push(tokio::spawn(sync_dirs(engine, waiting)));
-        for sync in started {
-            sync.await??;
+    /// Every directory added so far is synced: the ones still waiting,
+    /// started now all at once, and those started early. (Taken out
+    /// under the caller's lock; awaited after it.)
+    pub fn all_synced(&mut self) -> impl Future<Output = anyhow::Result<()>> + use<> {
+        let mut started = std::mem::take(&mut self.started);
+        let waiting = std::mem::take(&mut self.waiting);
+        started.push(tokio::spawn(sync_dirs(self.engine.clone(), waiting)));
+        async move {
+            for sync in started {
+                sync.await??;
+            }
+            Ok(())
         }
-        Ok(())
     }
 }
 

@@ -44,15 +44,15 @@ use crate::tree::{Item, Walker};
 /// ahead of the planner once the session is sending: together they bound
 /// the items held ahead of the sender.
 /// (Batches of 256 made a fresh copy of 100,000 entries 1.12x slower.)
-pub(super) const WALK_BATCH: usize = 32;
-pub(super) const WALK_BATCHES: usize = 4;
+const WALK_BATCH: usize = 32;
+const WALK_BATCHES: usize = 4;
 /// Walked items per batch at most while few of the files walked have
 /// data sent (a re-sync of a tree that is mostly unchanged, where each
 /// entry is decided in microseconds): the walking and planning threads
 /// wake each other fewer times. Unchanged 100,000-entry local re-sync:
 /// 0.90x the time of batches of 32 always (0.84-0.95, 10 paired runs),
 /// with a fresh copy (which keeps 32) no slower.
-pub(super) const WALK_BATCH_QUIET: usize = 256;
+const WALK_BATCH_QUIET: usize = 256;
 /// How long walked items wait for a full batch. Handed over one by one
 /// as soon as the planner had room, the entries of an unchanged tree
 /// (decided in microseconds) went ten or so to a message; a millisecond
@@ -61,7 +61,7 @@ const WALK_HOLD: std::time::Duration = std::time::Duration::from_millis(1);
 /// Bytes of items (entries, names, attributes) the walk may be ahead
 /// before its session sends, whatever the tree's size: about 100,000
 /// items of the bench's tree.
-pub(super) const EARLY_BYTES: usize = 32 << 20;
+const EARLY_BYTES: usize = 32 << 20;
 
 /// How many walked items go in a batch: [`WALK_BATCH`] while file data
 /// moves, [`WALK_BATCH_QUIET`] (at most an eighth of the window of files
@@ -79,7 +79,7 @@ pub(super) struct BatchSize {
 
 impl BatchSize {
     /// A walk starts as a copy whose data moves.
-    pub(super) fn new(ask_ahead: usize) -> BatchSize {
+    fn new(ask_ahead: usize) -> BatchSize {
         BatchSize {
             quiet_limit: (ask_ahead / 8).clamp(WALK_BATCH, WALK_BATCH_QUIET),
             with_data: 0,
@@ -87,7 +87,7 @@ impl BatchSize {
         }
     }
 
-    pub(super) fn limit(&self) -> usize {
+    fn limit(&self) -> usize {
         if self.quiet {
             self.quiet_limit
         } else {
@@ -97,7 +97,7 @@ impl BatchSize {
 
     /// A batch of `len` items went; `with_data` files have had their
     /// data read so far.
-    pub(super) fn sent(&mut self, len: usize, with_data: u64) {
+    fn sent(&mut self, len: usize, with_data: u64) {
         let since = with_data.saturating_sub(self.with_data);
         self.with_data = with_data;
         self.quiet = since.saturating_mul(16) <= len as u64;
@@ -107,7 +107,7 @@ impl BatchSize {
 /// Walked items handed over and not yet taken, or a batch of them: how
 /// many, the descriptors they hold open, and about the memory they take.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Lead {
+struct Lead {
     items: usize,
     fds: usize,
     bytes: usize,
@@ -134,20 +134,20 @@ impl Lead {
     /// Whether `batch` fits beside this lead within `bounds`. With
     /// nothing ahead any batch fits: one batch alone is never held back
     /// (it could not get smaller by waiting).
-    pub(super) fn fits(&self, batch: Lead, bounds: Lead) -> bool {
+    fn fits(&self, batch: Lead, bounds: Lead) -> bool {
         self.items == 0
             || (self.items + batch.items <= bounds.items
                 && self.fds + batch.fds <= bounds.fds
                 && self.bytes + batch.bytes <= bounds.bytes)
     }
 
-    pub(super) fn handed(&mut self, batch: Lead) {
+    fn handed(&mut self, batch: Lead) {
         self.items += batch.items;
         self.fds += batch.fds;
         self.bytes += batch.bytes;
     }
 
-    pub(super) fn taken(&mut self, batch: Lead) {
+    fn taken(&mut self, batch: Lead) {
         self.items -= batch.items;
         self.fds -= batch.fds;
         self.bytes -= batch.bytes;
