@@ -5,7 +5,9 @@
 //! (`--checksum`): the digests of its chunks, and the chunks that matched
 //! copied into the new file.
 
+use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
@@ -17,11 +19,18 @@ use crate::digest::Algorithm;
 use crate::proto::Entry;
 use crate::proto::EntryKind;
 use crate::resync::{Found, There};
-use crate::tree::{self, Base, Fidelity, PartFile};
+use crate::tree::{self, Base, DestDir, Fidelity, PartFile};
 
 /// What is under `e`'s name, and its status when it is a regular file.
 pub fn look(base: &Base, e: &Entry) -> anyhow::Result<(Found, Option<Stat>)> {
-    let (parent, name) = base.place(&e.path)?;
+    look_in(&base.place(&e.path)?, e)
+}
+
+/// [`look`] with `e`'s directory reached already (`Base::place`).
+pub fn look_in(
+    (parent, name): &(Arc<DestDir>, CString),
+    e: &Entry,
+) -> anyhow::Result<(Found, Option<Stat>)> {
     if parent.made_here() {
         return Ok((Found::Nothing, None));
     }
@@ -72,34 +81,45 @@ pub fn refresh(
     how: Fidelity,
     st: &Stat,
 ) -> anyhow::Result<()> {
-    let mode_wrong = how.preserve && st.st_mode & 0o7777 != how.mode_of(e);
-    let times_wrong = how.time_differs(e, st);
-    let owner_wrong = how.owner_differs(e, st);
-    // Attributes are compared by name with the thread in the directory
-    // where it can be (`rfabric::thread_dir`), else by path where the
-    // base allows it, else through the file opened (no path walk); set
-    // through the file if they differ.
-    let mut open = None;
-    let attributes_wrong = e.meta.is_some() && (how.keep.xattrs || how.keep.acls) && {
-        if rfabric::thread_dir::available() {
-            let (parent, name) = base.place(&e.path)?;
-            let held: HeldDir = parent;
-            how.attributes_differ(Node::Held(&held, name.as_c_str()), e.kind, xattrs)?
-        } else if let Some(disk) = base.disk_path(&e.path) {
-            how.attributes_differ(Node::Path(&disk), e.kind, xattrs)?
-        } else {
-            let fd = open.insert(open_regular(base, e)?);
-            how.attributes_differ(Node::Fd(fd.as_fd()), e.kind, xattrs)?
-        }
-    };
-    if !(mode_wrong || times_wrong || owner_wrong || attributes_wrong) {
+    if metadata_right(base, &base.place(&e.path)?, e, xattrs, how, st)? {
         return Ok(());
     }
-    let fd = match open {
-        Some(fd) => fd,
-        None => open_regular(base, e)?,
+    set_all(&open_regular(base, e)?, e, xattrs, how)
+}
+
+/// Whether the metadata of the file there (`st`, in the directory
+/// `placed`) is what `e` says, as far as `how` asks. It only reads, so the
+/// receiver's checks may run it on several threads at once
+/// ([`crate::recv`]).
+pub fn metadata_right(
+    base: &Base,
+    placed: &(Arc<DestDir>, CString),
+    e: &Entry,
+    xattrs: &[archive::Xattr],
+    how: Fidelity,
+    st: &Stat,
+) -> anyhow::Result<bool> {
+    let mode_wrong = how.preserve && st.st_mode & 0o7777 != how.mode_of(e);
+    if mode_wrong || how.time_differs(e, st) || how.owner_differs(e, st) {
+        return Ok(false);
+    }
+    if e.meta.is_none() || !(how.keep.xattrs || how.keep.acls) {
+        return Ok(true);
+    }
+    // Attributes are compared by name with the thread in the directory
+    // where it can be (`rfabric::thread_dir`), else by path where the
+    // base allows it, else through the file opened (no path walk).
+    let differ = if rfabric::thread_dir::available() {
+        let (parent, name) = placed;
+        let held: HeldDir = parent.clone();
+        how.attributes_differ(Node::Held(&held, name.as_c_str()), e.kind, xattrs)?
+    } else if let Some(disk) = base.disk_path(&e.path) {
+        how.attributes_differ(Node::Path(&disk), e.kind, xattrs)?
+    } else {
+        let fd = open_regular(base, e)?;
+        how.attributes_differ(Node::Fd(fd.as_fd()), e.kind, xattrs)?
     };
-    set_all(&fd, e, xattrs, how)
+    Ok(!differ)
 }
 
 /// Whether a symlink or special file `e` is there as it would be made:

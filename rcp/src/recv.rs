@@ -7,7 +7,7 @@
 //! checked, the data synced, and only then is it renamed into place: an
 //! interrupted or corrupted copy never shows up under the final name.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
@@ -34,6 +34,13 @@ use crate::resync::{self, Decision, Found, Kept, Policy, There};
 use crate::streams::Merged;
 use crate::tree::{self, Base, DirSyncs, Fidelity, Opened, PartFile};
 use rfabric::storage::{Engine, Kind};
+
+mod precheck;
+use precheck::{Checking, Prechecks};
+
+/// Batches of entries checked ahead of the one the loop handles, at most
+/// (while more have come; [`precheck`]).
+const CHECKED_AHEAD: usize = 8;
 
 #[derive(Debug, Clone, Copy)]
 pub struct RecvOptions {
@@ -216,60 +223,85 @@ pub async fn receive(
         hard_links: Vec::new(),
         xattrs: XattrInbox::default(),
     };
+    // Files found unchanged on threads of their own, where a batch's files
+    // are compared with what is there (and nothing else is asked of them).
+    let prechecks =
+        (opts.policy.asks() && !opts.dry_run && !opts.resume && opts.itemize == Itemize::Off)
+            .then(|| {
+                let rules = precheck::Rules {
+                    policy: opts.policy,
+                    how,
+                };
+                Prechecks::start(Arc::clone(&base), rules)
+            })
+            .transpose()?
+            .flatten();
     let result = async {
-        while !arrivals.is_over() {
-            let gone = || PeerLost("the sender went away before it was done".into());
-            let (stream, item) = incoming.next().await.ok_or_else(gone)?;
-            let item = item?.ok_or_else(gone)?;
+        let gone = || PeerLost("the sender went away before it was done".into());
+        // Batches of entries whose files are being checked, oldest first,
+        // each handled once its checks are done; and an item taken that
+        // waits for them (a chunk, or a link's end).
+        let mut checking: VecDeque<Checking> = VecDeque::new();
+        let mut held = None;
+        while !(arrivals.is_over() && checking.is_empty() && held.is_none()) {
+            if held.is_none() {
+                held = if checking.is_empty() {
+                    Some(incoming.next().await.ok_or_else(gone)?)
+                } else if checking.len() < CHECKED_AHEAD {
+                    incoming.try_next()
+                } else {
+                    None
+                };
+            }
             // A broadcast node hands everything on before it works on it:
             // the next node is a chunk behind, not a file. (A chunk is
             // shared: the onward link may send it from its slot while it
             // is written here; its credit goes back when both are done.)
-            let actions = match item {
-                LinkIncoming::Chunk(chunk) => {
-                    let chunk = Arc::new(chunk);
-                    if let Some(relay) = relay.as_deref_mut() {
-                        relay.forward_chunk(&chunk).await;
-                    }
-                    let h = chunk.header();
-                    stats.stream_bytes[stream as usize] += u64::from(h.payload_len);
-                    let place = Place {
-                        entry: h.owner,
-                        offset: h.offset,
-                        len: h.payload_len,
-                    };
-                    arrivals.chunk(place, chunk)?
-                }
-                LinkIncoming::Message(_) if stream != 0 => {
-                    bail!("a message arrived on data stream {stream}")
-                }
-                LinkIncoming::Message(bytes) => {
+            let actions = match held.take() {
+                Some((0, Ok(Some(LinkIncoming::Message(bytes))))) => {
                     if let Some(relay) = relay.as_deref_mut() {
                         relay.forward_message(&bytes).await;
                     }
+                    let batch = new.read(Msg::decode(&bytes)?.unbatched()?)?;
+                    checking.push_back(match &prechecks {
+                        Some(checks) => checks.check(batch),
+                        None => Checking::unchecked(batch),
+                    });
+                    continue;
+                }
+                Some((stream, item)) if checking.is_empty() => match item?.ok_or_else(gone)? {
+                    LinkIncoming::Chunk(chunk) => {
+                        let chunk = Arc::new(chunk);
+                        if let Some(relay) = relay.as_deref_mut() {
+                            relay.forward_chunk(&chunk).await;
+                        }
+                        let h = chunk.header();
+                        stats.stream_bytes[stream as usize] += u64::from(h.payload_len);
+                        let place = Place {
+                            entry: h.owner,
+                            offset: h.offset,
+                            len: h.payload_len,
+                        };
+                        arrivals.chunk(place, chunk)?
+                    }
+                    LinkIncoming::Message(_) => {
+                        bail!("a message arrived on data stream {stream}")
+                    }
+                },
+                // The oldest batch, in turn (before the item held, if any).
+                other => {
+                    held = other;
+                    let oldest = checking.pop_front().expect("a batch being checked");
+                    let (batch, unchanged) = oldest.done().await;
                     let mut actions = Vec::new();
-                    for m in Msg::decode(&bytes)?.unbatched()? {
-                        actions.extend(match m {
-                            Msg::Entry(e) => new.create(&mut arrivals, &mut files, e, None).await?,
-                            Msg::Whole {
-                                entry,
-                                chunks,
-                                digest,
-                            } => {
-                                new.create(&mut arrivals, &mut files, entry, Some((chunks, digest)))
+                    for (at, next) in batch.into_iter().enumerate() {
+                        actions.extend(match next {
+                            Next::Create(ready) => {
+                                let unchanged = unchanged.get(at).copied().unwrap_or(false);
+                                new.create(&mut arrivals, &mut files, ready, unchanged)
                                     .await?
                             }
-                            Msg::Xattr {
-                                index,
-                                name,
-                                total,
-                                offset,
-                                piece,
-                            } if opts.keep.xattrs || opts.keep.acls => {
-                                new.xattrs.piece(index, name, total, offset, piece)?;
-                                Vec::new()
-                            }
-                            Msg::EntryEnd {
+                            Next::End {
                                 index,
                                 chunks,
                                 digest,
@@ -281,12 +313,10 @@ pub async fn receive(
                                 }
                                 finish.into_iter().collect()
                             }
-                            Msg::Done { .. } => {
+                            Next::Done => {
                                 arrivals.done()?;
                                 Vec::new()
                             }
-                            Msg::Fail { reason } => bail!("the sender gave up: {reason}"),
-                            other => bail!("unexpected {} from the sender", other.name()),
                         });
                     }
                     actions
@@ -488,6 +518,26 @@ impl Finals {
     }
 }
 
+/// An announced entry as it is to be created: checked against the
+/// request, its owners mapped, with its extended attributes and, for a
+/// file sent unasked, where its data ended.
+struct Ready {
+    entry: Entry,
+    xattrs: Vec<Xattr>,
+    end: Option<(u64, [u8; 32])>,
+}
+
+/// A batch's message once read: what the loop does with it, in order.
+enum Next {
+    Create(Ready),
+    End {
+        index: u32,
+        chunks: u64,
+        digest: [u8; 32],
+    },
+    Done,
+}
+
 /// What creates the entries the rules accepted, and what it created.
 struct Creator<'a> {
     base: &'a Base,
@@ -520,17 +570,49 @@ struct Creator<'a> {
 }
 
 impl Creator<'_> {
-    /// Checks an announced entry against the rules, then creates it: a
-    /// file under its temporary name (with resume, telling the sender what
-    /// is there already), a directory or symlink in place. Returns what the
-    /// rules say to do next (land the file's early chunks, finish it).
-    async fn create(
-        &mut self,
-        arrivals: &mut Arrivals<Arc<Chunk>>,
-        files: &mut HashMap<u32, File>,
-        mut e: Entry,
-        end: Option<(u64, [u8; 32])>,
-    ) -> anyhow::Result<Vec<Action<Arc<Chunk>>>> {
+    /// Reads a batch's messages: each entry checked against the request,
+    /// its owners mapped and its extended attributes (which come ahead of
+    /// it) gathered. Nothing is done to the destination yet.
+    fn read(&mut self, messages: Vec<Msg>) -> anyhow::Result<Vec<Next>> {
+        let keep = self.opts.keep;
+        let mut batch = Vec::with_capacity(messages.len());
+        for m in messages {
+            match m {
+                Msg::Entry(e) => batch.push(Next::Create(self.ready(e, None)?)),
+                Msg::Whole {
+                    entry,
+                    chunks,
+                    digest,
+                } => batch.push(Next::Create(self.ready(entry, Some((chunks, digest)))?)),
+                Msg::Xattr {
+                    index,
+                    name,
+                    total,
+                    offset,
+                    piece,
+                } if keep.xattrs || keep.acls => {
+                    self.xattrs.piece(index, name, total, offset, piece)?;
+                }
+                Msg::EntryEnd {
+                    index,
+                    chunks,
+                    digest,
+                } => batch.push(Next::End {
+                    index,
+                    chunks,
+                    digest,
+                }),
+                Msg::Done { .. } => batch.push(Next::Done),
+                Msg::Fail { reason } => bail!("the sender gave up: {reason}"),
+                other => bail!("unexpected {} from the sender", other.name()),
+            }
+        }
+        Ok(batch)
+    }
+
+    /// Entry `e` checked against the request, with its owners mapped and
+    /// its extended attributes.
+    fn ready(&mut self, mut e: Entry, end: Option<(u64, [u8; 32])>) -> anyhow::Result<Ready> {
         if e.meta.is_some() != self.opts.keep.any() {
             bail!("entry {} does not match the request's metadata", e.index);
         }
@@ -546,6 +628,30 @@ impl Creator<'_> {
             bail!("entry {} is of a kind the request did not ask for", e.index);
         }
         let xattrs = self.xattrs.take(e.index, e.meta.map_or(0, |m| m.xattrs))?;
+        Ok(Ready {
+            entry: e,
+            xattrs,
+            end,
+        })
+    }
+
+    /// Creates an announced entry: a file under its temporary name (with
+    /// resume, telling the sender what is there already), a directory or
+    /// symlink in place. `unchanged`: the checks found the file there as
+    /// it would be made ([`precheck`]). Returns what the rules say to do
+    /// next (land the file's early chunks, finish it).
+    async fn create(
+        &mut self,
+        arrivals: &mut Arrivals<Arc<Chunk>>,
+        files: &mut HashMap<u32, File>,
+        ready: Ready,
+        unchanged: bool,
+    ) -> anyhow::Result<Vec<Action<Arc<Chunk>>>> {
+        let Ready {
+            entry: e,
+            xattrs,
+            end,
+        } = ready;
         if let Some(sent) = &mut self.sent {
             sent.entry(&e.path);
         }
@@ -568,6 +674,8 @@ impl Creator<'_> {
         }
         // What to do with a file whose name is there already (re-sync).
         let (decision, there) = match e.kind {
+            // (Skipped as a file whose metadata was found right.)
+            EntryKind::File if unchanged => (Decision::Skip { metadata: false }, None),
             EntryKind::File if self.opts.policy.asks() => {
                 let (found, st) = existing::look(self.base, &e)?;
                 (self.opts.policy.decide(&e, found), st)

@@ -183,6 +183,11 @@ impl Merged {
     pub async fn next(&mut self) -> Option<(u32, anyhow::Result<Option<Incoming>>)> {
         self.rx.recv().await
     }
+
+    /// The next item if one is there already, without waiting.
+    pub fn try_next(&mut self) -> Option<(u32, anyhow::Result<Option<Incoming>>)> {
+        self.rx.try_recv().ok()
+    }
 }
 
 impl Drop for Merged {

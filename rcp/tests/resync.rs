@@ -477,3 +477,131 @@ fn dry_run_and_itemize_say_what_rsync_says_and_change_nothing() {
     assert_eq!(n.bytes, 0);
     assert_same("after -n --json", &before, &ours[0]);
 }
+
+/// One rcp run with the receiver's checks as `precheck` says
+/// (`RCP_TEST_PRECHECK`): what it sent, and how many files the checks
+/// cleared (`None`: they did not say).
+fn rcp_checked(args: &[&OsStr], path: &str, precheck: &str) -> (Sent, Option<u64>) {
+    let mut cmd = Command::new(RCP);
+    cmd.args(["--json", "--chunk-size", "64K"])
+        .args(args)
+        .env("PATH", path)
+        .env("RCP_TEST_PRECHECK", precheck);
+    let out = cmd.output().expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{cmd:?} failed: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
+    let cleared = stderr.lines().find_map(|l| {
+        l.strip_prefix("rcp test: the checks cleared ")?
+            .strip_suffix(" files")?
+            .parse()
+            .ok()
+    });
+    let sent = Sent {
+        files: n("files"),
+        skipped: n("skipped"),
+        bytes: n("bytes"),
+    };
+    (sent, cleared)
+}
+
+#[test]
+fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
+    let t = Scratch::new("resync-checked");
+    let src = t.path("src");
+    let files = plain_tree(&src, 300, 21);
+    for (i, p) in files.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+        set_xattr(p, "user.tag", format!("v{i}").as_bytes());
+    }
+    let (rsh, path) = fake_rsh(&t);
+    let modes = ["local", "remote shell", "loop only"];
+    let into: Vec<PathBuf> = modes
+        .iter()
+        .map(|m| t.path(&format!("into-{}", m.replace(' ', "-"))))
+        .collect();
+    let oracle = t.path("oracle");
+    for d in into.iter().chain([&oracle]) {
+        std::fs::create_dir(d).unwrap();
+        rsync_into(&["-aX"], &src, d);
+    }
+
+    // Changes at the source, each of a kind the checks must not clear:
+    // contents (sent), and metadata only (not sent; set on the file
+    // there): mode, an attribute's value, one attribute more, one fewer.
+    let mut rng = SmallRng::seed_from_u64(5);
+    let mut picked = std::collections::BTreeSet::new();
+    while picked.len() < 40 {
+        picked.insert(rng.random_range(0..files.len()));
+    }
+    let picked: Vec<usize> = picked.into_iter().collect();
+    let mut bytes = 0;
+    for (n, &i) in picked.iter().enumerate() {
+        let p = &files[i];
+        match n % 5 {
+            0 => {
+                let len = std::fs::metadata(p).unwrap().len() as usize;
+                std::fs::write(p, pattern(len.max(1), rng.random())).unwrap();
+                set_times(p, 1_700_000_000, n as i64);
+                bytes += len.max(1) as u64;
+            }
+            1 => std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o640))
+                .unwrap(),
+            2 => set_xattr(p, "user.tag", b"changed"),
+            3 => set_xattr(p, "user.more", b"more"),
+            _ => {
+                if i % 3 == 0 {
+                    rustix::fs::lremovexattr(p, "user.tag").unwrap();
+                } else {
+                    set_xattr(p, "user.other", b"x");
+                }
+            }
+        }
+    }
+    // And at the destinations, an attribute the source never had.
+    let extra = (0..files.len()).find(|i| !picked.contains(i)).unwrap();
+    let rel = files[extra].strip_prefix(t.dir()).unwrap();
+    for d in into.iter().chain([&oracle]) {
+        set_xattr(&d.join(rel), "user.stray", b"x");
+    }
+    let untouched = files.len() - picked.len() - 1;
+    rsync_into(&["-aX"], &src, &oracle);
+
+    for (mode, into) in modes.iter().zip(&into) {
+        let before = ctimes(into);
+        let to = match *mode {
+            "remote shell" => format!("localhost:{}", into.display()),
+            _ => s(into).into(),
+        };
+        let mut args: Vec<&OsStr> = vec![OsStr::new("-aX")];
+        if *mode == "remote shell" {
+            args.extend([OsStr::new("--rsh"), rsh.as_os_str()]);
+        }
+        args.extend([src.as_os_str(), OsStr::new(&to)]);
+        let hook = if *mode == "loop only" {
+            "off"
+        } else {
+            "every-batch"
+        };
+        let (sent, cleared) = rcp_checked(&args, &path, hook);
+        assert_eq!(
+            (sent.files, sent.skipped, sent.bytes),
+            (300, 300 - 8, bytes),
+            "{mode}: only the changed contents are sent"
+        );
+        let expected = (*mode != "loop only").then_some(untouched as u64);
+        assert_eq!(cleared, expected, "{mode}: the files the checks cleared");
+        assert_same(mode, &oracle, into);
+        // What the checks cleared was left alone.
+        let after = ctimes(into);
+        let untouched_left = files
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !picked.contains(i) && *i != extra)
+            .all(|(_, f)| {
+                let p = into.join(f.strip_prefix(t.dir()).unwrap());
+                before.get(&p) == after.get(&p)
+            });
+        assert!(untouched_left, "{mode}: an unchanged file was touched");
+    }
+}

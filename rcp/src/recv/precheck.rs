@@ -1,0 +1,322 @@
+//! Files found unchanged at the destination ahead of the receive loop, on
+//! threads of their own.
+//!
+//! A re-sync of an unchanged tree is a walk of the destination: each file
+//! announced is looked at (`statat`) and, where size and time match, its
+//! mode, owner and extended attributes are compared (`llistxattr`,
+//! `lgetxattr`). On the receive loop's thread alone that is one core's
+//! work. Over a remote shell, once the sender's walk was done (it walks
+//! during the login), that one thread was the whole copy's critical path
+//! while the other core idled. On a network filesystem each of those calls
+//! is a round trip, and several in flight hide their latency as well.
+//!
+//! So the files of a batch of entries are split into contiguous runs, one
+//! per thread (a run keeps to a few directories, and each thread stays in
+//! the directory of its last check, `rfabric::thread_dir`), and each thread
+//! tells which of its files are there unchanged, metadata included. The
+//! checks only read. Everything an entry leads to (its answer, its count,
+//! anything it changes) stays on the loop, in order. A file the checks did
+//! not clear (new, changed, unreadable, under a directory the batch has
+//! yet to make) goes the loop's own way, which looks again.
+//!
+//! A check and the loop's use of it are a batch apart at most. Between
+//! them the file may change under the copy, as it may between any
+//! comparison and its result in rsync: a re-sync compares, it does not
+//! lock.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+
+use crate::existing;
+use crate::proto::EntryKind;
+use crate::resync::{Decision, Policy};
+use crate::tree::{Base, Fidelity};
+
+use super::Next;
+
+/// Fewer files than this in a batch are checked on the loop (a hand-off to
+/// the threads and back costs about as much as a few dozen checks).
+const FEWEST: usize = 32;
+
+/// At most this many checking threads, however many cores.
+const MOST_THREADS: usize = 8;
+
+/// What a file is compared by: the same for all of a copy's files.
+#[derive(Clone, Copy)]
+pub(super) struct Rules {
+    pub policy: Policy,
+    pub how: Fidelity,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Test hook (`RCP_TEST_PRECHECK`), so that the integration tests know
+/// the checks ran and can compare with the loop's way alone:
+/// `every-batch` checks the files of every batch, however few, and says
+/// at the end how many the checks cleared; `off` checks none. Only in
+/// builds with the `test-hooks` feature: a shipping binary reads no such
+/// variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
+enum Hook {
+    EveryBatch,
+    Off,
+}
+
+#[cfg(feature = "test-hooks")]
+fn test_hook() -> Option<Hook> {
+    match std::env::var("RCP_TEST_PRECHECK").ok()?.as_str() {
+        "every-batch" => Some(Hook::EveryBatch),
+        "off" => Some(Hook::Off),
+        _ => None,
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn test_hook() -> Option<Hook> {
+    None
+}
+
+/// The checking threads of one receiver.
+pub(super) struct Prechecks {
+    base: Arc<Base>,
+    rules: Rules,
+    queues: Vec<mpsc::Sender<Job>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Batches with fewer files are not checked.
+    fewest: usize,
+    /// Files the checks found unchanged.
+    cleared: Arc<AtomicU64>,
+}
+
+impl Prechecks {
+    /// One thread per core (at least two, at most [`MOST_THREADS`]);
+    /// `None` where a test asked for no checks.
+    pub fn start(base: Arc<Base>, rules: Rules) -> anyhow::Result<Option<Prechecks>> {
+        let fewest = match test_hook() {
+            Some(Hook::Off) => return Ok(None),
+            Some(Hook::EveryBatch) => 1,
+            None => FEWEST,
+        };
+        let count = crate::tuning::cores().clamp(2, MOST_THREADS);
+        let mut queues = Vec::with_capacity(count);
+        let mut threads = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let thread = std::thread::Builder::new()
+                .name("rcp-check".into())
+                .spawn(move || {
+                    // These threads resolve no relative path: every check
+                    // goes by the destination's descriptors.
+                    let _stay = rfabric::thread_dir::stay();
+                    while let Ok(job) = rx.recv() {
+                        job();
+                    }
+                })?;
+            queues.push(tx);
+            threads.push(thread);
+        }
+        Ok(Some(Prechecks {
+            base,
+            rules,
+            queues,
+            threads,
+            fewest,
+            cleared: Arc::default(),
+        }))
+    }
+
+    /// Starts checking `batch`'s files, split among the threads.
+    pub fn check(&self, batch: Vec<Next>) -> Checking {
+        let files = candidates(&batch);
+        let batch = Arc::new(batch);
+        let mut answers = Vec::new();
+        if files.len() < self.fewest {
+            return Checking { batch, answers };
+        }
+        for (queue, run) in self.queues.iter().zip(runs(files.len(), self.queues.len())) {
+            let (done, answer) = tokio::sync::oneshot::channel();
+            let positions = files[run].to_vec();
+            let (base, rules, batch) = (Arc::clone(&self.base), self.rules, Arc::clone(&batch));
+            let cleared = Arc::clone(&self.cleared);
+            let job: Job = Box::new(move || {
+                let found = check_run(&base, &rules, &batch, &positions);
+                cleared.fetch_add(found.len() as u64, Ordering::Relaxed);
+                // Let go of the batch before answering: the loop takes
+                // it back whole once every answer is in.
+                drop(batch);
+                let _ = done.send(found);
+            });
+            if queue.send(job).is_ok() {
+                answers.push(answer);
+            }
+        }
+        Checking { batch, answers }
+    }
+}
+
+/// A batch whose files are being checked (or, [`Checking::unchecked`],
+/// are not).
+pub(super) struct Checking {
+    batch: Arc<Vec<Next>>,
+    answers: Vec<tokio::sync::oneshot::Receiver<Vec<usize>>>,
+}
+
+impl Checking {
+    /// A batch no thread checks: every file goes the loop's way.
+    pub fn unchecked(batch: Vec<Next>) -> Checking {
+        Checking {
+            batch: Arc::new(batch),
+            answers: Vec::new(),
+        }
+    }
+
+    /// The batch back, once checked, and which of its steps create a file
+    /// that is there unchanged (`true` at its position; none past the end).
+    pub async fn done(self) -> (Vec<Next>, Vec<bool>) {
+        let mut unchanged = Vec::new();
+        if !self.answers.is_empty() {
+            unchanged.resize(self.batch.len(), false);
+        }
+        for answer in self.answers {
+            // (A thread gone answers nothing: its files go the loop's way.)
+            for at in answer.await.unwrap_or_default() {
+                unchanged[at] = true;
+            }
+        }
+        // Every job let go of the batch before it answered. Only a job
+        // that panicked may still hold it, for as long as its unwinding
+        // takes.
+        let mut batch = self.batch;
+        loop {
+            match Arc::try_unwrap(batch) {
+                Ok(batch) => return (batch, unchanged),
+                Err(shared) => {
+                    batch = shared;
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Prechecks {
+    fn drop(&mut self) {
+        self.queues.clear();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+        if test_hook() == Some(Hook::EveryBatch) {
+            let cleared = self.cleared.load(Ordering::Relaxed);
+            eprintln!("rcp test: the checks cleared {cleared} files");
+        }
+    }
+}
+
+/// Positions in `batch` of the files to check: files announced without
+/// their data (a file that came with it is answered by no check).
+fn candidates(batch: &[Next]) -> Vec<usize> {
+    batch
+        .iter()
+        .enumerate()
+        .filter(|(_, next)| {
+            matches!(next, Next::Create(ready)
+                if ready.entry.kind == EntryKind::File && ready.end.is_none())
+        })
+        .map(|(at, _)| at)
+        .collect()
+}
+
+/// Positions in `batch` (among `positions`) of the files there unchanged.
+/// Once a file's directory cannot be reached (not made yet: the batch
+/// announces it too, as in a first copy), the files after it in that
+/// directory are not tried.
+fn check_run(base: &Base, rules: &Rules, batch: &[Next], positions: &[usize]) -> Vec<usize> {
+    let mut unreachable: Option<&[u8]> = None;
+    let mut found = Vec::new();
+    for &at in positions {
+        let Next::Create(ready) = &batch[at] else {
+            continue;
+        };
+        let path = &ready.entry.path[..];
+        let parent = &path[..path.iter().rposition(|&b| b == b'/').unwrap_or(0)];
+        if unreachable == Some(parent) {
+            continue;
+        }
+        match there_unchanged(base, ready, rules) {
+            Check::Unchanged => found.push(at),
+            Check::Differs => {}
+            Check::NoDirectory => unreachable = Some(parent),
+        }
+    }
+    found
+}
+
+/// `len` items split into `parts` contiguous runs as even as can be, in
+/// order, none empty (fewer runs than parts when there are fewer items).
+fn runs(len: usize, parts: usize) -> Vec<Range<usize>> {
+    let parts = parts.clamp(1, len.max(1));
+    (0..parts)
+        .map(|i| len * i / parts..len * (i + 1) / parts)
+        .filter(|run| !run.is_empty())
+        .collect()
+}
+
+/// What a check found.
+#[derive(Debug, PartialEq, Eq)]
+enum Check {
+    /// There with the same data and metadata, as the loop's own comparison
+    /// would find it: the loop skips it without looking again.
+    Unchanged,
+    /// Anything else (new, changed, unreadable): the loop's way.
+    Differs,
+    /// Its directory could not be reached.
+    NoDirectory,
+}
+
+fn there_unchanged(base: &Base, ready: &super::Ready, rules: &Rules) -> Check {
+    let e = &ready.entry;
+    let Ok(placed) = base.place(&e.path) else {
+        return Check::NoDirectory;
+    };
+    let Ok((found, st)) = existing::look_in(&placed, e) else {
+        return Check::Differs;
+    };
+    let unchanged = match rules.policy.decide(e, found) {
+        Decision::Skip { metadata: false } => true,
+        Decision::Skip { metadata: true } => st.is_some_and(|st| {
+            existing::metadata_right(base, &placed, e, &ready.xattrs, rules.how, &st)
+                .unwrap_or(false)
+        }),
+        Decision::Send | Decision::Compare => false,
+    };
+    if unchanged {
+        Check::Unchanged
+    } else {
+        Check::Differs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_cover_every_item_once_in_order_and_evenly() {
+        for len in 0..100 {
+            for parts in 1..10 {
+                let runs = runs(len, parts);
+                let flat: Vec<usize> = runs.iter().flat_map(|r| r.clone()).collect();
+                assert_eq!(flat, (0..len).collect::<Vec<_>>(), "{len} in {parts}");
+                assert!(runs.len() <= parts);
+                assert!(runs.iter().all(|r| !r.is_empty()));
+                let (short, long) = (
+                    runs.iter().map(|r| r.len()).min().unwrap_or(0),
+                    runs.iter().map(|r| r.len()).max().unwrap_or(0),
+                );
+                assert!(long - short <= 1, "{len} in {parts}: {runs:?}");
+            }
+        }
+    }
+}
