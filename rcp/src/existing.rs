@@ -34,7 +34,7 @@ pub fn look_in(
     if parent.made_here() {
         return Ok((Found::Nothing, None));
     }
-    match rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+    match rustix::fs::statat(parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
             let mtime = (st.st_mtime, st.st_mtime_nsec as u32);
             let size = st.st_size as u64;
