@@ -38,8 +38,10 @@ use rfabric::storage::{Engine, Kind};
 mod precheck;
 use precheck::{Checking, Prechecks};
 
-/// Batches of entries checked ahead of the one the loop handles, at most
-/// (while more have come; [`precheck`]).
+/// Batches of entries being checked at most, the one the loop handles
+/// next included ([`precheck`]): while more batches have come, the loop
+/// takes them and starts their checks before it handles the oldest. (32
+/// did no better over ssh than 8: 1.01x the time, 10 paired runs.)
 const CHECKED_AHEAD: usize = 8;
 
 #[derive(Debug, Clone, Copy)]
@@ -243,11 +245,18 @@ pub async fn receive(
         // waits for them (a chunk, or a link's end).
         let mut checking: VecDeque<Checking> = VecDeque::new();
         let mut held = None;
+        // (Without checks, each batch is handled before the next item is
+        // taken, as it comes.)
+        let ahead = if prechecks.is_some() {
+            CHECKED_AHEAD
+        } else {
+            1
+        };
         while !(arrivals.is_over() && checking.is_empty() && held.is_none()) {
             if held.is_none() {
                 held = if checking.is_empty() {
                     Some(incoming.next().await.ok_or_else(gone)?)
-                } else if checking.len() < CHECKED_AHEAD {
+                } else if checking.len() < ahead {
                     incoming.try_next()
                 } else {
                     None
@@ -258,18 +267,25 @@ pub async fn receive(
             // shared: the onward link may send it from its slot while it
             // is written here; its credit goes back when both are done.)
             let actions = match held.take() {
-                Some((0, Ok(Some(LinkIncoming::Message(bytes))))) => {
-                    if let Some(relay) = relay.as_deref_mut() {
-                        relay.forward_message(&bytes).await;
+                Some((stream, Ok(Some(item)))) => match item {
+                    LinkIncoming::Message(bytes) if stream == 0 => {
+                        if let Some(relay) = relay.as_deref_mut() {
+                            relay.forward_message(&bytes).await;
+                        }
+                        let batch = new.read(Msg::decode(&bytes)?.unbatched()?)?;
+                        checking.push_back(match &prechecks {
+                            Some(checks) => checks.check(batch),
+                            None => Checking::unchecked(batch),
+                        });
+                        continue;
                     }
-                    let batch = new.read(Msg::decode(&bytes)?.unbatched()?)?;
-                    checking.push_back(match &prechecks {
-                        Some(checks) => checks.check(batch),
-                        None => Checking::unchecked(batch),
-                    });
-                    continue;
-                }
-                Some((stream, item)) if checking.is_empty() => match item?.ok_or_else(gone)? {
+                    LinkIncoming::Message(_) => {
+                        bail!("a message arrived on data stream {stream}")
+                    }
+                    // A chunk need not wait for the batches being checked:
+                    // where files are checked, each is answered before its
+                    // data comes, so its entry was handled; and `Arrivals`
+                    // holds a chunk that overtakes its entry anyway.
                     LinkIncoming::Chunk(chunk) => {
                         let chunk = Arc::new(chunk);
                         if let Some(relay) = relay.as_deref_mut() {
@@ -284,10 +300,13 @@ pub async fn receive(
                         };
                         arrivals.chunk(place, chunk)?
                     }
-                    LinkIncoming::Message(_) => {
-                        bail!("a message arrived on data stream {stream}")
-                    }
                 },
+                // A link's end or failure, once the batches before it are
+                // handled.
+                Some((_, end)) if checking.is_empty() => {
+                    end?;
+                    return Err(gone().into());
+                }
                 // The oldest batch, in turn (before the item held, if any).
                 other => {
                     held = other;
