@@ -225,7 +225,7 @@ pub async fn receive(
         hard_links: Vec::new(),
         xattrs: XattrInbox::default(),
     };
-    // Files found unchanged on threads of their own, where a batch's files
+    // Entries found unchanged on threads of their own, where a batch's files
     // are compared with what is there (and nothing else is asked of them).
     let prechecks =
         (opts.policy.asks() && !opts.dry_run && !opts.resume && opts.itemize == Itemize::Off)
@@ -656,8 +656,8 @@ impl Creator<'_> {
 
     /// Creates an announced entry: a file under its temporary name (with
     /// resume, telling the sender what is there already), a directory or
-    /// symlink in place. `unchanged`: the checks found the file there as
-    /// it would be made ([`precheck`]). Returns what the rules say to do
+    /// symlink in place. `unchanged`: the checks found the entry (a file,
+    /// symlink or special file) there as it would be made ([`precheck`]). Returns what the rules say to do
     /// next (land the file's early chunks, finish it).
     async fn create(
         &mut self,
@@ -782,7 +782,7 @@ impl Creator<'_> {
             | EntryKind::Socket
             | EntryKind::CharDevice
             | EntryKind::BlockDevice
-                if existing::in_place(self.base, &e, &xattrs, self.how) =>
+                if unchanged || existing::in_place(self.base, &e, &xattrs, self.how) =>
             {
                 self.answers.send(e.index, Ok(()));
             }

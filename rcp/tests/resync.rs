@@ -494,7 +494,7 @@ fn rcp_checked(args: &[&OsStr], path: &str, precheck: &str) -> (Sent, Option<u64
     let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
     let cleared = stderr.lines().find_map(|l| {
         l.strip_prefix("rcp test: the checks cleared ")?
-            .strip_suffix(" files")?
+            .strip_suffix(" entries")?
             .parse()
             .ok()
     });
@@ -514,6 +514,15 @@ fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
     for (i, p) in files.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
         set_xattr(p, "user.tag", format!("v{i}").as_bytes());
     }
+    // Symlinks, checked too: two will point elsewhere.
+    let links: Vec<PathBuf> = (0..20)
+        .map(|i| {
+            let p = src.join(format!("d{}", i % 5)).join(format!("link{i}"));
+            std::os::unix::fs::symlink(format!("f{i}"), &p).unwrap();
+            set_times(&p, 1_600_000_000, i);
+            p
+        })
+        .collect();
     let (rsh, path) = fake_rsh(&t);
     let modes = ["local", "remote shell", "loop only"];
     let into: Vec<PathBuf> = modes
@@ -564,7 +573,16 @@ fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
     for d in into.iter().chain([&oracle]) {
         set_xattr(&d.join(rel), "user.stray", b"x");
     }
-    let untouched = files.len() - picked.len() - 1;
+    for p in &links[..2] {
+        std::fs::remove_file(p).unwrap();
+        std::os::unix::fs::symlink("elsewhere", p).unwrap();
+        set_times(p, 1_600_000_000, 0);
+    }
+    // (Times in the past: rsync leaves a time of the current second alone.)
+    for d in 0..5 {
+        set_times(&src.join(format!("d{d}")), 1_500_000_000, d);
+    }
+    let untouched = files.len() - picked.len() - 1 + links.len() - 2;
     rsync_into(&["-aX"], &src, &oracle);
 
     for (mode, into) in modes.iter().zip(&into) {
@@ -598,7 +616,9 @@ fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
             .iter()
             .enumerate()
             .filter(|(i, _)| !picked.contains(i) && *i != extra)
-            .all(|(_, f)| {
+            .map(|(_, f)| f)
+            .chain(&links[2..])
+            .all(|f| {
                 let p = into.join(f.strip_prefix(t.dir()).unwrap());
                 before.get(&p) == after.get(&p)
             });

@@ -86,7 +86,7 @@ pub(super) struct Prechecks {
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Batches with fewer files are not checked.
     fewest: usize,
-    /// Files the checks found unchanged.
+    /// Entries the checks found unchanged.
     cleared: Arc<AtomicU64>,
 }
 
@@ -209,29 +209,36 @@ impl Drop for Prechecks {
         }
         if test_hook() == Some(Hook::EveryBatch) {
             let cleared = self.cleared.load(Ordering::Relaxed);
-            eprintln!("rcp test: the checks cleared {cleared} files");
+            eprintln!("rcp test: the checks cleared {cleared} entries");
         }
     }
 }
 
-/// Positions in `batch` of the files to check: files announced without
-/// their data (a file that came with it is answered by no check).
+/// Positions in `batch` of the entries to check: files announced without
+/// their data (a file that came with it is answered by no check),
+/// symlinks and special files.
 fn candidates(batch: &[Next]) -> Vec<usize> {
     batch
         .iter()
         .enumerate()
         .filter(|(_, next)| {
-            matches!(next, Next::Create(ready)
-                if ready.entry.kind == EntryKind::File && ready.end.is_none())
+            let Next::Create(ready) = next else {
+                return false;
+            };
+            match ready.entry.kind {
+                EntryKind::File => ready.end.is_none(),
+                EntryKind::Symlink => true,
+                kind => kind.is_special(),
+            }
         })
         .map(|(at, _)| at)
         .collect()
 }
 
-/// Positions in `batch` (among `positions`) of the files there unchanged.
-/// Once a file's directory cannot be reached (not made yet: the batch
-/// announces it too, as in a first copy), the files after it in that
-/// directory are not tried.
+/// Positions in `batch` (among `positions`) of the entries there
+/// unchanged. Once an entry's directory cannot be reached (not made yet:
+/// the batch announces it too, as in a first copy), the entries after it
+/// in that directory are not tried.
 fn check_run(base: &Base, rules: &Rules, batch: &[Next], positions: &[usize]) -> Vec<usize> {
     let mut unreachable: Option<&[u8]> = None;
     let mut found = Vec::new();
@@ -280,6 +287,13 @@ fn there_unchanged(base: &Base, ready: &super::Ready, rules: &Rules) -> Check {
     let Ok(placed) = base.place(&e.path) else {
         return Check::NoDirectory;
     };
+    if e.kind != EntryKind::File {
+        // A symlink or special file: as the loop would find it.
+        return match existing::in_place(base, e, &ready.xattrs, rules.how) {
+            true => Check::Unchanged,
+            false => Check::Differs,
+        };
+    }
     let Ok((found, st)) = existing::look_in(&placed, e) else {
         return Check::Differs;
     };
