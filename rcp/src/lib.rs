@@ -20,7 +20,8 @@
 //! may arrive when, sans I/O) and [`resume`] (the `Have` exchange, sans
 //! I/O), [`resync`] (which files are sent again: the quick check and its
 //! variants, sans I/O) and [`existing`] (what a re-sync finds at the
-//! destination), [`delete`] (`--delete`, after the copy), [`filter`]
+//! destination), [`delete`] (`--delete`, after the copy), [`staying`] (helper threads
+//! for the system calls of many names), [`filter`]
 //! (rsync's include and exclude rules, sans I/O), [`idmap`] (`--usermap`,
 //! `--groupmap`, `--chown`, sans I/O), [`listed`]
 //! (`--files-from` lists, sans I/O),
@@ -63,6 +64,7 @@ pub mod resync;
 pub mod send;
 pub mod session;
 pub mod shell;
+pub mod staying;
 pub mod streams;
 pub mod tree;
 pub mod tuning;

@@ -75,6 +75,11 @@ pub struct Params {
     /// started has them (it maps what it sends, or what arrives in a
     /// pull); a server's are `None`.
     pub owners: Option<Arc<Owners>>,
+    /// Whether a walk of this side's files looks names up on a helper
+    /// thread as well ([`crate::tree::Walker::with_helper`]): not where
+    /// both ends of the copy are this process, whose cores are busy with
+    /// the receiving end.
+    pub walk_helper: bool,
 }
 
 impl Params {
@@ -655,6 +660,7 @@ pub fn walk_sources(sources: &[PathBuf], params: &Params) -> anyhow::Result<send
         options.keep,
         &params.filter,
         params.owners.clone(),
+        params.walk_helper,
     ))
 }
 
@@ -925,8 +931,14 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             };
             *links = ready(&link, config, false, streams).await?;
             let options = params.send_options();
-            let walk =
-                send::Walk::start(local, options.recursive, options.keep, &params.filter, None);
+            let walk = send::Walk::start(
+                local,
+                options.recursive,
+                options.keep,
+                &params.filter,
+                None,
+                params.walk_helper,
+            );
             let (stats, _) = send::send(links, walk, options, &progress).await?;
             streams::finish_all(links).await?;
             stats

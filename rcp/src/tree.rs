@@ -26,6 +26,7 @@ use crate::filter::Filter;
 use crate::idmap::Owners;
 use crate::listed;
 use crate::proto::{Entry, EntryKind, Meta};
+use crate::staying::{Job, Staying};
 
 mod together;
 mod unnamed;
@@ -225,6 +226,55 @@ pub struct Walker {
     by_path: Option<(Vec<u8>, usize)>,
     /// `--usermap`, `--groupmap` of a copy this side's user started.
     owners: Option<Arc<Owners>>,
+    /// Whether a helper thread may look up names too.
+    may_help: bool,
+    /// The thread that looks up the second half of a large directory's
+    /// names while the walk does the first (started at the first such
+    /// directory; `None` until then, or where it could not start).
+    helper: Option<Staying>,
+}
+
+/// Directories of at least this many names are looked up by two threads.
+const LOOK_AHEAD_FROM: usize = 64;
+
+/// What the walk's helper looked up of a name ([`Walker::look_ahead`]).
+struct Looked {
+    stat: rustix::io::Result<rustix::fs::Stat>,
+    more: LookedMore,
+}
+
+/// What [`Walker::visit`] takes of a name looked up ahead, beside its
+/// status.
+struct LookedMore {
+    /// A symlink's target.
+    target: Option<rustix::io::Result<CString>>,
+    /// Attributes of anything but a directory, read by name in the
+    /// directory (where the helper can be moved there).
+    xattrs: Option<anyhow::Result<Vec<Xattr>>>,
+}
+
+impl Looked {
+    /// Looks up `name` in `dir` as [`Walker::visit`] would.
+    fn up(dir: &Arc<OwnedFd>, name: &CStr, keep: Keep) -> Looked {
+        let stat = rustix::fs::statat(&**dir, name, AtFlags::SYMLINK_NOFOLLOW);
+        let kind = stat
+            .as_ref()
+            .ok()
+            .map(|st| FileType::from_raw_mode(st.st_mode));
+        let target = (kind == Some(FileType::Symlink))
+            .then(|| rustix::fs::readlinkat(&**dir, name, Vec::new()));
+        let by_name = kind.is_some_and(|k| k != FileType::Directory)
+            && (keep.xattrs || keep.acls)
+            && rfabric::thread_dir::available();
+        let xattrs = by_name.then(|| {
+            let held: rfabric::thread_dir::HeldDir = dir.clone();
+            archive::read_xattrs(Node::Held(&held, name), keep)
+        });
+        Looked {
+            stat,
+            more: LookedMore { target, xattrs },
+        }
+    }
 }
 
 impl Walker {
@@ -237,7 +287,39 @@ impl Walker {
             first_names: Default::default(),
             by_path: None,
             owners: None,
+            may_help: false,
+            helper: None,
         }
+    }
+
+    /// Lets a helper thread look up the second half of each large
+    /// directory's names while the walk does the first: where the cores
+    /// are not all busy with the other end of the copy, and where each
+    /// call is a round trip (a network filesystem).
+    pub fn with_helper(&mut self, on: bool) {
+        self.may_help = on;
+    }
+
+    /// Has the helper look up `names[from..]` in `dir`, in order: what it
+    /// found comes back on the channel, all at once. `None` where there is
+    /// no helper (the walk looks them up itself).
+    fn look_ahead(
+        &mut self,
+        dir: &Arc<OwnedFd>,
+        names: &[CString],
+        from: usize,
+    ) -> Option<std::sync::mpsc::Receiver<Vec<Looked>>> {
+        if self.helper.is_none() {
+            self.helper = Staying::start("rcp-walk", 1).ok();
+        }
+        let helper = self.helper.as_ref()?;
+        let (dir, names, keep) = (Arc::clone(dir), names[from..].to_vec(), self.keep);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let job: Job = Box::new(move || {
+            let looked = names.iter().map(|n| Looked::up(&dir, n, keep)).collect();
+            let _ = tx.send(looked);
+        });
+        helper.run(0, job).then_some(rx)
     }
 
     /// Maps the owners and groups of the entries walked from now on.
@@ -293,6 +375,7 @@ impl Walker {
             emit,
             &shown,
             how,
+            None,
         )
     }
 
@@ -372,6 +455,7 @@ impl Walker {
             emit,
             &shown,
             how,
+            None,
         )?;
         Ok(FileType::from_raw_mode(stat.st_mode) == FileType::Directory)
     }
@@ -388,14 +472,21 @@ impl Walker {
         // name once, and almost never has anything to say about it).
         shown: &dyn Fn() -> String,
         how: Visit,
+        // What the helper looked up of it already.
+        looked: Option<LookedMore>,
     ) -> anyhow::Result<()> {
         let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
         if how.filtered && self.filter.excludes(&path, is_dir) {
             return Ok(());
         }
         let name = cname.to_bytes();
+        let (target, xattrs_looked) = match looked {
+            Some(looked) => (looked.target, looked.xattrs),
+            None => (None, None),
+        };
         let target = if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink {
-            rustix::fs::readlinkat(parent, cname, Vec::new())
+            target
+                .unwrap_or_else(|| rustix::fs::readlinkat(parent, cname, Vec::new()))
                 .with_context(|| format!("cannot read symlink {}", shown()))?
                 .into_bytes()
         } else {
@@ -460,15 +551,16 @@ impl Walker {
         };
         // (Held only where it is used: a reference more per entry otherwise.)
         let held: rfabric::thread_dir::HeldDir;
-        let node = match (&open, &disk) {
-            (Some(fd), _) => Node::Fd(fd.as_fd()),
-            (None, Some(disk)) => Node::Path(disk.as_c_str()),
-            (None, None) => {
+        let xattrs = match (&open, &disk, xattrs_looked) {
+            (Some(fd), _, _) => archive::read_xattrs(Node::Fd(fd.as_fd()), self.keep)?,
+            (None, Some(disk), _) => archive::read_xattrs(Node::Path(disk.as_c_str()), self.keep)?,
+            // (Read by name in the directory, as here.)
+            (None, None, Some(looked)) => looked?,
+            (None, None, None) => {
                 held = parent.clone();
-                Node::Held(&held, cname)
+                archive::read_xattrs(Node::Held(&held, cname), self.keep)?
             }
         };
-        let xattrs = archive::read_xattrs(node, self.keep)?;
         if let Some(meta) = &mut entry.meta {
             meta.xattrs = xattrs.len() as u16;
         }
@@ -518,14 +610,36 @@ impl Walker {
                 }
                 // A stable order: same tree, same entry numbers.
                 names.sort();
-                for n in names {
+                // In a large directory the helper looks up the second half
+                // of the names while this thread does the first. (The
+                // system calls are most of a walk of unchanged files, and
+                // on a network filesystem each is a round trip.)
+                let half = names.len() / 2;
+                let mut ahead = (self.may_help && names.len() >= LOOK_AHEAD_FROM)
+                    .then(|| self.look_ahead(&dir, &names, half))
+                    .flatten();
+                let mut looked_ahead = Vec::new().into_iter();
+                for (i, n) in names.into_iter().enumerate() {
                     let named = || format!("{}/{}", shown(), n.to_string_lossy());
-                    let st = rustix::fs::statat(&*dir, &n, AtFlags::SYMLINK_NOFOLLOW)
-                        .with_context(|| format!("cannot stat {}", named()))?;
+                    if i == half
+                        && let Some(found) = ahead.take()
+                    {
+                        // (A helper gone answers nothing: the rest is
+                        // looked up here.)
+                        looked_ahead = found.recv().unwrap_or_default().into_iter();
+                    }
+                    let (st, more) = match looked_ahead.next() {
+                        Some(Looked { stat, more }) => (stat, Some(more)),
+                        None => (
+                            rustix::fs::statat(&*dir, &n, AtFlags::SYMLINK_NOFOLLOW),
+                            None,
+                        ),
+                    };
+                    let st = st.with_context(|| format!("cannot stat {}", named()))?;
                     let mut child = path.clone();
                     child.push(b'/');
                     child.extend_from_slice(n.as_bytes());
-                    self.visit(&dir, &n, child, &st, emit, &named, how)?;
+                    self.visit(&dir, &n, child, &st, emit, &named, how, more)?;
                 }
                 Ok(())
             }
@@ -1602,6 +1716,61 @@ pub(crate) fn commit_whole(out: PartFile, e: &Entry) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The walk's helper looks up the second half of each large directory:
+    /// the walk gives the same entries, in the same order, with the same
+    /// metadata and attributes, with it as without.
+    #[test]
+    fn a_walk_with_its_helper_gives_what_it_gives_alone() {
+        let scratch = test_support::Scratch::new("rcp-walk-helper");
+        let top = scratch.path("top");
+        std::fs::create_dir_all(top.join("sub")).unwrap();
+        for i in 0..150 {
+            let p = top.join(format!("f{i:03}"));
+            std::fs::write(&p, vec![b'x'; i]).unwrap();
+            if i % 4 == 0 {
+                let name = format!("user.n{i}");
+                rustix::fs::lsetxattr(&p, name.as_str(), b"v", rustix::fs::XattrFlags::empty())
+                    .unwrap();
+            }
+            if i % 10 == 0 {
+                std::os::unix::fs::symlink(format!("f{i:03}"), top.join(format!("l{i:03}")))
+                    .unwrap();
+            }
+            if i % 25 == 0 {
+                std::fs::hard_link(&p, top.join(format!("h{i:03}"))).unwrap();
+            }
+        }
+        for i in 0..70 {
+            std::fs::write(top.join(format!("sub/g{i}")), b"y").unwrap();
+        }
+        let keep = Keep {
+            xattrs: true,
+            hard_links: true,
+            owner: true,
+            group: true,
+            ..Keep::default()
+        };
+        let walk = |helper: bool| {
+            let mut walker = Walker::new(true, keep, Arc::default());
+            walker.with_helper(helper);
+            let parent = open_root(scratch.dir()).unwrap();
+            let mut seen = Vec::new();
+            walker
+                .walk(&parent, b"top", b"top", &mut |item| {
+                    seen.push((format!("{:?}", item.entry), item.xattrs));
+                    Ok(())
+                })
+                .unwrap();
+            (seen, walker.helper.is_some())
+        };
+        let (alone, no_helper) = walk(false);
+        let (helped, had_helper) = walk(true);
+        assert!(!no_helper && had_helper, "the helper ran only when allowed");
+        assert_eq!(alone.len(), 1 + 150 + 15 + 6 + 1 + 70);
+        assert_eq!(alone.iter().filter(|(_, x)| !x.is_empty()).count(), 38);
+        assert_eq!(helped, alone);
+    }
 
     #[test]
     fn entries_are_found_by_path_where_the_base_allows_it() {

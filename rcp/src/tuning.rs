@@ -130,6 +130,7 @@ pub fn params(
         // A server takes the client's; a client sets its own.
         digest: crate::digest::Algorithm::Sha256,
         owners: None,
+        walk_helper: true,
     }
 }
 

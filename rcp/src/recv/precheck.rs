@@ -25,12 +25,13 @@
 //! lock.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
 
 use crate::existing;
 use crate::proto::EntryKind;
 use crate::resync::{Decision, Policy};
+use crate::staying::{Job, Staying};
 use crate::tree::{Base, Fidelity};
 
 use super::Next;
@@ -48,8 +49,6 @@ pub(super) struct Rules {
     pub policy: Policy,
     pub how: Fidelity,
 }
-
-type Job = Box<dyn FnOnce() + Send>;
 
 /// Test hook (`RCP_TEST_PRECHECK`), so that the integration tests know
 /// the checks ran and can compare with the loop's way alone:
@@ -82,8 +81,7 @@ fn test_hook() -> Option<Hook> {
 pub(super) struct Prechecks {
     base: Arc<Base>,
     rules: Rules,
-    queues: Vec<mpsc::Sender<Job>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    threads: Staying,
     /// Batches with fewer files are not checked.
     fewest: usize,
     /// Entries the checks found unchanged.
@@ -100,28 +98,10 @@ impl Prechecks {
             None => FEWEST,
         };
         let count = crate::tuning::cores().clamp(2, MOST_THREADS);
-        let mut queues = Vec::with_capacity(count);
-        let mut threads = Vec::with_capacity(count);
-        for _ in 0..count {
-            let (tx, rx) = mpsc::channel::<Job>();
-            let thread = std::thread::Builder::new()
-                .name("rcp-check".into())
-                .spawn(move || {
-                    // These threads resolve no relative path: every check
-                    // goes by the destination's descriptors.
-                    let _stay = rfabric::thread_dir::stay();
-                    while let Ok(job) = rx.recv() {
-                        job();
-                    }
-                })?;
-            queues.push(tx);
-            threads.push(thread);
-        }
         Ok(Some(Prechecks {
             base,
             rules,
-            queues,
-            threads,
+            threads: Staying::start("rcp-check", count)?,
             fewest,
             cleared: Arc::default(),
         }))
@@ -135,7 +115,10 @@ impl Prechecks {
         if files.len() < self.fewest {
             return Checking { batch, answers };
         }
-        for (queue, run) in self.queues.iter().zip(runs(files.len(), self.queues.len())) {
+        for (i, run) in runs(files.len(), self.threads.count())
+            .into_iter()
+            .enumerate()
+        {
             let (done, answer) = tokio::sync::oneshot::channel();
             let positions = files[run].to_vec();
             let (base, rules, batch) = (Arc::clone(&self.base), self.rules, Arc::clone(&batch));
@@ -148,7 +131,7 @@ impl Prechecks {
                 drop(batch);
                 let _ = done.send(found);
             });
-            if queue.send(job).is_ok() {
+            if self.threads.run(i, job) {
                 answers.push(answer);
             }
         }
@@ -203,10 +186,6 @@ impl Checking {
 
 impl Drop for Prechecks {
     fn drop(&mut self) {
-        self.queues.clear();
-        for thread in self.threads.drain(..) {
-            let _ = thread.join();
-        }
         if test_hook() == Some(Hook::EveryBatch) {
             let cleared = self.cleared.load(Ordering::Relaxed);
             eprintln!("rcp test: the checks cleared {cleared} entries");

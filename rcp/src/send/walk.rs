@@ -267,6 +267,7 @@ impl Walk {
         keep: Keep,
         filter: &Arc<Filter>,
         owners: Option<Arc<Owners>>,
+        helper: bool,
     ) -> Walk {
         let window = super::ask_ahead();
         let shared = Arc::new(Shared {
@@ -282,6 +283,7 @@ impl Walk {
         let with_data = Arc::new(AtomicU64::new(0));
         let mut walk = Walker::new(recursive, keep, Arc::clone(filter));
         walk.map_owners(owners);
+        walk.with_helper(helper);
         let (walked_with_data, room) = (Arc::clone(&with_data), Arc::clone(&shared));
         let thread = tokio::task::spawn_blocking(move || {
             // The walk goes by descriptors (and absolute paths), so the
