@@ -225,8 +225,9 @@ pub async fn receive(
         hard_links: Vec::new(),
         xattrs: XattrInbox::default(),
     };
-    // Entries found unchanged on threads of their own, where a batch's files
-    // are compared with what is there (and nothing else is asked of them).
+    // Entries found unchanged on threads of their own, where a batch's
+    // entries are compared with what is there (and nothing else is asked
+    // of them: no dry run, no -i, no resume).
     let prechecks =
         (opts.policy.asks() && !opts.dry_run && !opts.resume && opts.itemize == Itemize::Off)
             .then(|| {
@@ -236,7 +237,6 @@ pub async fn receive(
                 };
                 Prechecks::start(Arc::clone(&base), rules)
             })
-            .transpose()?
             .flatten();
     let result = async {
         let gone = || PeerLost("the sender went away before it was done".into());
@@ -252,7 +252,9 @@ pub async fn receive(
         } else {
             1
         };
-        while !(arrivals.is_over() && checking.is_empty() && held.is_none()) {
+        // (Once the copy is over, an item held is not looked at: nothing
+        // after `Done` was ever read.)
+        while !(arrivals.is_over() && checking.is_empty()) {
             if held.is_none() {
                 held = if checking.is_empty() {
                     Some(incoming.next().await.ok_or_else(gone)?)
@@ -657,8 +659,9 @@ impl Creator<'_> {
     /// Creates an announced entry: a file under its temporary name (with
     /// resume, telling the sender what is there already), a directory or
     /// symlink in place. `unchanged`: the checks found the entry (a file,
-    /// symlink or special file) there as it would be made ([`precheck`]). Returns what the rules say to do
-    /// next (land the file's early chunks, finish it).
+    /// symlink or special file) there as it would be made
+    /// ([`precheck`]). Returns what the rules say to do next (land the
+    /// file's early chunks, finish it).
     async fn create(
         &mut self,
         arrivals: &mut Arrivals<Arc<Chunk>>,

@@ -311,6 +311,8 @@ impl Walker {
     ) -> Option<std::sync::mpsc::Receiver<Vec<Looked>>> {
         if self.helper.is_none() {
             self.helper = Staying::start("rcp-walk", 1).ok();
+            // (Where no thread can start, the walk goes on alone.)
+            self.may_help &= self.helper.is_some();
         }
         let helper = self.helper.as_ref()?;
         let (dir, names, keep) = (Arc::clone(dir), names[from..].to_vec(), self.keep);

@@ -1,5 +1,5 @@
-//! Files found unchanged at the destination ahead of the receive loop, on
-//! threads of their own.
+//! Entries found unchanged at the destination ahead of the receive loop,
+//! on threads of their own.
 //!
 //! A re-sync of an unchanged tree is a walk of the destination: each file
 //! announced is looked at (`statat`) and, where size and time match, its
@@ -10,19 +10,21 @@
 //! while the other core idled. On a network filesystem each of those calls
 //! is a round trip, and several in flight hide their latency as well.
 //!
-//! So the files of a batch of entries are split into contiguous runs, one
-//! per thread (a run keeps to a few directories, and each thread stays in
-//! the directory of its last check, `rfabric::thread_dir`), and each thread
-//! tells which of its files are there unchanged, metadata included. The
-//! checks only read. Everything an entry leads to (its answer, its count,
-//! anything it changes) stays on the loop, in order. A file the checks did
-//! not clear (new, changed, unreadable, under a directory the batch has
-//! yet to make) goes the loop's own way, which looks again.
+//! So the files, symlinks and special files of a batch of entries are
+//! split into contiguous runs, one per thread (a run keeps to a few
+//! directories, and each thread stays in the directory of its last check,
+//! `rfabric::thread_dir`), and each thread tells which of its entries are
+//! there unchanged, metadata included, as the loop's own comparison would
+//! find them. The checks only read. Everything an entry leads to (its
+//! answer, its count, anything it changes) stays on the loop, in order.
+//! An entry the checks did not clear (new, changed, unreadable, under a
+//! directory the batch has yet to make) goes the loop's own way, which
+//! looks again.
 //!
-//! A check and the loop's use of it are a batch apart at most. Between
-//! them the file may change under the copy, as it may between any
-//! comparison and its result in rsync: a re-sync compares, it does not
-//! lock.
+//! A check and the loop's use of it are a few batches apart at most
+//! (`CHECKED_AHEAD` in [`super`]). Between them the file may change under
+//! the copy, as it may between any comparison and its result in rsync: a
+//! re-sync compares, it does not lock.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -36,14 +38,15 @@ use crate::tree::{Base, Fidelity};
 
 use super::Next;
 
-/// Fewer files than this in a batch are checked on the loop (a hand-off to
-/// the threads and back costs about as much as a few dozen checks).
+/// Batches of fewer entries to check than this are left to the loop (a
+/// hand-off to the threads and back costs about as much as a few dozen
+/// checks).
 const FEWEST: usize = 32;
 
 /// At most this many checking threads, however many cores.
 const MOST_THREADS: usize = 8;
 
-/// What a file is compared by: the same for all of a copy's files.
+/// What an entry is compared by: the same for all of a copy's entries.
 #[derive(Clone, Copy)]
 pub(super) struct Rules {
     pub policy: Policy,
@@ -82,7 +85,7 @@ pub(super) struct Prechecks {
     base: Arc<Base>,
     rules: Rules,
     threads: Staying,
-    /// Batches with fewer files are not checked.
+    /// Batches with fewer entries to check are not checked.
     fewest: usize,
     /// Entries the checks found unchanged.
     cleared: Arc<AtomicU64>,
@@ -90,24 +93,25 @@ pub(super) struct Prechecks {
 
 impl Prechecks {
     /// One thread per core (at least two, at most [`MOST_THREADS`]);
-    /// `None` where a test asked for no checks.
-    pub fn start(base: Arc<Base>, rules: Rules) -> anyhow::Result<Option<Prechecks>> {
+    /// `None` where a test asked for no checks, or no thread could start
+    /// (the loop then checks every entry itself).
+    pub fn start(base: Arc<Base>, rules: Rules) -> Option<Prechecks> {
         let fewest = match test_hook() {
-            Some(Hook::Off) => return Ok(None),
+            Some(Hook::Off) => return None,
             Some(Hook::EveryBatch) => 1,
             None => FEWEST,
         };
         let count = crate::tuning::cores().clamp(2, MOST_THREADS);
-        Ok(Some(Prechecks {
+        Some(Prechecks {
             base,
             rules,
-            threads: Staying::start("rcp-check", count)?,
+            threads: Staying::start("rcp-check", count).ok()?,
             fewest,
             cleared: Arc::default(),
-        }))
+        })
     }
 
-    /// Starts checking `batch`'s files, split among the threads.
+    /// Starts checking `batch`'s entries, split among the threads.
     pub fn check(&self, batch: Vec<Next>) -> Checking {
         let files = candidates(&batch);
         let batch = Arc::new(batch);
@@ -139,7 +143,7 @@ impl Prechecks {
     }
 }
 
-/// A batch whose files are being checked (or, [`Checking::unchecked`],
+/// A batch whose entries are being checked (or, [`Checking::unchecked`],
 /// are not).
 pub(super) struct Checking {
     batch: Arc<Vec<Next>>,
@@ -147,7 +151,7 @@ pub(super) struct Checking {
 }
 
 impl Checking {
-    /// A batch no thread checks: every file goes the loop's way.
+    /// A batch no thread checks: every entry goes the loop's way.
     pub fn unchecked(batch: Vec<Next>) -> Checking {
         Checking {
             batch: Arc::new(batch),
@@ -155,15 +159,16 @@ impl Checking {
         }
     }
 
-    /// The batch back, once checked, and which of its steps create a file
-    /// that is there unchanged (`true` at its position; none past the end).
+    /// The batch back, once checked, and which of its steps create an
+    /// entry that is there unchanged (`true` at its position; none past
+    /// the end).
     pub async fn done(self) -> (Vec<Next>, Vec<bool>) {
         let mut unchanged = Vec::new();
         if !self.answers.is_empty() {
             unchanged.resize(self.batch.len(), false);
         }
         for answer in self.answers {
-            // (A thread gone answers nothing: its files go the loop's way.)
+            // (A thread gone answers nothing: its entries go the loop's way.)
             for at in answer.await.unwrap_or_default() {
                 unchanged[at] = true;
             }
@@ -268,9 +273,10 @@ fn there_unchanged(base: &Base, ready: &super::Ready, rules: &Rules) -> Check {
     };
     if e.kind != EntryKind::File {
         // A symlink or special file: as the loop would find it.
-        return match existing::in_place(base, e, &ready.xattrs, rules.how) {
-            true => Check::Unchanged,
-            false => Check::Differs,
+        return if existing::in_place(base, e, &ready.xattrs, rules.how) {
+            Check::Unchanged
+        } else {
+            Check::Differs
         };
     }
     let Ok((found, st)) = existing::look_in(&placed, e) else {
