@@ -356,9 +356,14 @@ fn a_re_broadcast_sends_what_any_node_lacks_once_and_the_others_let_it_pass() {
     random_file(&big, (3 << 20) + 777, 6);
     let small = t.path("small");
     random_file(&small, 1000, 7);
+    // Every node checks what it has on threads of its own, however few
+    // the files (`RCP_TEST_PRECHECK`: the receiver's checks, as on a large
+    // tree), so that passing files, `-c` and `--ignore-existing` go that
+    // way too.
     let run = |args: &[&str]| {
         let v = summary(&ok(c
             .rcp(&[&["--chunk-size", "256K"], args].concat())
+            .env("RCP_TEST_PRECHECK", "every-batch")
             .args([&big, &small])
             .arg(c.operand(""))));
         assert!(nodes(&v).iter().all(|(_, good, _)| *good), "{v}");
@@ -383,8 +388,20 @@ fn a_re_broadcast_sends_what_any_node_lacks_once_and_the_others_let_it_pass() {
     assert_eq!(v["encrypted"], false, "{v}");
     same_everywhere();
 
-    // Unchanged: the quick check skips both files on every node.
-    let v = run(&["-p"]);
+    // Unchanged: the quick check skips both files on every node, and
+    // each node's checks found both there.
+    let out = ok(c
+        .rcp(&["--chunk-size", "256K", "-p"])
+        .env("RCP_TEST_PRECHECK", "every-batch")
+        .args([&big, &small])
+        .arg(c.operand("")));
+    let said = String::from_utf8_lossy(&out.stderr);
+    let cleared = said
+        .matches("rcp test: the checks cleared 2 entries")
+        .count();
+    assert_eq!(cleared, 5, "{said}");
+    let v = summary(&out);
+    assert!(nodes(&v).iter().all(|(_, good, _)| *good), "{v}");
     assert_eq!(v["bytes"], 0, "{v}");
     assert_eq!(v["skipped"], 2, "{v}");
     assert_eq!(node_bytes(&v), vec![0; 5], "{v}");
