@@ -25,24 +25,28 @@ struct Sent {
 }
 
 fn rcp_json(args: &[&OsStr], env_path: Option<&str>) -> Sent {
+    let path: Vec<(&str, &str)> = env_path.map(|p| ("PATH", p)).into_iter().collect();
+    rcp_said(args, &path).0
+}
+
+/// One rcp run with `env` set: what it sent (`--json`), and what it said
+/// on stderr.
+fn rcp_said(args: &[&OsStr], env: &[(&str, &str)]) -> (Sent, String) {
     let mut cmd = Command::new(RCP);
-    cmd.args(["--json", "--chunk-size", "64K"]).args(args);
-    if let Some(p) = env_path {
-        cmd.env("PATH", p);
-    }
+    cmd.args(["--json", "--chunk-size", "64K"])
+        .args(args)
+        .envs(env.iter().copied());
     let out = cmd.output().expect("runs");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{cmd:?} failed: {stderr}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
-    Sent {
+    let sent = Sent {
         files: n("files"),
         skipped: n("skipped"),
         bytes: n("bytes"),
-    }
+    };
+    (sent, stderr)
 }
 
 /// rsync's run with `flags` from `src` into the directory `into`.
@@ -478,32 +482,15 @@ fn dry_run_and_itemize_say_what_rsync_says_and_change_nothing() {
     assert_same("after -n --json", &before, &ours[0]);
 }
 
-/// One rcp run with the receiver's checks as `precheck` says
-/// (`RCP_TEST_PRECHECK`): what it sent, and how many files the checks
-/// cleared (`None`: they did not say).
-fn rcp_checked(args: &[&OsStr], path: &str, precheck: &str) -> (Sent, Option<u64>) {
-    let mut cmd = Command::new(RCP);
-    cmd.args(["--json", "--chunk-size", "64K"])
-        .args(args)
-        .env("PATH", path)
-        .env("RCP_TEST_PRECHECK", precheck);
-    let out = cmd.output().expect("runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{cmd:?} failed: {stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
-    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
-    let cleared = stderr.lines().find_map(|l| {
+/// How many entries the receiver's checks cleared, as a run with
+/// `RCP_TEST_PRECHECK=every-batch` said on stderr (`None`: not said).
+fn cleared_by_checks(said: &str) -> Option<u64> {
+    said.lines().find_map(|l| {
         l.strip_prefix("rcp test: the checks cleared ")?
             .strip_suffix(" entries")?
             .parse()
             .ok()
-    });
-    let sent = Sent {
-        files: n("files"),
-        skipped: n("skipped"),
-        bytes: n("bytes"),
-    };
-    (sent, cleared)
+    })
 }
 
 #[test]
@@ -601,7 +588,8 @@ fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
         } else {
             "every-batch"
         };
-        let (sent, cleared) = rcp_checked(&args, &path, hook);
+        let (sent, said) = rcp_said(&args, &[("PATH", &path), ("RCP_TEST_PRECHECK", hook)]);
+        let cleared = cleared_by_checks(&said);
         assert_eq!(
             (sent.files, sent.skipped, sent.bytes),
             (300, 300 - 8, bytes),
