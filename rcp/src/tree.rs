@@ -229,13 +229,18 @@ pub struct Walker {
     /// Whether a helper thread may look up names too.
     may_help: bool,
     /// The thread that looks up the second half of a large directory's
-    /// names while the walk does the first (started at the first such
-    /// directory; `None` until then, or where it could not start).
+    /// names (of each block of them) while the walk does the first
+    /// (started at the first such directory; `None` until then, or where
+    /// it could not start).
     helper: Option<Staying>,
 }
 
 /// Directories of at least this many names are looked up by two threads.
 const LOOK_AHEAD_FROM: usize = 64;
+
+/// Large directories are looked up in blocks of this many names, the
+/// helper taking the second half of each.
+const LOOK_AHEAD_BLOCK: usize = 1024;
 
 /// What the walk's helper looked up of a name ([`Walker::look_ahead`]).
 struct Looked {
@@ -300,14 +305,13 @@ impl Walker {
         self.may_help = on;
     }
 
-    /// Has the helper look up `names[from..]` in `dir`, in order: what it
-    /// found comes back on the channel, all at once. `None` where there is
-    /// no helper (the walk looks them up itself).
+    /// Has the helper look up `names` in `dir`, in order: what it found
+    /// comes back on the channel, all at once. `None` where there is no
+    /// helper (the walk looks them up itself).
     fn look_ahead(
         &mut self,
         dir: &Arc<OwnedFd>,
         names: &[CString],
-        from: usize,
     ) -> Option<std::sync::mpsc::Receiver<Vec<Looked>>> {
         if self.helper.is_none() {
             self.helper = Staying::start("rcp-walk", 1).ok();
@@ -315,7 +319,7 @@ impl Walker {
             self.may_help &= self.helper.is_some();
         }
         let helper = self.helper.as_ref()?;
-        let (dir, names, keep) = (Arc::clone(dir), names[from..].to_vec(), self.keep);
+        let (dir, names, keep) = (Arc::clone(dir), names.to_vec(), self.keep);
         let (tx, rx) = std::sync::mpsc::channel();
         let job: Job = Box::new(move || {
             let looked = names.iter().map(|n| Looked::up(&dir, n, keep)).collect();
@@ -613,35 +617,39 @@ impl Walker {
                 // A stable order: same tree, same entry numbers.
                 names.sort();
                 // In a large directory the helper looks up the second half
-                // of the names while this thread does the first. (The
-                // system calls are most of a walk of unchanged files, and
-                // on a network filesystem each is a round trip.)
-                let half = names.len() / 2;
-                let mut ahead = (self.may_help && names.len() >= LOOK_AHEAD_FROM)
-                    .then(|| self.look_ahead(&dir, &names, half))
-                    .flatten();
-                let mut looked_ahead = Vec::new().into_iter();
-                for (i, n) in names.into_iter().enumerate() {
-                    let named = || format!("{}/{}", shown(), n.to_string_lossy());
-                    if i == half
-                        && let Some(found) = ahead.take()
-                    {
-                        // (A helper gone answers nothing: the rest is
-                        // looked up here.)
-                        looked_ahead = found.recv().unwrap_or_default().into_iter();
+                // of each block of names while this thread does the first.
+                // (The system calls are most of a walk of unchanged files,
+                // and on a network filesystem each is a round trip. In
+                // blocks, so that what the helper found of a directory of
+                // millions of names is held a block at a time.)
+                for block in names.chunks(LOOK_AHEAD_BLOCK) {
+                    let half = block.len() / 2;
+                    let mut ahead = (self.may_help && block.len() >= LOOK_AHEAD_FROM)
+                        .then(|| self.look_ahead(&dir, &block[half..]))
+                        .flatten();
+                    let mut looked_ahead = Vec::new().into_iter();
+                    for (i, n) in block.iter().enumerate() {
+                        let named = || format!("{}/{}", shown(), n.to_string_lossy());
+                        if i == half
+                            && let Some(found) = ahead.take()
+                        {
+                            // (A helper gone answers nothing: the rest is
+                            // looked up here.)
+                            looked_ahead = found.recv().unwrap_or_default().into_iter();
+                        }
+                        let (st, more) = match looked_ahead.next() {
+                            Some(Looked { stat, more }) => (stat, Some(more)),
+                            None => (
+                                rustix::fs::statat(&*dir, n, AtFlags::SYMLINK_NOFOLLOW),
+                                None,
+                            ),
+                        };
+                        let st = st.with_context(|| format!("cannot stat {}", named()))?;
+                        let mut child = path.clone();
+                        child.push(b'/');
+                        child.extend_from_slice(n.as_bytes());
+                        self.visit(&dir, n, child, &st, emit, &named, how, more)?;
                     }
-                    let (st, more) = match looked_ahead.next() {
-                        Some(Looked { stat, more }) => (stat, Some(more)),
-                        None => (
-                            rustix::fs::statat(&*dir, &n, AtFlags::SYMLINK_NOFOLLOW),
-                            None,
-                        ),
-                    };
-                    let st = st.with_context(|| format!("cannot stat {}", named()))?;
-                    let mut child = path.clone();
-                    child.push(b'/');
-                    child.extend_from_slice(n.as_bytes());
-                    self.visit(&dir, &n, child, &st, emit, &named, how, more)?;
                 }
                 Ok(())
             }
@@ -1719,9 +1727,9 @@ pub(crate) fn commit_whole(out: PartFile, e: &Entry) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    /// The walk's helper looks up the second half of each large directory:
-    /// the walk gives the same entries, in the same order, with the same
-    /// metadata and attributes, with it as without.
+    /// The walk's helper looks up the second half of each block of a large
+    /// directory's names: the walk gives the same entries, in the same
+    /// order, with the same metadata and attributes, with it as without.
     #[test]
     fn a_walk_with_its_helper_gives_what_it_gives_alone() {
         let scratch = test_support::Scratch::new("rcp-walk-helper");
@@ -1743,7 +1751,8 @@ mod tests {
                 std::fs::hard_link(&p, top.join(format!("h{i:03}"))).unwrap();
             }
         }
-        for i in 0..70 {
+        // (More than a block of names: the helper takes part of each.)
+        for i in 0..LOOK_AHEAD_BLOCK + 76 {
             std::fs::write(top.join(format!("sub/g{i}")), b"y").unwrap();
         }
         let keep = Keep {
@@ -1769,7 +1778,7 @@ mod tests {
         let (alone, no_helper) = walk(false);
         let (helped, had_helper) = walk(true);
         assert!(!no_helper && had_helper, "the helper ran only when allowed");
-        assert_eq!(alone.len(), 1 + 150 + 15 + 6 + 1 + 70);
+        assert_eq!(alone.len(), 1 + 150 + 15 + 6 + 1 + LOOK_AHEAD_BLOCK + 76);
         assert_eq!(alone.iter().filter(|(_, x)| !x.is_empty()).count(), 38);
         assert_eq!(helped, alone);
     }
