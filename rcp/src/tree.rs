@@ -1755,6 +1755,12 @@ mod tests {
         for i in 0..LOOK_AHEAD_BLOCK + 76 {
             std::fs::write(top.join(format!("sub/g{i}")), b"y").unwrap();
         }
+        // And a directory walked while the helper still looks up the
+        // second half of its parent's names (its own wait behind them).
+        std::fs::create_dir(top.join("a-sub")).unwrap();
+        for i in 0..100 {
+            std::fs::write(top.join(format!("a-sub/k{i}")), b"z").unwrap();
+        }
         let keep = Keep {
             xattrs: true,
             hard_links: true,
@@ -1778,7 +1784,10 @@ mod tests {
         let (alone, no_helper) = walk(false);
         let (helped, had_helper) = walk(true);
         assert!(!no_helper && had_helper, "the helper ran only when allowed");
-        assert_eq!(alone.len(), 1 + 150 + 15 + 6 + 1 + LOOK_AHEAD_BLOCK + 76);
+        assert_eq!(
+            alone.len(),
+            1 + 150 + 15 + 6 + 2 + LOOK_AHEAD_BLOCK + 76 + 100
+        );
         assert_eq!(alone.iter().filter(|(_, x)| !x.is_empty()).count(), 38);
         assert_eq!(helped, alone);
     }
