@@ -192,8 +192,12 @@ impl Checking {
 impl Drop for Prechecks {
     fn drop(&mut self) {
         if test_hook() == Some(Hook::EveryBatch) {
+            use std::io::Write;
             let cleared = self.cleared.load(Ordering::Relaxed);
-            eprintln!("rcp test: the checks cleared {cleared} entries");
+            // (One write: the line stays whole where several processes,
+            // a broadcast's nodes, share one stderr.)
+            let line = format!("rcp test: the checks cleared {cleared} entries\n");
+            let _ = std::io::stderr().write_all(line.as_bytes());
         }
     }
 }
