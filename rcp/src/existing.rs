@@ -127,9 +127,17 @@ pub fn metadata_right(
 /// metadata `how` keeps (mode, times, owner, group, attributes). Then a
 /// re-sync leaves it alone, as rsync does; otherwise it is made again.
 pub fn in_place(base: &Base, e: &Entry, xattrs: &[archive::Xattr], how: Fidelity) -> bool {
-    let Ok((parent, name)) = base.place(&e.path) else {
-        return false;
-    };
+    base.place(&e.path)
+        .is_ok_and(|placed| in_place_in(placed, e, xattrs, how))
+}
+
+/// [`in_place`] with `e`'s directory reached already (`Base::place`).
+pub fn in_place_in(
+    (parent, name): (Arc<DestDir>, CString),
+    e: &Entry,
+    xattrs: &[archive::Xattr],
+    how: Fidelity,
+) -> bool {
     let Ok(st) = rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) else {
         return false;
     };

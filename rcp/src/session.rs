@@ -653,15 +653,21 @@ pub fn walk_sources(sources: &[PathBuf], params: &Params) -> anyhow::Result<send
         },
         None => Sources::Operands(local_sources(sources)?),
     };
+    Ok(start_walk(local, params))
+}
+
+/// Starts walking `local` as `params` ask (a server's `params` map no
+/// owners: the side the user started does).
+fn start_walk(local: Sources, params: &Params) -> send::Walk {
     let options = params.send_options();
-    Ok(send::Walk::start(
+    send::Walk::start(
         local,
         options.recursive,
         options.keep,
         &params.filter,
         params.owners.clone(),
         params.walk_helper,
-    ))
+    )
 }
 
 /// Local source operands.
@@ -930,16 +936,8 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 )
             };
             *links = ready(&link, config, false, streams).await?;
-            let options = params.send_options();
-            let walk = send::Walk::start(
-                local,
-                options.recursive,
-                options.keep,
-                &params.filter,
-                None,
-                params.walk_helper,
-            );
-            let (stats, _) = send::send(links, walk, options, &progress).await?;
+            let walk = start_walk(local, &params);
+            let (stats, _) = send::send(links, walk, params.send_options(), &progress).await?;
             streams::finish_all(links).await?;
             stats
         }

@@ -807,12 +807,7 @@ fn a_tree_of_more_directories_than_open_files_arrives() {
         } else {
             format!("{} {}", src.display(), dest.display())
         };
-        let script = format!("ulimit -n 512 && exec {RCP} -q -r {target}");
-        let out = Command::new("sh")
-            .args(["-c", &script])
-            .env("PATH", &path)
-            .output()
-            .unwrap();
+        let out = with_open_files(512, &target, &path).output().unwrap();
         assert!(
             out.status.success(),
             "{}",
@@ -820,6 +815,18 @@ fn a_tree_of_more_directories_than_open_files_arrives() {
         );
         assert_same_tree(&src, &dest);
     }
+}
+
+/// `rcp -q -r ARGS` (words, through `sh`) under a limit of `nofile` open
+/// files, `path` its `PATH`.
+fn with_open_files(nofile: u32, args: &str, path: &str) -> Command {
+    let mut sh = Command::new("sh");
+    sh.args([
+        "-c",
+        &format!("ulimit -n {nofile} && exec {RCP} -q -r {args}"),
+    ])
+    .env("PATH", path);
+    sh
 }
 
 /// `count` directories in `src` of one file each: the tree that holds
@@ -852,19 +859,16 @@ fn a_push_walks_during_the_login_and_stops_if_the_login_fails() {
         rsh
     };
     let push = |rsh: &Path, dest: &Path| {
-        let script = format!(
-            "ulimit -n 256 && exec {} -q -r --rsh {} {} localhost:{}",
-            RCP,
+        let args = format!(
+            "--rsh {} {} localhost:{}",
             rsh.display(),
             src.display(),
             dest.display()
         );
         // Waited for a while at most: a walk that kept waiting for room
         // would keep the process from ending.
-        let mut sh = Command::new("sh");
-        sh.args(["-c", &script]).env("PATH", &path);
         ended_within(
-            sh,
+            with_open_files(256, &args, &path),
             Duration::from_secs(30),
             "rcp did not end: its walk still waits for room",
         )

@@ -277,7 +277,7 @@ fn there_unchanged(base: &Base, ready: &super::Ready, rules: &Rules) -> Check {
     };
     if e.kind != EntryKind::File {
         // A symlink or special file: as the loop would find it.
-        return if existing::in_place(base, e, &ready.xattrs, rules.how) {
+        return if existing::in_place_in(placed, e, &ready.xattrs, rules.how) {
             Check::Unchanged
         } else {
             Check::Differs
