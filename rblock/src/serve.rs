@@ -32,6 +32,7 @@ mod connection;
 mod input;
 mod link;
 mod link_threads;
+mod pace;
 mod reply;
 mod request;
 mod threaded;

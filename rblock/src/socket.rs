@@ -51,6 +51,47 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// A socket given back to the runtime (the way back from
+    /// [`Stream::into_fd`]): made non-blocking and watched again, a TCP
+    /// or a unix stream as it is.
+    pub fn from_fd(fd: OwnedFd) -> io::Result<Stream> {
+        let domain = rustix::net::sockopt::socket_domain(&fd)?;
+        rustix::io::ioctl_fionbio(&fd, true)?;
+        Ok(if domain == rustix::net::AddressFamily::UNIX {
+            Stream::Unix(UnixStream::from_std(std::os::unix::net::UnixStream::from(
+                fd,
+            ))?)
+        } else {
+            Stream::Tcp(TcpStream::from_std(std::net::TcpStream::from(fd))?)
+        })
+    }
+}
+
+/// The socket under two halves split from one connection, taken off the
+/// runtime (their owned halves put together again); under TLS, the
+/// session's halves as they are. Refused for halves of two connections.
+pub fn unsplit(rd: ReadHalf, wr: WriteHalf) -> io::Result<Unsplit> {
+    let mismatch = || io::Error::other("the halves of two connections");
+    Ok(match (rd, wr) {
+        (ReadHalf::Tcp(r), WriteHalf::Tcp(w)) => {
+            Unsplit::Plain(r.reunite(w).map_err(|_| mismatch())?.into_std()?.into())
+        }
+        (ReadHalf::Unix(r), WriteHalf::Unix(w)) => {
+            Unsplit::Plain(r.reunite(w).map_err(|_| mismatch())?.into_std()?.into())
+        }
+        (ReadHalf::Tls(r), WriteHalf::Tls(w)) => Unsplit::Tls(r, w),
+        _ => return Err(mismatch()),
+    })
+}
+
+/// What [`unsplit`] gives.
+#[derive(Debug)]
+pub enum Unsplit {
+    Plain(OwnedFd),
+    Tls(rfabric::tls::TlsReader, rfabric::tls::TlsWriter),
+}
+
 /// Splits a TLS connection into halves usable on their own (without a
 /// lock between them: GnuTLS sends and receives on one session at once).
 pub fn split_tls(tls: Tls) -> (ReadHalf, WriteHalf) {

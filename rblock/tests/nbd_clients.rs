@@ -889,6 +889,237 @@ fn connection_threads_serve_their_connection_and_stop_with_the_server() {
     assert!(status.success(), "{status}");
 }
 
+/// An nbdsh script that takes its connection (`URI`) from busy to quiet
+/// and back, checking every byte as it goes: rounds of 64 small writes
+/// and 64 small reads in flight at once, then one request at a time for
+/// a while (past the half second it takes the server to call it quiet),
+/// then busy and quiet again; at the end every block written is read
+/// back one at a time and compared, and the image (`IMAGE`) holds them.
+const BUSY_AND_QUIET: &str = r#"
+import os, random, time
+h = nbd.NBD()
+h.set_uri_allow_local_file(True)
+h.connect_uri(os.environ["URI"])
+bs = 4096
+blocks = h.get_size() // bs
+rng = random.Random(11)
+mine = {}
+
+def busy(rounds):
+    for _ in range(rounds):
+        picked = rng.sample(range(blocks), 128)
+        writes, reads = picked[:64], [b for b in picked[64:] if b in mine]
+        for b in writes:
+            mine[b] = rng.randbytes(bs)
+            h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(mine[b])), b * bs)
+        bufs = [(b, nbd.Buffer(bs)) for b in reads]
+        for b, buf in bufs:
+            h.aio_pread(buf, b * bs)
+        while h.aio_in_flight() > 0:
+            h.poll(-1)
+        for b, buf in bufs:
+            assert buf.to_bytearray() == mine[b], ("busy read", b)
+
+def quiet(seconds):
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        b = rng.randrange(blocks)
+        if b in mine and rng.random() < 0.5:
+            assert h.pread(bs, b * bs) == mine[b], ("quiet read", b)
+        else:
+            mine[b] = rng.randbytes(bs)
+            h.pwrite(mine[b], b * bs)
+
+busy(40)
+quiet(0.5)
+busy(40)
+quiet(0.5)
+for b, data in mine.items():
+    assert h.pread(bs, b * bs) == data, ("last read", b)
+h.flush()
+with open(os.environ["IMAGE"], "rb") as f:
+    for b, data in mine.items():
+        f.seek(b * bs)
+        assert f.read(bs) == data, ("image", b)
+print("kept", len(mine), "blocks")
+"#;
+
+/// A connection to a local export starts on its threads, moves to the
+/// runtime once it has many small requests in flight, and back once it
+/// asks one at a time again, over a unix socket and under TLS, without a
+/// byte lost or out of place on the way (`serve/pace.rs`). The server's
+/// debug log must show each move.
+#[test]
+fn a_connection_moves_to_the_runtime_when_busy_and_back_when_quiet_keeping_every_byte() {
+    let t = Scratch::new("pace");
+    let img = image(&t, 16 << 20);
+    let pki = certificates(&t);
+    let mut cmd = Command::new(RBLOCK);
+    cmd.env("RUST_LOG", "rblock=debug");
+    let extra = ["--tls", "on", "--tls-certificates", pki.to_str().unwrap()];
+    let mut s = Server::start_as(&t, &img, cmd, &extra);
+    let tls_uri = format!(
+        "nbds://localhost:{}/disk?tls-certificates={}",
+        s.port,
+        pki.display()
+    );
+    for uri in [s.unix_uri("disk"), tls_uri] {
+        let env = [("URI", uri.clone()), ("IMAGE", img.display().to_string())];
+        nbdsh(BUSY_AND_QUIET, &env, "kept");
+    }
+    let _ = s.child.kill();
+    let mut log = String::new();
+    s.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    let busy = log
+        .matches("a busy connection: serving it on the runtime")
+        .count();
+    let quiet = log
+        .matches("a quiet connection: serving it on its threads")
+        .count();
+    // Twice each way per connection.
+    assert_eq!((busy, quiet), (4, 4), "{log}");
+    // (The start's probes of the port connect and leave at once.)
+    let troubled = log
+        .lines()
+        .filter(|l| l.contains("warning") || l.contains("error"))
+        .filter(|l| !l.contains("Connection reset by peer"));
+    assert_eq!(troubled.count(), 0, "{log}");
+}
+
+/// A raw client that sends each batch of requests in one write, so that
+/// the server holds the next requests read ahead when the connection
+/// moves: from its threads to the runtime in the middle of a burst of
+/// small requests, and back in the middle of a run of large ones. Every
+/// reply must come, with the data the image held, and the image must hold
+/// every write at the end. The server's debug log must show the moves.
+#[test]
+fn requests_read_ahead_go_with_a_connection_that_moves() {
+    let t = Scratch::new("pace-raw");
+    let img = image(&t, 4 << 20);
+    let mut cmd = Command::new(RBLOCK);
+    cmd.env("RUST_LOG", "rblock=debug");
+    let mut s = Server::start_as(&t, &img, cmd, &[]);
+    let mut c = raw_attach(s.port);
+    let mut client = RawClient {
+        model: std::fs::read(&img).unwrap(),
+        cookie: 0,
+        seed: 0,
+    };
+    let small = |k: usize| -> Vec<(u64, usize)> {
+        // (Distinct blocks: no two writes of a batch meet.)
+        (0..64)
+            .map(|i| (((i * 9 + k) % 512) as u64 * 4096, 4096))
+            .collect()
+    };
+    let large = |k: usize| -> Vec<(u64, usize)> {
+        // Whole pages (moved through a pipe) and odd lengths (copied).
+        (0..4)
+            .map(|i| ((i * 400_000 + k * 4096) as u64, 307_200 + (i % 2) * 1_001))
+            .collect()
+    };
+    for round in 0..2 {
+        // Busy: small writes and reads, 128 in one go.
+        for k in 0..3 {
+            client.batch(&mut c, &small(k), &small(k + 7), k % 2 == 0);
+        }
+        // Large requests only, for longer than the runtime's quiet span.
+        let until = std::time::Instant::now() + Duration::from_millis(400);
+        let mut k = 0;
+        while std::time::Instant::now() < until {
+            client.batch(&mut c, &large(k), &large(k + 1), k % 2 == 1);
+            k += 1;
+        }
+        // One at a time.
+        for k in 0..200 {
+            let one = [small(k + round)[k % 64]];
+            client.batch(&mut c, &one, &[], k % 2 == 0);
+        }
+    }
+    drop(c);
+    assert!(std::fs::read(&img).unwrap() == client.model, "the image");
+    let _ = s.child.kill();
+    let mut log = String::new();
+    let mut stderr = s.child.stderr.take().unwrap();
+    stderr.read_to_string(&mut log).unwrap();
+    let busy = log
+        .matches("a busy connection: serving it on the runtime")
+        .count();
+    let quiet = log
+        .matches("a quiet connection: serving it on its threads")
+        .count();
+    assert_eq!((busy, quiet), (2, 2), "{log}");
+}
+
+/// The raw client of the test above: what the image should hold, and the
+/// next cookie and data seed.
+struct RawClient {
+    model: Vec<u8>,
+    cookie: u64,
+    seed: u64,
+}
+
+impl RawClient {
+    /// Sends reads and writes (`at`, `len`) in one write, then takes every
+    /// reply in whatever order it comes and checks it. The writes go to
+    /// one half of the image and the reads come from the other (`upper`
+    /// says which half gets the writes), so no reply depends on the order
+    /// the server serves them in.
+    fn batch(
+        &mut self,
+        c: &mut TcpStream,
+        writes: &[(u64, usize)],
+        reads: &[(u64, usize)],
+        upper: bool,
+    ) {
+        const HALF: u64 = 2 << 20;
+        let (w_base, r_base) = if upper { (HALF, 0) } else { (0, HALF) };
+        let mut out = Vec::new();
+        let mut expected = std::collections::HashMap::new();
+        let mut written = Vec::new();
+        for &(at, len) in reads {
+            let at = (r_base + (at % HALF).min(HALF - len as u64)) as usize;
+            out.extend(raw_request(0, self.cookie, at as u64, len as u32));
+            expected.insert(self.cookie, Some(self.model[at..at + len].to_vec()));
+            self.cookie += 1;
+        }
+        for &(at, len) in writes {
+            let at = w_base + (at % HALF).min(HALF - len as u64);
+            self.seed += 1;
+            let data = pattern(len, self.seed);
+            out.extend(raw_request(1, self.cookie, at, len as u32));
+            out.extend(&data);
+            expected.insert(self.cookie, None);
+            written.push((at as usize, data));
+            self.cookie += 1;
+        }
+        c.write_all(&out).unwrap();
+        while !expected.is_empty() {
+            let mut head = [0u8; 16];
+            c.read_exact(&mut head).unwrap();
+            assert_eq!(
+                head[..8],
+                [0x67, 0x44, 0x66, 0x98, 0, 0, 0, 0],
+                "a simple reply, no error"
+            );
+            let cookie = u64::from_be_bytes(head[8..16].try_into().unwrap());
+            let wanted = expected.remove(&cookie).expect("a cookie asked once");
+            if let Some(wanted) = wanted {
+                let mut data = vec![0u8; wanted.len()];
+                c.read_exact(&mut data).unwrap();
+                assert!(data == wanted, "the data of read {cookie}");
+            }
+        }
+        for (at, data) in written {
+            self.model[at..at + data.len()].copy_from_slice(&data);
+        }
+    }
+}
+
 /// A CA and a server certificate for localhost in `dir`, in the layout
 /// nbdkit, qemu and `rblock serve --tls-certificates` use (made with the
 /// openssl tool; libnbd and qemu check them with GnuTLS).

@@ -18,7 +18,9 @@
 //! [`TlsReader`] (`AsyncRead`) and [`TlsWriter`] (`AsyncWrite`), over the
 //! socket made non-blocking and watched by the runtime. [`into_blocking`]
 //! takes both off the runtime for threads that block on the socket
-//! ([`BlockingTlsReader`] is `Read`, [`BlockingTlsWriter`] `Write`).
+//! ([`BlockingTlsReader`] is `Read`, [`BlockingTlsWriter`] `Write`), and
+//! [`into_async`] puts them back (rblock moves a connection between its
+//! threads and the runtime as its pace changes).
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
@@ -664,6 +666,37 @@ pub fn into_blocking(
         shut: false,
     };
     Ok((BlockingTlsReader(held), writer))
+}
+
+/// Puts the two blocking halves of one session back on the runtime (the
+/// way back from [`into_blocking`]): the socket is made non-blocking and
+/// watched again, and records GnuTLS holds already are read first, as
+/// ever. Refused for halves of two sessions, a session said goodbye to,
+/// or one with a half still in use elsewhere.
+pub fn into_async(
+    reader: BlockingTlsReader,
+    writer: BlockingTlsWriter,
+) -> io::Result<(TlsReader, TlsWriter)> {
+    let BlockingTlsWriter { held, shut, .. } = writer;
+    if shut {
+        return Err(io::Error::other("TLS: the session is closed"));
+    }
+    if !Arc::ptr_eq(&reader.0, &held) {
+        return Err(io::Error::other("TLS: the halves of two sessions"));
+    }
+    drop(reader);
+    let Held { tls, fd } = Arc::try_unwrap(held)
+        .map_err(|_| io::Error::other("TLS: the session is still in use elsewhere"))?;
+    set_nonblocking(fd.as_raw_fd())?;
+    // SAFETY: the descriptor is owned (moved in), so nothing else closes
+    // it while it is registered.
+    let io = unsafe { AsyncFd::register(fd) }?;
+    let live = Arc::new(Live { tls, io });
+    let writer = TlsWriter {
+        live: Arc::clone(&live),
+        shut: false,
+    };
+    Ok((TlsReader(live), writer))
 }
 
 impl io::Read for BlockingTlsReader {

@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rfabric::tls::{BlockingTlsReader, BlockingTlsWriter};
 
-use crate::socket::Pipe;
+use crate::socket::{Pipe, ReadHalf, Stream, Unsplit, WriteHalf, unsplit};
 
 /// How long the TLS goodbye may wait to be sent.
 const BYE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -35,6 +35,49 @@ impl Wire {
                 (Source::Plain(input), Sink::Plain(output))
             }
             Wire::Tls(r, w) => (Source::Tls(r), Sink::Tls(w)),
+        })
+    }
+}
+
+impl Wire {
+    /// A connection's halves taken off the runtime (`pace.rs`: it is
+    /// quiet again), the socket blocking.
+    pub(super) fn from_runtime(rd: ReadHalf, wr: WriteHalf) -> std::io::Result<Wire> {
+        Ok(match unsplit(rd, wr)? {
+            Unsplit::Plain(fd) => {
+                rustix::io::ioctl_fionbio(&fd, false)?;
+                Wire::Plain(fd)
+            }
+            Unsplit::Tls(r, w) => {
+                let (r, w) = rfabric::tls::into_blocking(r, w)?;
+                Wire::Tls(r, w)
+            }
+        })
+    }
+
+    /// The connection given to the runtime (`pace.rs`: it is busy).
+    pub(super) fn into_runtime(self) -> std::io::Result<(ReadHalf, WriteHalf)> {
+        use rustix::net::sockopt::{Timeout, set_socket_timeout};
+        Ok(match self {
+            Wire::Plain(fd) => {
+                set_socket_timeout(&fd, Timeout::Recv, None)?;
+                Stream::from_fd(fd)?.split()
+            }
+            Wire::Tls(r, w) => {
+                set_socket_timeout(w.socket(), Timeout::Recv, None)?;
+                let (r, w) = rfabric::tls::into_async(r, w)?;
+                (ReadHalf::Tls(r), WriteHalf::Tls(w))
+            }
+        })
+    }
+
+    /// The two ends [`Wire::split`] gave, put together again.
+    pub(super) fn join(source: Source, sink: Sink) -> std::io::Result<Wire> {
+        Ok(match (source, sink) {
+            // (The receiving end is the sending end's duplicate.)
+            (Source::Plain(_), Sink::Plain(f)) => Wire::Plain(f.into()),
+            (Source::Tls(r), Sink::Tls(w)) => Wire::Tls(r, w),
+            _ => return Err(std::io::Error::other("the ends of two connections")),
         })
     }
 }

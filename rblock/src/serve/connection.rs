@@ -1,6 +1,8 @@
 //! One NBD client from its greeting to the end of the handshake (with
 //! STARTTLS, the TLS session taking over the socket in its middle), which
-//! hands the connection to the transmission phase.
+//! hands the connection to the transmission phase: a local export's on
+//! the connection's threads and the runtime in turn, as its pace asks
+//! (`pace.rs`), anything else on the runtime.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +12,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::blocking_wire::Wire;
-use super::threaded::transmission_on_threads;
+use super::pace::{Rules, Stay};
+use super::threaded::{Threads, transmission_on_threads};
 use super::transmission::transmission;
 use super::zero_copy::FromCache;
 use crate::backend::Backend;
@@ -18,6 +21,7 @@ use crate::export::Export;
 use crate::nbd::handshake::{Handshake, Outcome, Tls};
 use crate::nbd::transmission::Limits;
 use crate::socket::{Stream, split_tls};
+use crate::storage::Storage;
 
 /// A client has this long to finish the handshake.
 const HANDSHAKE_TIME: Duration = Duration::from_secs(60);
@@ -69,8 +73,8 @@ pub(super) async fn connection(
         r = handshake => r.context("the handshake took too long")??,
         _ = stop.wait_for(|s| *s) => (None, None),
     };
-    // A connection to a local export, on threads of its own; under TLS
-    // its session goes with it, off the runtime.
+    // A connection to a local export, on threads of its own while it is
+    // quiet; under TLS its session goes with it, off the runtime.
     if let (Some(Outcome::Transmission(n)), true) = (&negotiated, threads > 0)
         && let Backend::Local(storage) = exports[n.export].source.backend()
     {
@@ -87,8 +91,12 @@ pub(super) async fn connection(
             (None, Some(stream)) => (Wire::Plain(stream.into_fd()?), from_cache),
             (None, None) => return Ok(()),
         };
-        return transmission_on_threads(buf, wire, limits, storage, shutdown, threads, from_cache)
-            .await;
+        let threads = Threads {
+            count: threads,
+            from_cache,
+            moves: Rules::default(),
+        };
+        return served_in_turn(buf, wire, limits, storage, shutdown, threads).await;
     }
     let halves = match (session, stream) {
         (Some(s), _) => split_tls(s),
@@ -109,7 +117,57 @@ pub(super) async fn connection(
     let export = &exports[negotiated.export];
     let limits = Limits::new(&negotiated, export.info.size, export.info.read_only);
     let backend = export.source.backend();
-    transmission(buf, halves, limits, backend, shutdown, from_cache).await
+    transmission(buf, halves, limits, backend, shutdown, from_cache, None).await?;
+    Ok(())
+}
+
+/// A local export's connection, on its threads while it is quiet and on
+/// the runtime while it is busy, until it is over.
+async fn served_in_turn(
+    mut pending: Vec<u8>,
+    mut wire: Wire,
+    limits: Limits,
+    storage: Arc<Storage>,
+    shutdown: watch::Receiver<bool>,
+    threads: Threads,
+) -> anyhow::Result<()> {
+    loop {
+        let on_threads = transmission_on_threads(
+            pending,
+            wire,
+            limits,
+            Arc::clone(&storage),
+            shutdown.clone(),
+            &threads,
+        );
+        let Stay::Moves {
+            pending: p,
+            wire: w,
+        } = on_threads.await?
+        else {
+            return Ok(());
+        };
+        let halves = w.into_runtime().context("moving to the runtime")?;
+        let backend = Backend::Local(Arc::clone(&storage));
+        let on_runtime = transmission(
+            p,
+            halves,
+            limits,
+            backend,
+            shutdown.clone(),
+            threads.from_cache,
+            Some(threads.moves),
+        );
+        let Stay::Moves {
+            pending: p,
+            wire: (rd, wr),
+        } = on_runtime.await?
+        else {
+            return Ok(());
+        };
+        wire = Wire::from_runtime(rd, wr).context("moving to the threads")?;
+        pending = p;
+    }
 }
 
 /// Runs the handshake over `io` until it ends or pauses for STARTTLS:

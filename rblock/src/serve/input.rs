@@ -13,6 +13,16 @@ use crate::socket::ReadHalf;
 /// What the reader reads: what the handshake read ahead, then the socket.
 pub(super) type Input = BufReader<Chain<Cursor<Vec<u8>>, ReadHalf>>;
 
+/// What `rd` holds unread (the buffer's bytes, then what is left of those
+/// that came before), and the socket's half behind it.
+pub(super) fn unread(rd: Input) -> (Vec<u8>, ReadHalf) {
+    let mut pending = rd.buffer().to_vec();
+    let (ahead, half) = rd.into_inner().into_inner();
+    let at = (ahead.position() as usize).min(ahead.get_ref().len());
+    pending.extend_from_slice(&ahead.get_ref()[at..]);
+    (pending, half)
+}
+
 /// A write's data, read into a buffer of its size (not zeroed first):
 /// what the input buffer holds already, then the rest straight from the
 /// socket, so that large writes are not copied twice.

@@ -3,7 +3,7 @@
 //! file (see `zero_copy`), or from the fabric's landing slots.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::sync::OwnedSemaphorePermit;
@@ -45,6 +45,10 @@ pub(super) struct Replies {
     pub(super) out: tokio::sync::Mutex<BufWriter<WriteHalf>>,
     /// Replies waiting for or holding the socket.
     pub(super) queued: AtomicUsize,
+    /// Replies that have begun to go out, ever (counted before the bytes
+    /// can reach the client: `pace.rs` tells by it whether a request came
+    /// while others were unanswered).
+    pub(super) begun: AtomicU64,
     pub(super) buffers: Buffers,
 }
 
@@ -66,6 +70,7 @@ impl Replies {
         let mut out = self.out.lock().await;
         let mut result = Ok(());
         for (reply, budget) in replies {
+            self.begun.fetch_add(1, Ordering::AcqRel);
             if result.is_ok() {
                 result = match &reply {
                     Reply::Bytes(b) => out.write_all(b).await,

@@ -26,6 +26,10 @@
 //! the page cache as on the runtime (`--zero-copy-reads`), and large
 //! aligned writes through a pipe; under TLS every byte passes through.
 //!
+//! Once a connection is busy with small requests (`pace.rs`), its threads
+//! stop taking requests, answer those taken, and give the connection to
+//! the runtime, whose one worker going round costs fewer wake-ups.
+//!
 //! A stop: requests taken before it finish and are answered, any taken
 //! after it are answered ESHUTDOWN, and the connection closes once none
 //! is in flight (the waiting thread's `read` times out every [`LOOK`]).
@@ -33,7 +37,7 @@
 use std::io::{BufRead, BufReader, Chain, Cursor, IoSlice, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tokio::sync::watch;
@@ -42,6 +46,7 @@ use super::blocking_wire::{Sink, Source, Wire};
 use super::buffers::Buffers;
 use super::burst::{BURST, BURST_LEN};
 use super::input::Payload;
+use super::pace::{Mode, Pace, Rules, Stay, Took};
 use super::reply::{Reply, read_buffer, read_reply, write_failed};
 use super::request::{Data, execute};
 use super::transmission::payload_len;
@@ -50,6 +55,16 @@ use crate::backend::Backend;
 use crate::nbd::consts::{REQUEST_LEN, errno};
 use crate::nbd::transmission::{Command, Limits, Refusal, Request, check, error_reply, ok_reply};
 use crate::storage::Storage;
+
+/// How a local export's connection is served on threads.
+#[derive(Debug)]
+pub(super) struct Threads {
+    /// Threads a connection (`--nbd-threads`).
+    pub(super) count: usize,
+    pub(super) from_cache: FromCache,
+    /// When it moves to the runtime and back.
+    pub(super) moves: Rules,
+}
 
 /// Whether `e` is the socket's receive timeout (or a signal): a wait to
 /// go on with.
@@ -62,18 +77,23 @@ fn waited(e: &std::io::Error) -> bool {
 /// stopping.
 const LOOK: Duration = Duration::from_millis(200);
 
-/// Serves a connection's requests (`pending`: what the handshake read
-/// ahead) on `threads` threads until the client leaves or, after a stop,
-/// until nothing is in flight.
+/// Serves a connection's requests (`pending`: what came before, from the
+/// handshake or the runtime) on `threads` threads until the client
+/// leaves, or after a stop until nothing is in flight (`Stay::Over`), or
+/// until it is busy (`Stay::Moves`: what is left to read, and the socket).
 pub(super) async fn transmission_on_threads(
     pending: Vec<u8>,
     wire: Wire,
     limits: Limits,
     storage: Arc<Storage>,
     mut shutdown: watch::Receiver<bool>,
-    threads: usize,
-    from_cache: FromCache,
-) -> anyhow::Result<()> {
+    threads: &Threads,
+) -> anyhow::Result<Stay<Wire>> {
+    let &Threads {
+        count: threads,
+        from_cache,
+        moves: rules,
+    } = threads;
     let (input, output) = wire.split()?;
     let socket = output.socket();
     rustix::io::ioctl_fionbio(socket, false)?;
@@ -89,8 +109,10 @@ pub(super) async fn transmission_on_threads(
             Cursor::new(pending).chain(input),
         )),
         output: Mutex::new(output),
+        pace: Mutex::new(Pace::new(rules, Mode::Threads, Instant::now())),
         stopping: AtomicBool::new(*shutdown.borrow()),
         ended: AtomicBool::new(false),
+        leaving: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
         buffers: Buffers::default(),
         pipe: Mutex::new(Spare::Untried),
@@ -137,29 +159,55 @@ pub(super) async fn transmission_on_threads(
     })
     .await;
     watcher.abort();
+    // (Awaited, so that it lets go of the connection.)
+    let _ = watcher.await;
     let served = served.context("the connection's threads")?;
+    let conn = Arc::into_inner(conn).context("the connection's threads let go of it")?;
+    let ended = conn.ended.load(Ordering::Acquire);
+    let mut output = conn.output.into_inner().unwrap_or_else(|e| e.into_inner());
+    if served.is_ok() && conn.leaving.load(Ordering::Acquire) && !ended {
+        let input = conn.input.into_inner().unwrap_or_else(|e| e.into_inner());
+        let (pending, source) = unread(input);
+        return Ok(Stay::Moves {
+            pending,
+            wire: Wire::join(source, output)?,
+        });
+    }
     // (Under TLS, the goodbye: best effort, the client may be gone.)
-    let _ = conn
-        .output
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .close();
-    served
+    let _ = output.close();
+    served.map(|()| Stay::Over)
 }
 
 type Input = BufReader<Chain<Cursor<Vec<u8>>, Source>>;
+
+/// What `input` holds unread (the buffer's bytes, then what is left of
+/// those that came before), and the socket behind it.
+fn unread(input: Input) -> (Vec<u8>, Source) {
+    let mut pending = input.buffer().to_vec();
+    let (ahead, source) = input.into_inner().into_inner();
+    let at = (ahead.position() as usize).min(ahead.get_ref().len());
+    pending.extend_from_slice(&ahead.get_ref()[at..]);
+    (pending, source)
+}
 
 /// One connection, shared by its threads.
 struct Conn {
     /// Held by the thread reading the next request.
     input: Mutex<Input>,
+    /// Told of each request taken (by the thread holding the input).
+    pace: Mutex<Pace>,
     /// Held by the thread writing a reply.
     output: Mutex<Sink>,
     stopping: AtomicBool,
     /// The client left, asked to, or broke the protocol: no more requests
     /// are taken.
     ended: AtomicBool,
-    /// Requests taken and not yet answered.
+    /// The connection is busy: no more requests are taken here, the
+    /// runtime takes it on once those taken are answered.
+    leaving: AtomicBool,
+    /// Requests taken whose replies have not begun to go out. (Counted
+    /// down before the reply is written: a client that waits for each
+    /// answer before it asks again then always finds it at 0.)
     in_flight: AtomicUsize,
     buffers: Buffers,
     /// For large writes, made when first needed (used with the input).
@@ -272,6 +320,9 @@ struct Taken {
     /// Its reply, where it was carried out as it was taken (a write from
     /// the input buffer, or one moved through the pipe).
     answered: Option<Vec<u8>>,
+    /// Whether another request of the connection was unanswered when it
+    /// came in.
+    behind_others: bool,
 }
 
 impl Conn {
@@ -293,6 +344,9 @@ impl Conn {
                 Some(input) => input,
                 None => self.input.lock().unwrap_or_else(|e| e.into_inner()),
             };
+            if self.leaving.load(Ordering::Acquire) {
+                return Ok(());
+            }
             match self.take(&mut input) {
                 Ok(Some(t)) => taken.push(t),
                 Ok(None) => {
@@ -305,17 +359,18 @@ impl Conn {
                 }
             }
             self.take_buffered(&mut input, &mut taken);
-            if taken.len() > 1 {
+            let leaving = self.busy(&taken);
+            if taken.len() > 1 && !leaving {
                 kept = Some(input);
             } else {
                 drop(input);
             }
             replies.extend(taken.drain(..).map(|t| self.carry_out(t)));
+            self.in_flight.fetch_sub(replies.len(), Ordering::AcqRel);
             let written = {
                 let mut out = self.output.lock().unwrap_or_else(|e| e.into_inner());
                 write_all(&mut out, &replies)
             };
-            self.in_flight.fetch_sub(replies.len(), Ordering::AcqRel);
             for reply in replies.drain(..) {
                 if let Reply::Bytes(b) = reply {
                     self.buffers.give(b);
@@ -326,6 +381,27 @@ impl Conn {
                 return Err(e).context("cannot send a reply");
             }
         }
+    }
+
+    /// Tells the pace of the requests just taken (the input held): true
+    /// when that makes the connection busy, and it is to leave for the
+    /// runtime (not during a stop: that ends where it is).
+    fn busy(&self, taken: &[Taken]) -> bool {
+        let Some(first) = taken.first() else {
+            return false;
+        };
+        let took = Took {
+            requests: taken.len() as u32,
+            small: taken.iter().all(|t| t.req.length <= BURST_LEN),
+            behind_others: first.behind_others,
+        };
+        let mut pace = self.pace.lock().unwrap_or_else(|e| e.into_inner());
+        if !pace.took(Instant::now(), took) || self.stopping.load(Ordering::Acquire) {
+            return false;
+        }
+        tracing::debug!("a busy connection: serving it on the runtime");
+        self.leaving.store(true, Ordering::Release);
+        true
     }
 
     /// After a small request, the small reads and writes that wait whole
@@ -375,6 +451,7 @@ impl Conn {
                 checked,
                 payload,
                 answered,
+                behind_others: true,
             });
         }
     }
@@ -397,6 +474,7 @@ impl Conn {
         self.read_fully(input, &mut head)
             .context("the client closed in the middle of a request")?;
         let req = Request::decode(&head)?;
+        let behind_others = self.in_flight.load(Ordering::Acquire) > 0;
         let payload_len = payload_len(&req)?;
         let checked = check(&req, &self.limits);
         if matches!(checked, Ok(Command::Disc)) {
@@ -413,6 +491,7 @@ impl Conn {
                 checked,
                 payload: None,
                 answered: Some(reply),
+                behind_others,
             }));
         }
         let payload = match payload_len {
@@ -430,6 +509,7 @@ impl Conn {
             checked,
             payload,
             answered: None,
+            behind_others,
         }))
     }
 

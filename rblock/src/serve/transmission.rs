@@ -1,19 +1,23 @@
 //! The transmission phase on a socket: request headers and write data
 //! read in turn, small requests taken in bursts, the others carried out
 //! in tasks of their own with replies sent as they complete; on shutdown,
-//! what is in flight finishes and anything newer gets ESHUTDOWN.
+//! what is in flight finishes and anything newer gets ESHUTDOWN. A
+//! connection that came from its threads because it was busy goes back
+//! to them once it is quiet again (`pace.rs`).
 
 use std::io::Cursor;
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{Semaphore, watch};
 
 use super::buffers::Buffers;
-use super::burst::{serve_burst, take_burst};
-use super::input::{Input, Payload, read_payload, read_write_data};
+use super::burst::{BURST_LEN, serve_burst, take_burst};
+use super::input::{Input, Payload, read_payload, read_write_data, unread};
+use super::pace::{Mode, Pace, Rules, Stay, Took};
 use super::reply::Replies;
 use super::request::{Data, execute};
 use super::zero_copy::{FromCache, Spare, can_splice, splice_write};
@@ -29,8 +33,10 @@ pub(super) const MAX_IN_FLIGHT: usize = 128;
 const MAX_BUFFERED: usize = 128 << 20;
 
 /// Serves a connection's requests once its handshake is over (`pending`:
-/// what the handshake read ahead) until the client leaves or, after a
-/// shutdown, until nothing is in flight.
+/// what came before, from the handshake or the connection's threads)
+/// until the client leaves, or after a shutdown until nothing is in
+/// flight (`Stay::Over`), or, where `moves` says when, until it is quiet
+/// (`Stay::Moves`: what is left to read, and the halves).
 pub(super) async fn transmission(
     pending: Vec<u8>,
     (rd, wr): (ReadHalf, WriteHalf),
@@ -38,11 +44,13 @@ pub(super) async fn transmission(
     backend: Backend,
     mut shutdown: watch::Receiver<bool>,
     from_cache: FromCache,
-) -> anyhow::Result<()> {
+    moves: Option<Rules>,
+) -> anyhow::Result<Stay<(ReadHalf, WriteHalf)>> {
     let buffers = Buffers::default();
     let replies = Arc::new(Replies {
         out: tokio::sync::Mutex::new(BufWriter::with_capacity(256 * 1024, wr)),
         queued: AtomicUsize::new(0),
+        begun: AtomicU64::new(0),
         buffers: buffers.clone(),
     });
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
@@ -52,8 +60,16 @@ pub(super) async fn transmission(
     let mut rd: Input = BufReader::with_capacity(256 * 1024, Cursor::new(pending).chain(rd));
     // Made at the first large write.
     let mut pipe = Spare::Untried;
+    let mut pace = moves.map(|rules| Pace::new(rules, Mode::Runtime, Instant::now()));
+    // Requests taken, ever (against `replies.begun`), and whether the
+    // connection goes back to its threads once those are answered.
+    let mut taken = 0u64;
+    let mut leaving = false;
     let result = async {
         loop {
+            if leaving {
+                break;
+            }
             // The next header, or (once stopping) the moment nothing is in
             // flight any more.
             // (Waiting for bytes is cancel-safe; reading them is not, so it
@@ -73,7 +89,16 @@ pub(super) async fn transmission(
             if let (false, Backend::Local(storage)) = (stopping, &backend) {
                 let zero_copy = from_cache.allows();
                 let burst = take_burst(&mut rd, &limits, &budget, storage, zero_copy);
-                if !(burst.reads.is_empty() && burst.answered.is_empty()) {
+                let requests = burst.reads.len() + burst.answered.len();
+                if requests > 0 {
+                    let behind_others = taken > replies.begun.load(Ordering::Acquire);
+                    taken += requests as u64;
+                    let took = Took {
+                        requests: requests as u32,
+                        small: true,
+                        behind_others,
+                    };
+                    leaving = quiet(&mut pace, took);
                     let replies = &replies;
                     serve_burst(burst, storage, replies, &buffers, &in_flight, &limits).await?;
                     continue;
@@ -84,6 +109,13 @@ pub(super) async fn transmission(
                 .await
                 .context("the client closed in the middle of a request")?;
             let req = Request::decode(&head)?;
+            let took = Took {
+                requests: 1,
+                small: req.length <= BURST_LEN,
+                behind_others: taken > replies.begun.load(Ordering::Acquire),
+            };
+            taken += 1;
+            leaving = !stopping && quiet(&mut pace, took);
             let payload_len = payload_len(&req)?;
             let checked = check(&req, &limits);
             let cost = match checked {
@@ -162,12 +194,43 @@ pub(super) async fn transmission(
     .await;
     // Whatever is in flight finishes and is answered before the close.
     idle(&in_flight).await;
+    if leaving && result.is_ok() {
+        // (A task that answered may not have let go of the replies yet.)
+        let mut replies = replies;
+        let replies = loop {
+            match Arc::try_unwrap(replies) {
+                Ok(r) => break r,
+                Err(still) => replies = still,
+            }
+            tokio::task::yield_now().await;
+        };
+        let mut out = replies.out.into_inner();
+        out.flush().await?;
+        let (pending, rd) = unread(rd);
+        return Ok(Stay::Moves {
+            pending,
+            wire: (rd, out.into_inner()),
+        });
+    }
     let mut out = replies.out.lock().await;
     let flushed = out.flush().await;
     let _ = out.shutdown().await;
     result?;
     flushed?;
-    Ok(())
+    Ok(Stay::Over)
+}
+
+/// Tells `pace` (where the connection may move) of requests taken: true
+/// when the connection is quiet again, and goes back to its threads.
+fn quiet(pace: &mut Option<Pace>, took: Took) -> bool {
+    let Some(pace) = pace else {
+        return false;
+    };
+    if !pace.took(Instant::now(), took) {
+        return false;
+    }
+    tracing::debug!("a quiet connection: serving it on its threads");
+    true
 }
 
 /// The length of `req`'s data; beyond what a connection takes in, an

@@ -40,7 +40,7 @@ pub(super) fn send_from_cache(
 }
 
 /// When a large read's data is sent straight from the page cache.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub(super) enum FromCache {
     /// Whenever all of it is there (`--zero-copy-reads auto`, the
     /// default, and `always`), for clients across the network, whose
