@@ -994,9 +994,11 @@ fn a_connection_moves_to_the_runtime_when_busy_and_back_when_quiet_keeping_every
 /// A raw client that sends each batch of requests in one write, so that
 /// the server holds the next requests read ahead when the connection
 /// moves: from its threads to the runtime in the middle of a burst of
-/// small requests, and back in the middle of a run of large ones. Every
-/// reply must come, with the data the image held, and the image must hold
-/// every write at the end. The server's debug log must show the moves.
+/// small requests, and back in the middle of a run of large writes; then
+/// to the runtime at a large read, and back after small requests one at
+/// a time. Every reply must come, with the data the image held, and the
+/// image must hold every write at the end. The server's debug log must
+/// show the moves.
 #[test]
 fn requests_read_ahead_go_with_a_connection_that_moves() {
     let t = Scratch::new("pace-raw");
@@ -1022,22 +1024,34 @@ fn requests_read_ahead_go_with_a_connection_that_moves() {
             .map(|i| ((i * 400_000 + k * 4096) as u64, 307_200 + (i % 2) * 1_001))
             .collect()
     };
+    let for_a_while = |ms| {
+        let until = std::time::Instant::now() + Duration::from_millis(ms);
+        move || std::time::Instant::now() < until
+    };
     for round in 0..2 {
-        // Busy: small writes and reads, 128 in one go.
+        // Small writes and reads, 128 in one go: to the runtime.
         for k in 0..3 {
             client.batch(&mut c, &small(k), &small(k + 7), k % 2 == 0);
         }
-        // Large requests only, for longer than the runtime's quiet span.
-        let until = std::time::Instant::now() + Duration::from_millis(400);
-        let mut k = 0;
-        while std::time::Instant::now() < until {
-            client.batch(&mut c, &large(k), &large(k + 1), k % 2 == 1);
+        // Large writes only, four in one go, for longer than the
+        // runtime's quiet span: back to the threads, mid-batch.
+        let (mut k, going) = (0, for_a_while(400));
+        while going() {
+            client.batch(&mut c, &large(k), &[], k % 2 == 1);
             k += 1;
         }
-        // One at a time.
-        for k in 0..200 {
+        // Large reads, one at a time: to the runtime at once.
+        for k in 0..8 {
+            client.batch(&mut c, &[], &large(k)[k % 4..][..1], k % 2 == 0);
+        }
+        // Small writes and reads one at a time, for longer than the
+        // quiet span: back to the threads.
+        let (mut k, going) = (0, for_a_while(300));
+        while going() {
             let one = [small(k + round)[k % 64]];
             client.batch(&mut c, &one, &[], k % 2 == 0);
+            client.batch(&mut c, &[], &one, k % 2 == 0);
+            k += 1;
         }
     }
     drop(c);
@@ -1052,7 +1066,7 @@ fn requests_read_ahead_go_with_a_connection_that_moves() {
     let quiet = log
         .matches("a quiet connection: serving it on its threads")
         .count();
-    assert_eq!((busy, quiet), (2, 2), "{log}");
+    assert_eq!((busy, quiet), (4, 4), "{log}");
 }
 
 /// The raw client of the test above: what the image should hold, and the

@@ -46,7 +46,7 @@ use super::blocking_wire::{Sink, Source, Wire};
 use super::buffers::Buffers;
 use super::burst::{BURST, BURST_LEN};
 use super::input::Payload;
-use super::pace::{Mode, Pace, Rules, Stay, Took};
+use super::pace::{Mode, Pace, Rules, Stay, Took, large_read};
 use super::reply::{Reply, read_buffer, read_reply, write_failed};
 use super::request::{Data, execute};
 use super::transmission::payload_len;
@@ -393,6 +393,7 @@ impl Conn {
         let took = Took {
             requests: taken.len() as u32,
             small: taken.iter().all(|t| t.req.length <= BURST_LEN),
+            large_read: taken.iter().any(|t| large_read(&t.req)),
             behind_others: first.behind_others,
         };
         let mut pace = self.pace.lock().unwrap_or_else(|e| e.into_inner());

@@ -17,7 +17,7 @@ use tokio::sync::{Semaphore, watch};
 use super::buffers::Buffers;
 use super::burst::{BURST_LEN, serve_burst, take_burst};
 use super::input::{Input, Payload, read_payload, read_write_data, unread};
-use super::pace::{Mode, Pace, Rules, Stay, Took};
+use super::pace::{Mode, Pace, Rules, Stay, Took, large_read};
 use super::reply::Replies;
 use super::request::{Data, execute};
 use super::zero_copy::{FromCache, Spare, can_splice, splice_write};
@@ -96,6 +96,7 @@ pub(super) async fn transmission(
                     let took = Took {
                         requests: requests as u32,
                         small: true,
+                        large_read: false,
                         behind_others,
                     };
                     leaving = quiet(&mut pace, took);
@@ -112,6 +113,7 @@ pub(super) async fn transmission(
             let took = Took {
                 requests: 1,
                 small: req.length <= BURST_LEN,
+                large_read: large_read(&req),
                 behind_others: taken > replies.begun.load(Ordering::Acquire),
             };
             taken += 1;
