@@ -169,6 +169,8 @@ pub(super) async fn transmission(
                 }
             };
             if command == Command::Disc {
+                // (Over, wherever it was to go next.)
+                leaving = false;
                 break;
             }
             let ticket = Arc::clone(&in_flight)
