@@ -983,10 +983,12 @@ fn a_connection_moves_to_the_runtime_when_busy_and_back_when_quiet_keeping_every
         .count();
     // Twice each way per connection.
     assert_eq!((busy, quiet), (4, 4), "{log}");
-    // (The start's probes of the port connect and leave at once.)
+    // No connection ended in trouble (the start's probes of the port
+    // connect and leave at once), and nothing failed. (Other warnings may
+    // come: no io_uring under the kernel profiles.)
     let troubled = log
         .lines()
-        .filter(|l| l.contains("warning") || l.contains("error"))
+        .filter(|l| l.contains("ended:") || l.contains("error:"))
         .filter(|l| !l.contains("Connection reset by peer"));
     assert_eq!(troubled.count(), 0, "{log}");
 }
