@@ -25,7 +25,7 @@ use crate::digest;
 use crate::filter::Filter;
 use crate::idmap::Owners;
 use crate::listed;
-use crate::proto::{Entry, EntryKind, Meta};
+use crate::proto::{ACL_ACCESS, Entry, EntryKind, Meta};
 use crate::staying::{Job, Staying};
 
 mod together;
@@ -804,6 +804,11 @@ pub struct DestDir {
     /// Made by this copy: a file's name in it was free when the copy
     /// began (see [`DestDir::made_here`]).
     made_here: bool,
+    /// The owner and group a file made in it gets, where the kernel gives
+    /// them by the local rule (this process's; the directory's group if
+    /// it is setgid): on tmpfs, ext4, XFS and btrfs. Unknown elsewhere
+    /// (NFS maps root to nobody, FUSE decides for itself).
+    made_owner: Option<(u32, u32)>,
     /// Whether files can be made unnamed in it, and how they are linked
     /// into place (its device's answer, asked when first wanted).
     unnamed: std::sync::OnceLock<Option<Linking>>,
@@ -830,7 +835,20 @@ impl DestDir {
         const RAMFS_MAGIC: u64 = 0x8584_58f6;
         let st = rustix::fs::fstat(&fd)?;
         let id = (st.st_dev, st.st_ino);
-        let durability = match rustix::fs::fstatfs(&fd).map(|s| s.f_type as u64) {
+        let f_type = rustix::fs::fstatfs(&fd).map(|s| s.f_type as u64);
+        let made_owner = match f_type {
+            Ok(t) if t == TMPFS_MAGIC || t == RAMFS_MAGIC || together::syncs_whole(t) => {
+                let uid = rustix::process::geteuid().as_raw();
+                let gid = if st.st_mode & 0o2000 != 0 {
+                    st.st_gid
+                } else {
+                    rustix::process::getegid().as_raw()
+                };
+                Some((uid, gid))
+            }
+            _ => None,
+        };
+        let durability = match f_type {
             Ok(TMPFS_MAGIC | RAMFS_MAGIC) => Durability::InMemory,
             Ok(f_type)
                 if together::syncs_whole(f_type)
@@ -854,8 +872,27 @@ impl DestDir {
             id,
             passes_acls: std::sync::OnceLock::new(),
             made_here: made.contains(&id),
+            made_owner,
             unnamed: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Whether a file with `mode` and owners `meta` may be made in it with
+    /// its final mode at once: nobody but those it is for may reach it
+    /// meanwhile (it gets their owner and group here, so no chown
+    /// follows), nothing in it waits for its owner's write access (the
+    /// attributes set before the mode), no special bits (a chown would
+    /// clear them), and no default ACL changes it.
+    fn gives_final_mode(&self, mode: u32, meta: &Meta) -> bool {
+        mode & 0o7200 == 0o200
+            && self.made_owner == Some((meta.uid, meta.gid))
+            && !self.passes_acls()
+    }
+
+    /// The mode a file made in it with `mode` has (the umask applied),
+    /// where nothing else decides it (no default ACL).
+    fn made_mode(&self, mode: Mode) -> Option<u32> {
+        (!self.passes_acls()).then(|| mode.as_raw_mode() & !umask())
     }
 
     /// Whether files made in it get an ACL of their own from its default
@@ -897,6 +934,9 @@ pub struct PartFile {
     fresh: bool,
     /// Created with the entry's mode (the umask applied): no chmod needed.
     mode_right: bool,
+    /// The mode it was made with, where it is known (made afresh, no
+    /// default ACL): where it is already the final one, no chmod either.
+    made_mode: Option<u32>,
 }
 
 /// What a file being received is called until it is in place.
@@ -1176,9 +1216,10 @@ impl Base {
             && e.size <= u64::from(e.chunk)
             && let Some(how) = self.unnamed_in(&parent)
         {
-            let (mode, mode_right) = first_mode(e);
+            let (mode, mode_right) = first_mode(e, &parent);
             // (Where that fails, the named file says why.)
             if let Ok(fd) = unnamed::open(&parent, mode) {
+                let made_mode = parent.made_mode(mode);
                 return Ok(Opened::Ready(PartFile {
                     fd,
                     parent,
@@ -1186,6 +1227,7 @@ impl Base {
                     name,
                     fresh: true,
                     mode_right,
+                    made_mode,
                 }));
             }
         }
@@ -1241,20 +1283,20 @@ fn open_part(
         // Usually nothing is there: create it.
         let flags =
             OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let (mode, mode_right) = first_mode(e);
+        let (mode, mode_right) = first_mode(e, parent);
         match rustix::fs::openat(parent, temp.as_c_str(), flags, mode) {
-            Ok(fd) => made = Some((fd, mode_right)),
+            Ok(fd) => made = Some((fd, mode_right, parent.made_mode(mode))),
             Err(rustix::io::Errno::EXIST) => {}
             Err(err) => return Err(err),
         }
     }
-    let (fd, fresh, mode_right) = match made {
-        Some((fd, mode_right)) => (fd, true, mode_right),
+    let (fd, fresh, mode_right, made_mode) = match made {
+        Some((fd, mode_right, made_mode)) => (fd, true, mode_right, made_mode),
         None => {
             let flags = OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
             let fd =
                 rustix::fs::openat(parent, temp.as_c_str(), flags, Mode::from_raw_mode(0o600))?;
-            (fd, false, false)
+            (fd, false, false, None)
         }
     };
     match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
@@ -1269,6 +1311,7 @@ fn open_part(
         name: CString::default(),
         fresh,
         mode_right,
+        made_mode,
     }))
 }
 
@@ -1304,11 +1347,17 @@ fn remove_leftover(parent: &DestDir, name: &CString) -> anyhow::Result<()> {
 
 /// The mode a file being received is made with, and whether it is the
 /// final one: the entry's (the umask applies), so that committing needs no
-/// chmod; with metadata to apply, the owner keeps write access until then
-/// (setting an attribute on a read-only file is refused).
-fn first_mode(e: &Entry) -> (Mode, bool) {
+/// chmod. With metadata to apply, the entry's too where `parent` allows it
+/// ([`DestDir::gives_final_mode`]: a chmod per file less where the copy
+/// keeps modes); else only the owner has access until then (setting an
+/// attribute on a read-only file is refused).
+fn first_mode(e: &Entry, parent: &DestDir) -> (Mode, bool) {
     let mode_right = e.meta.is_none();
-    let mode = Mode::from_raw_mode(if mode_right { e.mode & 0o777 } else { 0o600 });
+    let final_now = mode_right
+        || e.meta
+            .as_ref()
+            .is_some_and(|m| parent.gives_final_mode(e.mode, m));
+    let mode = Mode::from_raw_mode(if final_now { e.mode & 0o777 } else { 0o600 });
     (mode, mode_right)
 }
 
@@ -1403,20 +1452,33 @@ impl PartFile {
         if let Some(meta) = &e.meta {
             // Owner first: a change of owner clears setuid bits, the mode
             // below puts them back. A file made afresh has no attributes
-            // but those its directory's default ACL gives it.
+            // but those its directory's default ACL gives it, and the
+            // owner and group of those who make files there (no chown
+            // where they are the entry's: one system call a file less).
             let none: &[Xattr] = &[];
             let there = (self.fresh && !self.parent.passes_acls()).then_some(none);
+            let mut keep = how.keep;
+            if self.fresh
+                && let Some((uid, gid)) = self.parent.made_owner
+            {
+                keep.owner &= meta.uid != uid;
+                keep.group &= meta.gid != gid;
+            }
             archive::apply(
                 Node::Fd(self.fd.as_fd()),
                 e.kind,
                 meta,
                 xattrs,
-                how.keep,
+                keep,
                 how.powers,
                 there,
             )?;
         }
-        if how.preserve || !self.mode_right {
+        // Made with its final mode already, unless an ACL set above
+        // changed it.
+        let as_made =
+            self.made_mode == Some(how.mode_of(e)) && !xattrs.iter().any(|x| x.name == ACL_ACCESS);
+        if (how.preserve || !self.mode_right) && !as_made {
             // With -p exactly the source's bits, setuid and all, whatever
             // the umask (unless the powers say otherwise).
             rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(how.mode_of(e)))?;

@@ -253,6 +253,58 @@ fn an_archive_copy_into_xfs_matches_rsync() {
     assert!(diff.is_empty(), "{}", diff.join("\n"));
 }
 
+/// Files made in a setgid directory get its group from the kernel, and
+/// rcp leaves the chown out only where what the kernel gave is the
+/// source's: into a setgid destination (whose new directories are setgid
+/// too while the copy fills them), and again on a re-sync into the copy's
+/// own setgid directory, owners, groups and modes are rsync's.
+#[test]
+fn files_made_in_setgid_directories_end_with_the_sources_owners_as_rsyncs() {
+    if !is_root() {
+        eprintln!("skipped: needs root (setting owners)");
+        return;
+    }
+    let t = Scratch::new("archive-setgid");
+    let src = t.path("src");
+    owned_tree(&src);
+    let modes = [0o644, 0o600, 0o640, 0o444, 0o755, 0o2755];
+    for (i, mode) in modes.iter().enumerate() {
+        let f = src.join(format!("m{i}"));
+        std::fs::write(&f, format!("mode {mode:o}")).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(*mode)).unwrap();
+    }
+    // The source's own directory is setgid too, with a group of its own.
+    std::os::unix::fs::lchown(&src, Some(0), Some(4343)).unwrap();
+    std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o2755)).unwrap();
+    set_times(&src, 1_600_000_000, 5);
+    let (ours, oracle) = (t.path("rcp"), t.path("rsync"));
+    for d in [&ours, &oracle] {
+        std::fs::create_dir(d).unwrap();
+        std::os::unix::fs::lchown(d, None, Some(4242)).unwrap();
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o2775)).unwrap();
+    }
+    let copy = || {
+        run(Command::new("rsync").arg("-aHAX").arg(&src).arg(&oracle));
+        rcp_archive(&[src.as_os_str(), ours.as_os_str()]);
+        let diff = differences(&oracle, &ours);
+        assert!(diff.is_empty(), "{}", diff.join("\n"));
+    };
+    copy();
+    // (The case arose: a file of group 0 made under a directory of 4242.)
+    let f0 = std::fs::symlink_metadata(ours.join("src/f0")).unwrap();
+    assert_eq!((f0.uid(), f0.gid()), (0, 0));
+    // A re-sync makes its files in the copy's directory, now setgid with
+    // the source's group 4343.
+    for name in ["f0", "m0", "m2"] {
+        let f = src.join(name);
+        let mode = std::fs::symlink_metadata(&f).unwrap().mode();
+        std::fs::write(&f, "changed, and longer than before").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+        set_times(&f, 1_700_000_000, 7);
+    }
+    copy();
+}
+
 /// A tree whose entries belong to named and nameless users and groups
 /// (root, daemon, bin, man; ids no name has), directories and a symlink
 /// among them.
