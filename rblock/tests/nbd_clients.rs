@@ -967,22 +967,9 @@ fn a_connection_moves_to_the_runtime_when_busy_and_back_when_quiet_keeping_every
         let env = [("URI", uri.clone()), ("IMAGE", img.display().to_string())];
         nbdsh(BUSY_AND_QUIET, &env, "kept");
     }
-    let _ = s.child.kill();
-    let mut log = String::new();
-    s.child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
-    let busy = log
-        .matches("a busy connection: serving it on the runtime")
-        .count();
-    let quiet = log
-        .matches("a quiet connection: serving it on its threads")
-        .count();
+    let (moves, log) = moves_logged(&mut s);
     // Twice each way per connection.
-    assert_eq!((busy, quiet), (4, 4), "{log}");
+    assert_eq!(moves, (4, 4), "{log}");
     // No connection ended in trouble (the start's probes of the port
     // connect and leave at once), and nothing failed. (Other warnings may
     // come: no io_uring under the kernel profiles.)
@@ -1058,17 +1045,21 @@ fn requests_read_ahead_go_with_a_connection_that_moves() {
     }
     drop(c);
     assert!(std::fs::read(&img).unwrap() == client.model, "the image");
+    let (moves, log) = moves_logged(&mut s);
+    assert_eq!(moves, (4, 4), "{log}");
+}
+
+/// Stops `s` (started with `RUST_LOG=rblock=debug`) and reads its log:
+/// the moves it logged to the runtime and back to the threads, and the
+/// log.
+fn moves_logged(s: &mut Server) -> ((usize, usize), String) {
     let _ = s.child.kill();
     let mut log = String::new();
     let mut stderr = s.child.stderr.take().unwrap();
     stderr.read_to_string(&mut log).unwrap();
-    let busy = log
-        .matches("a busy connection: serving it on the runtime")
-        .count();
-    let quiet = log
-        .matches("a quiet connection: serving it on its threads")
-        .count();
-    assert_eq!((busy, quiet), (4, 4), "{log}");
+    let busy = log.matches("a busy connection: serving it on the runtime");
+    let quiet = log.matches("a quiet connection: serving it on its threads");
+    ((busy.count(), quiet.count()), log)
 }
 
 /// The raw client of the test above: what the image should hold, and the

@@ -47,8 +47,8 @@ use crate::nbd::transmission::Request;
 const BUSY: u32 = 32;
 /// The span in which [`BUSY`] overlapped small requests must come.
 const BUSY_WITHIN: Duration = Duration::from_millis(20);
-/// A connection on the runtime with no small request overlapped for this
-/// long is quiet again.
+/// A connection on the runtime with neither an overlapped small request
+/// nor a large read for this long is quiet again.
 const QUIET_AFTER: Duration = Duration::from_millis(100);
 
 /// When a connection moves.
