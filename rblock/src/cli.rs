@@ -132,10 +132,11 @@ pub struct ServeArgs {
     /// Serve each NBD connection to a local export (plain or TLS) on N threads
     /// of its own that wait on the socket in turn, as nbdkit does, while it
     /// is quiet: a lone request is answered on the client's core, at once,
-    /// and large requests overlap on several cores. A connection that keeps
-    /// many small requests in flight moves to the shared runtime, which
-    /// serves it with fewer wake-ups, and back once it is quiet again.
-    /// 0: serve every connection on the shared runtime.
+    /// and large writes overlap on several cores. A connection that keeps
+    /// many small requests in flight, or reads more than 256 KiB at a time,
+    /// moves to the shared runtime, which serves it with fewer wake-ups,
+    /// and back once it is quiet again. 0: serve every connection on the
+    /// shared runtime.
     #[arg(long, default_value_t = 16, value_name = "N",
           value_parser = clap::value_parser!(u16).range(0..=64))]
     pub nbd_threads: u16,
