@@ -26,9 +26,10 @@
 //! the page cache as on the runtime (`--zero-copy-reads`), and large
 //! aligned writes through a pipe; under TLS every byte passes through.
 //!
-//! Once a connection is busy with small requests (`pace.rs`), its threads
-//! stop taking requests, answer those taken, and give the connection to
-//! the runtime, whose one worker going round costs fewer wake-ups.
+//! Once a connection is busy with small requests, or reads large ones
+//! (`pace.rs`), its threads stop taking requests, answer those taken, and
+//! give the connection to the runtime, whose one worker going round costs
+//! fewer wake-ups.
 //!
 //! A stop: requests taken before it finish and are answered, any taken
 //! after it are answered ESHUTDOWN, and the connection closes once none
