@@ -648,15 +648,7 @@ pub fn into_blocking(
     writer: TlsWriter,
 ) -> io::Result<(BlockingTlsReader, BlockingTlsWriter)> {
     let TlsWriter { live, shut } = writer;
-    if shut {
-        return Err(io::Error::other("TLS: the session is closed"));
-    }
-    if !Arc::ptr_eq(&reader.0, &live) {
-        return Err(io::Error::other("TLS: the halves of two sessions"));
-    }
-    drop(reader);
-    let Live { tls, io } = Arc::try_unwrap(live)
-        .map_err(|_| io::Error::other("TLS: the session is still in use elsewhere"))?;
+    let Live { tls, io } = rejoin(reader.0, live, shut)?;
     let fd = io.into_inner();
     set_blocking_mode(fd.as_raw_fd(), true)?;
     let held = Arc::new(Held { tls, fd });
@@ -666,6 +658,21 @@ pub fn into_blocking(
         shut: false,
     };
     Ok((BlockingTlsReader(held), writer))
+}
+
+/// The session a reader and a writer share, taken back from them (`shut`:
+/// the writer said goodbye). Refused for a session said goodbye to, the
+/// halves of two sessions, or one with a half still in use elsewhere.
+fn rejoin<T>(reader: Arc<T>, writer: Arc<T>, shut: bool) -> io::Result<T> {
+    if shut {
+        return Err(io::Error::other("TLS: the session is closed"));
+    }
+    if !Arc::ptr_eq(&reader, &writer) {
+        return Err(io::Error::other("TLS: the halves of two sessions"));
+    }
+    drop(reader);
+    Arc::try_unwrap(writer)
+        .map_err(|_| io::Error::other("TLS: the session is still in use elsewhere"))
 }
 
 /// Puts the two blocking halves of one session back on the runtime (the
@@ -678,15 +685,7 @@ pub fn into_async(
     writer: BlockingTlsWriter,
 ) -> io::Result<(TlsReader, TlsWriter)> {
     let BlockingTlsWriter { held, shut, .. } = writer;
-    if shut {
-        return Err(io::Error::other("TLS: the session is closed"));
-    }
-    if !Arc::ptr_eq(&reader.0, &held) {
-        return Err(io::Error::other("TLS: the halves of two sessions"));
-    }
-    drop(reader);
-    let Held { tls, fd } = Arc::try_unwrap(held)
-        .map_err(|_| io::Error::other("TLS: the session is still in use elsewhere"))?;
+    let Held { tls, fd } = rejoin(reader.0, held, shut)?;
     set_nonblocking(fd.as_raw_fd())?;
     // SAFETY: the descriptor is owned (moved in), so nothing else closes
     // it while it is registered.

@@ -13,14 +13,20 @@ use crate::socket::ReadHalf;
 /// What the reader reads: what the handshake read ahead, then the socket.
 pub(super) type Input = BufReader<Chain<Cursor<Vec<u8>>, ReadHalf>>;
 
-/// What `rd` holds unread (the buffer's bytes, then what is left of those
-/// that came before), and the socket's half behind it.
+/// What `rd` holds unread, and the socket's half behind it.
 pub(super) fn unread(rd: Input) -> (Vec<u8>, ReadHalf) {
-    let mut pending = rd.buffer().to_vec();
+    let buffered = rd.buffer().to_vec();
     let (ahead, half) = rd.into_inner().into_inner();
+    (unread_bytes(buffered, &ahead), half)
+}
+
+/// The bytes a reader over `ahead` (what came before the socket), then
+/// the socket, holds unread: its buffer's (`buffered`), then what is left
+/// of `ahead`. (The loops on threads and on the runtime read alike.)
+pub(super) fn unread_bytes(mut buffered: Vec<u8>, ahead: &Cursor<Vec<u8>>) -> Vec<u8> {
     let at = (ahead.position() as usize).min(ahead.get_ref().len());
-    pending.extend_from_slice(&ahead.get_ref()[at..]);
-    (pending, half)
+    buffered.extend_from_slice(&ahead.get_ref()[at..]);
+    buffered
 }
 
 /// A write's data, read into a buffer of its size (not zeroed first):

@@ -46,7 +46,7 @@ use tokio::sync::watch;
 use super::blocking_wire::{Sink, Source, Wire};
 use super::buffers::Buffers;
 use super::burst::{BURST, BURST_LEN};
-use super::input::Payload;
+use super::input::{Payload, unread_bytes};
 use super::pace::{Mode, Pace, Rules, Stay, Took, large_read};
 use super::reply::{Reply, read_buffer, read_reply, write_failed};
 use super::request::{Data, execute};
@@ -181,14 +181,11 @@ pub(super) async fn transmission_on_threads(
 
 type Input = BufReader<Chain<Cursor<Vec<u8>>, Source>>;
 
-/// What `input` holds unread (the buffer's bytes, then what is left of
-/// those that came before), and the socket behind it.
+/// What `input` holds unread, and the socket behind it.
 fn unread(input: Input) -> (Vec<u8>, Source) {
-    let mut pending = input.buffer().to_vec();
+    let buffered = input.buffer().to_vec();
     let (ahead, source) = input.into_inner().into_inner();
-    let at = (ahead.position() as usize).min(ahead.get_ref().len());
-    pending.extend_from_slice(&ahead.get_ref()[at..]);
-    (pending, source)
+    (unread_bytes(buffered, &ahead), source)
 }
 
 /// One connection, shared by its threads.
