@@ -2,18 +2,17 @@
 //! (`threaded.rs`): plain, or a TLS session taken off the runtime. Both
 //! block; a receive timeout on the socket comes back as `WouldBlock`.
 //!
-//! Only a plain socket can move bytes without passing through here
-//! (`splice` into a file, `sendfile` from the page cache): under TLS
-//! every byte is decrypted or encrypted here, so those paths ask
-//! [`Source::can_splice`] and [`Sink::plain`] first, as the runtime's
-//! halves are asked (`socket::ReadHalf`).
+//! Only a plain socket can send bytes without passing through here
+//! (`sendfile` from the page cache): under TLS every byte is encrypted
+//! here, so that path asks [`Sink::plain`] first. (Large writes are read
+//! into memory on the threads, not spliced: see `threaded.rs`.)
 
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rfabric::tls::{BlockingTlsReader, BlockingTlsWriter};
 
-use crate::socket::{Pipe, ReadHalf, Stream, Unsplit, WriteHalf, unsplit};
+use crate::socket::{ReadHalf, Stream, Unsplit, WriteHalf, unsplit};
 
 /// How long the TLS goodbye may wait to be sent.
 const BYE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -86,23 +85,6 @@ impl Wire {
 pub(super) enum Source {
     Plain(std::fs::File),
     Tls(BlockingTlsReader),
-}
-
-impl Source {
-    /// Whether its bytes may be moved without being read here (not under
-    /// TLS: they must be decrypted here).
-    pub(super) fn can_splice(&self) -> bool {
-        matches!(self, Source::Plain(_))
-    }
-
-    /// Moves up to `max` bytes from the socket into `pipe`, waiting for
-    /// them as long as the socket's receive timeout lets it.
-    pub(super) fn splice_into(&self, pipe: &Pipe, max: usize) -> std::io::Result<usize> {
-        match self {
-            Source::Plain(f) => pipe.fill_from(f.as_fd(), max),
-            Source::Tls(_) => Err(std::io::Error::other("no splicing under TLS")),
-        }
-    }
 }
 
 impl Read for Source {

@@ -4,7 +4,6 @@
 //! through a pipe (`splice`). What each saves, and
 //! when a read is better copied after all, is in `docs/rblock.md`.
 
-use std::io::Cursor;
 use std::sync::Arc;
 
 use anyhow::bail;
@@ -108,16 +107,10 @@ impl Spare {
 /// with nothing of the handshake's input left in front of it.
 pub(super) fn can_splice(rd: &Input, req: &Request) -> bool {
     let (ahead, socket) = rd.get_ref().get_ref();
-    socket.can_splice() && spliceable(req, rd.buffer().len(), ahead)
-}
-
-/// The same for any reader over a spliceable socket: `buffered` bytes in
-/// its buffer, `ahead` what is left of the handshake's input in front of
-/// the socket's.
-pub(super) fn spliceable(req: &Request, buffered: usize, ahead: &Cursor<Vec<u8>>) -> bool {
     let page = rustix::param::page_size() as u64;
-    let rest = (req.length as usize).saturating_sub(buffered);
-    rest as u64 >= DIRECT_READ
+    let rest = (req.length as usize).saturating_sub(rd.buffer().len());
+    socket.can_splice()
+        && rest as u64 >= DIRECT_READ
         && req.offset % page == 0
         && u64::from(req.length) % page == 0
         && ahead.position() == ahead.get_ref().len() as u64
