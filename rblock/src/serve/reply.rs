@@ -50,6 +50,15 @@ pub(super) struct Replies {
     /// while others were unanswered).
     pub(super) begun: AtomicU64,
     pub(super) buffers: Buffers,
+    /// Whether the last reply lets the tasks ready to run write theirs
+    /// before it flushes: for a remote export (`rblock connect`), whose
+    /// answers arrive together from the lane and wake a task each, which
+    /// otherwise find the socket free one after another and flush one by
+    /// one (one `sendto` per 4 KiB read at iodepth 32; with the wait, one
+    /// `writev` per 30). Not for a local export: its bursts are answered
+    /// together already (`send_all`), and the wait cost its 4 KiB reads
+    /// at iodepth 32 a tenth of their IOPS.
+    pub(super) gather: bool,
 }
 
 impl Replies {
@@ -94,10 +103,21 @@ impl Replies {
             drop(budget);
         }
         let last = self.queued.fetch_sub(1, Ordering::AcqRel) == 1;
-        if result.is_ok() && last {
-            result = out.flush().await;
+        if result.is_err() || !last {
+            return result;
         }
-        result
+        if !self.gather {
+            return out.flush().await;
+        }
+        drop(out);
+        // The other requests answered by the same burst of the lane have
+        // their tasks woken and about to run, each with a reply: they
+        // write theirs first, and the lot leaves in one system call.
+        tokio::task::yield_now().await;
+        if self.queued.load(Ordering::Acquire) == 0 {
+            return self.out.lock().await.flush().await;
+        }
+        Ok(())
     }
 }
 

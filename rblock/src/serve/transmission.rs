@@ -52,6 +52,7 @@ pub(super) async fn transmission(
         queued: AtomicUsize::new(0),
         begun: AtomicU64::new(0),
         buffers: buffers.clone(),
+        gather: matches!(backend, Backend::Remote(..)),
     });
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let budget = Arc::new(Semaphore::new(MAX_BUFFERED));
