@@ -11,6 +11,9 @@ use crate::filter::{MAX_PATTERN, MAX_RULES, RuleText};
 
 /// Longest path or symlink target carried (Linux's PATH_MAX).
 pub const MAX_PATH: usize = 4096;
+/// Longest name an `Itemized` line carries: a path and the target it
+/// names after ` -> ` (a symlink) or ` => ` (a hard link).
+pub const MAX_ITEMIZED_NAME: usize = 2 * MAX_PATH + 4;
 /// Most source operands in one pull request.
 pub const MAX_SOURCES: usize = 256;
 /// Longest error text.
@@ -330,7 +333,9 @@ pub enum Msg {
         messages: Vec<Vec<u8>>,
     },
     /// Receiver → sender, `-i`: what changes at `path` (rsync's 11-letter
-    /// code, or `*deleting  `).
+    /// code, or `*deleting  `). `path` is named as rsync names it: with a
+    /// `/` after a directory, and ` -> target` after a symlink or
+    /// ` => first name` after another name of a file (rsync's `%n%L`).
     Itemized {
         code: [u8; 11],
         path: Vec<u8>,
@@ -737,7 +742,7 @@ impl Msg {
                 }
                 Msg::Itemized {
                     code,
-                    path: r.bytes(MAX_PATH, "itemized.path")?,
+                    path: r.bytes(MAX_ITEMIZED_NAME, "itemized.path")?,
                 }
             }
             24 => {
@@ -1570,6 +1575,20 @@ mod tests {
         long.extend_from_slice(&((MAX_PATH + 1) as u16).to_le_bytes());
         long.extend(vec![b'a'; MAX_PATH + 1]);
         assert_eq!(Msg::decode(&long), Err(ProtoError::BadField("push.dest")));
+    }
+
+    #[test]
+    fn an_itemized_name_may_hold_a_path_and_a_target_and_no_more() {
+        let line = |len: usize| Msg::Itemized {
+            code: *b"cL+++++++++",
+            path: vec![b'a'; len],
+        };
+        let longest = line(MAX_ITEMIZED_NAME);
+        assert_eq!(Msg::decode(&longest.encode()), Ok(longest));
+        assert_eq!(
+            Msg::decode(&line(MAX_ITEMIZED_NAME + 1).encode()),
+            Err(ProtoError::BadField("itemized.path"))
+        );
     }
 
     proptest! {

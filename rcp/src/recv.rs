@@ -96,6 +96,20 @@ pub fn print_itemized(code: &[u8; 11], path: &[u8]) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
+/// Entry `e` named as rsync's `-i` names it (`%n%L`): a directory with a
+/// `/` after it, a symlink with ` -> ` and its target, another name of a
+/// file with ` => ` and the name it links to.
+fn itemized_name(e: &Entry) -> Vec<u8> {
+    let mut name = e.path.clone();
+    match e.kind {
+        EntryKind::Dir => name.push(b'/'),
+        EntryKind::Symlink => name.extend([&b" -> "[..], &e.target].concat()),
+        EntryKind::HardLink => name.extend([&b" => "[..], &e.target].concat()),
+        _ => {}
+    }
+    name
+}
+
 /// How often a file another copy holds is asked for again.
 const BUSY_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
@@ -835,12 +849,7 @@ impl Creator<'_> {
             return;
         }
         if let Some(code) = resync::itemize(e, there, sent, self.kept()) {
-            let mut path = e.path.clone();
-            if e.kind == EntryKind::Dir {
-                // (As rsync names directories.)
-                path.push(b'/');
-            }
-            self.answers.itemized(code, path);
+            self.answers.itemized(code, itemized_name(e));
         }
     }
 

@@ -482,6 +482,102 @@ fn dry_run_and_itemize_say_what_rsync_says_and_change_nothing() {
     assert_same("after -n --json", &before, &ours[0]);
 }
 
+/// `-i` names a symlink with its target and another name of a file with
+/// the name it links to, as rsync's `%n%L` does (` -> `, ` => `), in
+/// every mode: the lines of a push and a remote shell travel back to the
+/// side the user typed rcp on, and may be longer than a path.
+#[test]
+fn itemize_names_link_targets_as_rsync_does() {
+    let t = Scratch::new("resync-itemize-links");
+    let src = t.path("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::write(src.join("d/first"), b"data").unwrap();
+    std::fs::hard_link(src.join("d/first"), src.join("other")).unwrap();
+    // A target as long as a path may be: the line is longer than one.
+    let far = format!("{}/x", "t".repeat(250)).repeat(16);
+    std::os::unix::fs::symlink(&far, src.join("far")).unwrap();
+    std::os::unix::fs::symlink("d/first", src.join("near")).unwrap();
+
+    // Lines of links: the symlinks' as they are, the hard link's as the
+    // pair of names it joins (which of them rsync makes first depends on
+    // its order of the file list).
+    let links = |out: &[u8]| {
+        let mut symlinks = Vec::new();
+        let mut pairs = Vec::new();
+        for l in String::from_utf8_lossy(out).lines() {
+            if l.starts_with("cL") {
+                symlinks.push(l.to_string());
+            } else if let Some((code, rest)) = l.split_once(' ')
+                && code.starts_with("hf")
+            {
+                let (a, b) = rest
+                    .split_once(" => ")
+                    .expect("a hard link line names both");
+                let mut pair = [a.to_string(), b.to_string()];
+                pair.sort();
+                pairs.push(pair);
+            }
+        }
+        symlinks.sort();
+        (symlinks, pairs)
+    };
+    let theirs = t.path("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    let rsync = Command::new("rsync")
+        .arg("-aHi")
+        .arg(&src)
+        .arg(format!("{}/", theirs.display()))
+        .output()
+        .unwrap();
+    assert!(rsync.status.success());
+    let want = links(&rsync.stdout);
+    assert_eq!(want.0.len(), 2, "the oracle names both symlinks: {want:?}");
+    assert!(
+        want.0
+            .iter()
+            .any(|l| l.ends_with(&format!("src/far -> {far}")))
+    );
+    assert_eq!(
+        want.1,
+        vec![["src/d/first".to_string(), "src/other".to_string()]]
+    );
+
+    let key = secret(&t, "key");
+    let daemon = Daemon::start(&[t.dir()], &key);
+    let (rsh, path) = fake_rsh(&t);
+    for mode in ["local", "push", "pull", "remote shell"] {
+        let ours = t.path(&format!("ours-{}", mode.replace(' ', "-")));
+        std::fs::create_dir(&ours).unwrap();
+        let mut cmd = Command::new(RCP);
+        cmd.arg("-aHi").env("PATH", &path);
+        match mode {
+            "local" => cmd.arg(&src).arg(&ours),
+            "push" => cmd
+                .arg("--secret-file")
+                .arg(&key)
+                .arg(&src)
+                .arg(daemon.url(&ours)),
+            "pull" => cmd
+                .arg("--secret-file")
+                .arg(&key)
+                .arg(daemon.url(&src))
+                .arg(&ours),
+            _ => cmd
+                .arg("--rsh")
+                .arg(&rsh)
+                .arg(&src)
+                .arg(format!("localhost:{}", ours.display())),
+        };
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(links(&out.stdout), want, "{mode}");
+    }
+}
+
 /// How many entries the receiver's checks cleared, as a run with
 /// `RCP_TEST_PRECHECK=every-batch` said on stderr (`None`: not said).
 fn cleared_by_checks(said: &str) -> Option<u64> {
