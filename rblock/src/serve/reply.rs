@@ -55,7 +55,7 @@ pub(super) struct Replies {
     /// answers arrive together from the lane and wake a task each, which
     /// otherwise find the socket free one after another and flush one by
     /// one (one `sendto` per 4 KiB read at iodepth 32; with the wait, one
-    /// `writev` per 30). Not for a local export: its bursts are answered
+    /// per 30). Not for a local export: its bursts are answered
     /// together already (`send_all`), and the wait cost its 4 KiB reads
     /// at iodepth 32 a tenth of their IOPS.
     pub(super) gather: bool,

@@ -518,9 +518,9 @@ impl Conn {
     /// is handed on, so that its copy into the file overlaps the next
     /// request, as nbdkit does. Moved through a pipe instead (`splice`,
     /// one copy fewer, as the runtime does), the input stayed held until
-    /// the data was in the file: 0.79x nbdkit's 1 MiB write throughput
-    /// (0.59-0.97 over 5 rounds) against 0.99x read into memory, for the
-    /// same CPU per GB (2026-12-05, `docs/rblock.md`).
+    /// the data was in the file: 1 MiB writes at 0.72-0.96x nbdkit's
+    /// throughput by round, against 0.98-1.05x read into memory, for the
+    /// same CPU per GB within the noise (5 rounds, `docs/rblock.md`).
     fn write_as_taken(
         &self,
         input: &mut Input,
