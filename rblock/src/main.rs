@@ -6,6 +6,15 @@
 
 use std::process::ExitCode;
 
+/// mimalloc rather than glibc's malloc, as rcp: a busy server allocates
+/// and frees a request's buffers and tasks across its threads, where
+/// glibc's `malloc`, `free` and `realloc` took 6% of the server's samples
+/// (4 KiB random reads, two fio jobs at iodepth 32). With mimalloc that
+/// row ran at 1.02-1.05x the IOPS (4 paired rounds), 4 KiB reads at 40k
+/// IOPS cost 0.98x the CPU, and the 1 MiB rows moved within their noise.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 use rblock::cli::Cli;
 use rblock::exit::Exit;
