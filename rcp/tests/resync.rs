@@ -433,38 +433,11 @@ fn dry_run_and_itemize_say_what_rsync_says_and_change_nothing() {
         );
     }
 
-    let key = secret(&t, "key");
-    let daemon = Daemon::start(&[t.dir()], &key);
-    let (rsh, path) = fake_rsh(&t);
+    let modes_here = Modes::start(&t);
     for (mode, ours) in modes.iter().zip(&ours) {
         // In every mode the lines are printed where the user typed rcp,
         // whichever side compares.
-        let mut cmd = Command::new(RCP);
-        cmd.args(["-ain", "--delete"]).env("PATH", &path);
-        match *mode {
-            "local" => cmd.arg(&src).arg(ours),
-            "push" => cmd
-                .arg("--secret-file")
-                .arg(&key)
-                .arg(&src)
-                .arg(daemon.url(ours)),
-            "pull" => cmd
-                .arg("--secret-file")
-                .arg(&key)
-                .arg(daemon.url(&src))
-                .arg(ours),
-            _ => cmd
-                .arg("--rsh")
-                .arg(&rsh)
-                .arg(&src)
-                .arg(format!("localhost:{}", ours.display())),
-        };
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{mode}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = modes_here.copy(mode, &["-ain", "--delete"], &src, ours);
         assert_eq!(lines(&out.stdout), rsyncs, "{mode}");
         // Nothing changed, nothing was sent.
         assert_same(&format!("{mode}, after -n"), &before, ours);
@@ -480,6 +453,61 @@ fn dry_run_and_itemize_say_what_rsync_says_and_change_nothing() {
     );
     assert_eq!(n.bytes, 0);
     assert_same("after -n --json", &before, &ours[0]);
+}
+
+/// The four ways to run a copy from `src` into `dest` (local, push and
+/// pull through a daemon serving the scratch directory, remote shell).
+struct Modes {
+    key: PathBuf,
+    daemon: Daemon,
+    rsh: PathBuf,
+    path: String,
+}
+
+impl Modes {
+    fn start(t: &Scratch) -> Modes {
+        let key = secret(t, "key");
+        let daemon = Daemon::start(&[t.dir()], &key);
+        let (rsh, path) = fake_rsh(t);
+        Modes {
+            key,
+            daemon,
+            rsh,
+            path,
+        }
+    }
+
+    /// `rcp ARGS` in `mode` ("local", "push", "pull", "remote shell"),
+    /// which must succeed.
+    fn copy(&self, mode: &str, args: &[&str], src: &Path, dest: &Path) -> std::process::Output {
+        let mut cmd = Command::new(RCP);
+        cmd.args(args).env("PATH", &self.path);
+        match mode {
+            "local" => cmd.arg(src).arg(dest),
+            "push" => cmd
+                .arg("--secret-file")
+                .arg(&self.key)
+                .arg(src)
+                .arg(self.daemon.url(dest)),
+            "pull" => cmd
+                .arg("--secret-file")
+                .arg(&self.key)
+                .arg(self.daemon.url(src))
+                .arg(dest),
+            _ => cmd
+                .arg("--rsh")
+                .arg(&self.rsh)
+                .arg(src)
+                .arg(format!("localhost:{}", dest.display())),
+        };
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
 }
 
 /// `-i` names a symlink with its target and another name of a file with
@@ -542,38 +570,11 @@ fn itemize_names_link_targets_as_rsync_does() {
         vec![["src/d/first".to_string(), "src/other".to_string()]]
     );
 
-    let key = secret(&t, "key");
-    let daemon = Daemon::start(&[t.dir()], &key);
-    let (rsh, path) = fake_rsh(&t);
+    let modes = Modes::start(&t);
     for mode in ["local", "push", "pull", "remote shell"] {
         let ours = t.path(&format!("ours-{}", mode.replace(' ', "-")));
         std::fs::create_dir(&ours).unwrap();
-        let mut cmd = Command::new(RCP);
-        cmd.arg("-aHi").env("PATH", &path);
-        match mode {
-            "local" => cmd.arg(&src).arg(&ours),
-            "push" => cmd
-                .arg("--secret-file")
-                .arg(&key)
-                .arg(&src)
-                .arg(daemon.url(&ours)),
-            "pull" => cmd
-                .arg("--secret-file")
-                .arg(&key)
-                .arg(daemon.url(&src))
-                .arg(&ours),
-            _ => cmd
-                .arg("--rsh")
-                .arg(&rsh)
-                .arg(&src)
-                .arg(format!("localhost:{}", ours.display())),
-        };
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{mode}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = modes.copy(mode, &["-aHi"], &src, &ours);
         assert_eq!(links(&out.stdout), want, "{mode}");
     }
 }
