@@ -521,8 +521,9 @@ fn itemize_names_link_targets_as_rsync_does() {
     std::fs::create_dir_all(src.join("d")).unwrap();
     std::fs::write(src.join("d/first"), b"data").unwrap();
     std::fs::hard_link(src.join("d/first"), src.join("other")).unwrap();
-    // A target as long as a path may be: the line is longer than one.
-    let far = format!("{}/x", "t".repeat(250)).repeat(16);
+    // A target of 4,090 bytes (a symlink's may be 4,095): its line is
+    // longer than any path.
+    let far = "t/".repeat(2045);
     std::os::unix::fs::symlink(&far, src.join("far")).unwrap();
     std::os::unix::fs::symlink("d/first", src.join("near")).unwrap();
 
