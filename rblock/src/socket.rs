@@ -298,19 +298,6 @@ impl Pipe {
         self.read.as_fd()
     }
 
-    /// Moves up to `max` bytes from a blocking socket into the pipe,
-    /// waiting for them as long as the socket's receive timeout lets it.
-    pub fn fill_from(&self, sock: BorrowedFd<'_>, max: usize) -> io::Result<usize> {
-        Ok(rustix::pipe::splice(
-            sock,
-            None,
-            &self.write,
-            None,
-            max,
-            SpliceFlags::MOVE,
-        )?)
-    }
-
     /// Throws away what it holds (after the storage refused it).
     pub fn empty(&self) -> io::Result<()> {
         let mut scratch = vec![0u8; 64 * 1024];

@@ -146,18 +146,18 @@ pub(super) async fn splice_write(
 /// held is written first, then what each move brings into the pipe. Once
 /// the storage refuses a part, the rest is still taken in (and thrown
 /// away), so that the next request is found.
-pub(super) struct PipedWrite<'a> {
+struct PipedWrite<'a> {
     storage: &'a Storage,
     req: &'a Request,
     /// Bytes of its data taken in.
-    pub(super) done: usize,
+    done: usize,
     failed: Option<std::io::Error>,
 }
 
 impl<'a> PipedWrite<'a> {
     /// Writes what of the data `buffered` holds (the caller consumes
     /// `done` bytes of it).
-    pub(super) fn start(storage: &'a Storage, req: &'a Request, buffered: &[u8]) -> Self {
+    fn start(storage: &'a Storage, req: &'a Request, buffered: &[u8]) -> Self {
         let held = buffered.len().min(req.length as usize);
         PipedWrite {
             storage,
@@ -168,12 +168,12 @@ impl<'a> PipedWrite<'a> {
     }
 
     /// Bytes still to take in.
-    pub(super) fn left(&self) -> usize {
+    fn left(&self) -> usize {
         self.req.length as usize - self.done
     }
 
     /// `n` more bytes are in `pipe` (0: the client closed).
-    pub(super) fn moved(&mut self, pipe: &Pipe, n: usize) -> anyhow::Result<()> {
+    fn moved(&mut self, pipe: &Pipe, n: usize) -> anyhow::Result<()> {
         if n == 0 {
             bail!("the client closed in the middle of a write");
         }
@@ -188,7 +188,7 @@ impl<'a> PipedWrite<'a> {
         Ok(())
     }
 
-    pub(super) fn reply(self, structured: bool) -> Vec<u8> {
+    fn reply(self, structured: bool) -> Vec<u8> {
         match self.failed {
             None => ok_reply(self.req.cookie),
             Some(e) => write_failed(structured, self.req.cookie, &e),
