@@ -202,19 +202,13 @@ impl Storage {
         len: usize,
     ) -> (PoolBuf, std::io::Result<()>) {
         let len = len.min(buf.capacity());
-        let mut done = 0;
-        if len <= NOWAIT_READ && self.can_read_nowait.load(Ordering::Relaxed) {
-            let mut slice = [std::io::IoSliceMut::new(&mut buf.spare()[..len])];
-            match rustix::io::preadv2(&self.fd, &mut slice, offset, ReadWriteFlags::NOWAIT) {
-                Ok(n) => done = n,
-                Err(rustix::io::Errno::OPNOTSUPP) => {
-                    self.can_read_nowait.store(false, Ordering::Relaxed);
-                }
-                // Not all cached, or a signal: the engine reads it all.
-                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
-                Err(e) => return (buf, Err(e.into())),
-            }
-        }
+        // (Not all cached: the engine reads it all. Short at the end of
+        // the file: the loop below finds the end and fills in zeros.)
+        let mut done = match self.read_cached(offset, &mut buf.spare()[..len]) {
+            Some(Ok(n)) => n,
+            Some(Err(e)) => return (buf, Err(e)),
+            None => 0,
+        };
         while done < len {
             let (b, r) = self
                 .engine
@@ -415,29 +409,41 @@ impl Storage {
         }
         let start = buf.len();
         buf.resize(start + len, 0);
+        // (Short at the end of the file: what is gone reads as zeros,
+        // already there.)
+        let read = self.read_cached(offset, &mut buf[start..]);
+        if !matches!(read, Some(Ok(_))) {
+            buf.truncate(start);
+        }
+        read.map(|r| r.map(drop))
+    }
+
+    /// Fills `dst` from the file at `offset` if all of it is in the page
+    /// cache (`preadv2` with `RWF_NOWAIT`): the bytes read, fewer only at
+    /// the end of the file; None if some are not cached, the piece is
+    /// larger than [`NOWAIT_READ`], or the file cannot be read so (then
+    /// `dst` may hold part of the data, to be read again).
+    fn read_cached(&self, offset: u64, dst: &mut [u8]) -> Option<std::io::Result<usize>> {
+        if dst.len() > NOWAIT_READ || !self.can_read_nowait.load(Ordering::Relaxed) {
+            return None;
+        }
         let mut done = 0;
-        while done < len {
+        while done < dst.len() {
             let at = offset + done as u64;
-            let mut slice = [std::io::IoSliceMut::new(&mut buf[start + done..])];
+            let mut slice = [std::io::IoSliceMut::new(&mut dst[done..])];
             match rustix::io::preadv2(&self.fd, &mut slice, at, ReadWriteFlags::NOWAIT) {
-                // The file shrank under us: what is gone reads as zeros
-                // (already there).
                 Ok(0) => break,
                 Ok(n) => done += n,
                 Err(rustix::io::Errno::INTR) => {}
-                Err(e) => {
-                    buf.truncate(start);
-                    if e == rustix::io::Errno::OPNOTSUPP {
-                        self.can_read_nowait.store(false, Ordering::Relaxed);
-                    }
-                    if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::OPNOTSUPP {
-                        return None;
-                    }
-                    return Some(Err(e.into()));
+                Err(rustix::io::Errno::AGAIN) => return None,
+                Err(rustix::io::Errno::OPNOTSUPP) => {
+                    self.can_read_nowait.store(false, Ordering::Relaxed);
+                    return None;
                 }
+                Err(e) => return Some(Err(e.into())),
             }
         }
-        Some(Ok(()))
+        Some(Ok(done))
     }
 
     /// Reads `len` bytes at `offset`, appended to `buf`, whole, on this
