@@ -54,6 +54,12 @@ pub mod heartbeat;
 pub mod lifecycle;
 pub mod seal;
 
+/// How long a sender whose post the connection refused waits for the
+/// driver to settle why the link ended (see [`Link::why_post_failed`]).
+/// Longer than the tcp backend's reader grace, so the peer's report, if
+/// it sent one, is read first.
+const SETTLE_AFTER_POST_FAILED: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How one side of a link is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkConfig {
@@ -734,7 +740,7 @@ impl Link {
         let inner = &self.inner;
         loop {
             let changed = inner.changed.notified();
-            {
+            let refused = {
                 let mut st = self.state();
                 st.life.may_send()?;
                 let next_header =
@@ -798,17 +804,26 @@ impl Link {
                     // closed to peer writes while it lives (and which
                     // nobody writes locally: a chunk gives its payload out
                     // to read only).
-                    unsafe { inner.conn.write_notify(wr, &sgl, remote, ticket.note)? };
-                    st.header_busy[ticket.index as usize] = true;
-                    st.in_flight.insert(
-                        wr,
-                        InFlight::Chunk {
-                            _payload: payload,
-                            header: ticket.index,
-                        },
-                    );
-                    return Ok(());
+                    match unsafe { inner.conn.write_notify(wr, &sgl, remote, ticket.note) } {
+                        Ok(()) => {
+                            st.header_busy[ticket.index as usize] = true;
+                            st.in_flight.insert(
+                                wr,
+                                InFlight::Chunk {
+                                    _payload: payload,
+                                    header: ticket.index,
+                                },
+                            );
+                            return Ok(());
+                        }
+                        Err(e) => Some(e),
+                    }
+                } else {
+                    None
                 }
+            };
+            if let Some(e) = refused {
+                return Err(self.why_post_failed(e).await);
             }
             changed.await;
         }
@@ -829,18 +844,54 @@ impl Link {
     async fn send_control(&self, body: Body<'_>) -> Result<(), LinkError> {
         loop {
             let changed = self.inner.changed.notified();
-            {
+            let refused = {
                 let mut st = self.state();
                 st.life.may_send()?;
-                if try_post_control(&self.inner, &mut st, &body)? {
-                    if matches!(body, Body::Goodbye { .. }) {
-                        st.life.said_goodbye();
+                match try_post_control(&self.inner, &mut st, &body) {
+                    Ok(true) => {
+                        if matches!(body, Body::Goodbye { .. }) {
+                            st.life.said_goodbye();
+                        }
+                        return Ok(());
                     }
-                    return Ok(());
+                    Ok(false) => None,
+                    Err(LinkError::Transport(e)) => Some(e),
+                    Err(e) => return Err(e),
                 }
+            };
+            if let Some(e) = refused {
+                return Err(self.why_post_failed(e).await);
             }
             changed.await;
         }
+    }
+
+    /// Why a post that the connection refused failed. A connection that
+    /// went down may still hand over what arrived before: the peer's
+    /// report of why it gave up (a seal it refused, say) comes behind our
+    /// failed send. That report, settled by the driver as the link's
+    /// error, is the cause a user must see, not the broken pipe it led
+    /// to; so this waits a while for the driver to settle it.
+    async fn why_post_failed(&self, error: TransportError) -> LinkError {
+        if !matches!(
+            error,
+            TransportError::Closed(_) | TransportError::Io(_) | TransportError::PeerAbort(_)
+        ) {
+            return LinkError::Transport(error);
+        }
+        let settled = async {
+            loop {
+                let changed = self.inner.changed.notified();
+                let settled = self.state().life.error().cloned();
+                if let Some(e) = settled {
+                    return e;
+                }
+                changed.await;
+            }
+        };
+        tokio::time::timeout(SETTLE_AFTER_POST_FAILED, settled)
+            .await
+            .unwrap_or(LinkError::Transport(error))
     }
 
     /// The next chunk or message from the peer, in the order it was sent;

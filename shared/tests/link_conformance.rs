@@ -4,12 +4,19 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use common::{link_pair, pattern};
 use rfabric::link::seal::{Before, Protection, SealError};
 use rfabric::link::{ChunkMeta, Incoming, Link, LinkConfig, LinkError};
-use rfabric::memory::BufferPool;
+use rfabric::memory::{BufferPool, Memory};
+use rfabric::transport::{
+    Access, Backend, Completion, Connection, Limits, Region, RemoteAddr, Segment, TransportError,
+    WriteGate,
+};
 use rfabric::wire::Role;
 
 const RING: u32 = 8;
@@ -346,6 +353,143 @@ async fn a_peer_sealing_with_another_key_fails_the_first_frame() {
         .expect("the client heard")
         .expect_err("the link failed");
     assert!(heard.to_string().contains("session check"), "{heard}");
+}
+
+/// A connection whose posts fail once `broken` is set, as a reset
+/// connection's do, while what the peer sent before still arrives.
+struct BreakableSends {
+    inner: Arc<dyn Connection>,
+    broken: AtomicBool,
+}
+
+impl BreakableSends {
+    fn check(&self) -> Result<(), TransportError> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(TransportError::Io("send failed: Broken pipe".into()));
+        }
+        Ok(())
+    }
+}
+
+// (Each call is passed on with the caller's own promises.)
+#[allow(unsafe_code)]
+impl Connection for BreakableSends {
+    fn backend(&self) -> Backend {
+        self.inner.backend()
+    }
+    fn limits(&self) -> Limits {
+        self.inner.limits()
+    }
+    fn register(
+        &self,
+        memory: &Arc<Memory>,
+        access: Access,
+        gate: Option<Arc<dyn WriteGate>>,
+    ) -> Result<Region, TransportError> {
+        self.inner.register(memory, access, gate)
+    }
+    unsafe fn post_recv(&self, wr_id: u64, buf: Segment) -> Result<(), TransportError> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.post_recv(wr_id, buf) }
+    }
+    unsafe fn post_send(&self, wr_id: u64, sgl: &[Segment]) -> Result<(), TransportError> {
+        self.check()?;
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.post_send(wr_id, sgl) }
+    }
+    unsafe fn write_notify(
+        &self,
+        wr_id: u64,
+        sgl: &[Segment],
+        remote: RemoteAddr,
+        note: u32,
+    ) -> Result<(), TransportError> {
+        self.check()?;
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.write_notify(wr_id, sgl, remote, note) }
+    }
+    unsafe fn write(
+        &self,
+        wr_id: u64,
+        sgl: &[Segment],
+        remote: RemoteAddr,
+    ) -> Result<(), TransportError> {
+        self.check()?;
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.write(wr_id, sgl, remote) }
+    }
+    unsafe fn read(
+        &self,
+        wr_id: u64,
+        local: Segment,
+        remote: RemoteAddr,
+    ) -> Result<(), TransportError> {
+        self.check()?;
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.read(wr_id, local, remote) }
+    }
+    fn poll_completions(
+        &self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Completion>,
+    ) -> Poll<Result<(), TransportError>> {
+        self.inner.poll_completions(cx, out)
+    }
+    fn close(&self) {
+        self.inner.close();
+    }
+}
+
+/// A peer that gives up says why and closes; this side's next send then
+/// fails (the connection is reset) before the report is read. The sender
+/// must hear the report, not the broken pipe it led to: a tampered path
+/// is told apart from a lost connection by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_cut_off_hears_why_the_peer_gave_up() {
+    for sends_chunk in [false, true] {
+        let (a, b) = common::connected().await;
+        let cut = Arc::new(BreakableSends {
+            inner: b,
+            broken: AtomicBool::new(false),
+        });
+        let (server, client) = tokio::join!(
+            Link::establish(a, LinkConfig::new(Role::Server, RING, 4096)),
+            Link::establish(
+                Arc::clone(&cut) as Arc<dyn Connection>,
+                LinkConfig::new(Role::Client, 0, 4096)
+            ),
+        );
+        let (server, client) = (server.unwrap(), client.unwrap());
+        let pool = BufferPool::new(1, 4096).unwrap();
+        let region = client.register(pool.memory()).unwrap();
+        let mut buf = pool.acquire().await;
+        buf.fill_from(b"after the reset");
+        cut.broken.store(true, Ordering::Release);
+        let sending = tokio::spawn(async move {
+            if sends_chunk {
+                client.send_chunk(ChunkMeta::default(), &region, buf).await
+            } else {
+                client.send_message(b"after the reset").await
+            }
+        });
+        // The post fails at once; the sender waits for the cause.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !sending.is_finished(),
+            "chunk {sends_chunk}: the sender gave up before the peer's report could arrive: {:?}",
+            sending.await
+        );
+        server.abort("your seal failed");
+        let err = tokio::time::timeout(Duration::from_secs(10), sending)
+            .await
+            .expect("the sender ended")
+            .unwrap()
+            .expect_err("the send failed");
+        assert!(
+            matches!(err, LinkError::Peer { ref text, .. } if text.contains("your seal failed")),
+            "chunk {sends_chunk}: {err}"
+        );
+    }
 }
 
 /// A broadcast node's hop: chunks that land on one link are sent on by

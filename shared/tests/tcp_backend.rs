@@ -1,5 +1,9 @@
 //! The tcp backend against raw sockets: peers that do not speak its
 //! framing, or speak it wrongly, below any link.
+//!
+//! Posting work requests is `unsafe` by contract (memory handed to "the
+//! hardware"), hence the allowance.
+#![allow(unsafe_code)]
 
 mod common;
 
@@ -7,7 +11,7 @@ use std::sync::Arc;
 
 use rfabric::link::{Incoming, Link, LinkConfig};
 use rfabric::transport::tcp::{self, FrameHeader, FrameOp, HEADER_LEN, PREFACE, TcpListener};
-use rfabric::transport::{TransportError, closed_reason, completions};
+use rfabric::transport::{Connection, TransportError, closed_reason, completions};
 use rfabric::wire::Role;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -199,4 +203,81 @@ fn an_unestablished_connection_is_set_up_where_it_is_served() {
             .unwrap();
         assert_ne!(served_on, here);
     });
+}
+
+/// A peer that reports why it gives up and resets the connection: the
+/// next send fails (the reset), yet the report, which arrived before the
+/// reset, is still handed over. (Both sit in the socket before either of
+/// the connection's tasks runs, and the writer goes first: it used to stop
+/// the reader on the spot, which then dropped the report about half the
+/// time, hence the rounds.)
+#[test]
+fn what_arrived_before_a_reset_is_delivered_though_a_send_failed() {
+    for round in 0..8 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (accept, mut stream) = raw_server().await;
+            stream.write_all(&PREFACE).await.unwrap();
+            let conn = accept.await.unwrap().unwrap();
+            let mut preface = [0u8; PREFACE.len()];
+            stream.read_exact(&mut preface).await.unwrap();
+            let memory = rfabric::memory::Memory::new(4096).unwrap();
+            let region = conn
+                .register(&memory, rfabric::transport::Access::LOCAL, None)
+                .unwrap();
+            // SAFETY: the buffer is read only after its completion.
+            unsafe { conn.post_recv(1, region.segment(0, 64).unwrap()) }.unwrap();
+            let report = b"your seal failed";
+            let header = FrameHeader {
+                op: FrameOp::Send,
+                len: report.len() as u32,
+                addr: 0,
+                rkey: 0,
+                note: 0,
+            };
+            // (One write: Nagle would hold a second small one back, and
+            // the reset would then discard it unsent.)
+            let frame = [&header.encode()[..], report].concat();
+            stream.write_all(&frame).await.unwrap();
+            stream.set_zero_linger().unwrap();
+            drop(stream);
+            // The report and the reset arrive while no task runs.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            // Two sends, so the writer has a batch and goes at once.
+            for wr_id in [2, 3] {
+                // SAFETY: the buffer is not written until the send completes.
+                unsafe { conn.post_send(wr_id, &[region.segment(1024, 8).unwrap()]) }.unwrap();
+            }
+            let mut heard = None;
+            let mut sent = None;
+            loop {
+                let mut out = Vec::new();
+                if completions(&conn, &mut out).await.is_err() {
+                    break;
+                }
+                for c in out {
+                    match c.wr_id {
+                        1 => heard = Some(c),
+                        _ => sent = Some(c),
+                    }
+                }
+            }
+            let sent = sent.expect("the send completed");
+            assert!(
+                sent.status.is_err(),
+                "round {round}: the send after a reset succeeded"
+            );
+            let heard = heard.expect("the receive completed");
+            assert!(
+                heard.status.is_ok(),
+                "round {round}: the report was dropped: {heard:?}"
+            );
+            // SAFETY: receive 1 completed.
+            let got = unsafe { region.memory().slice(0, heard.byte_len as usize) };
+            assert_eq!(got, report, "round {round}");
+        });
+    }
 }

@@ -141,6 +141,11 @@ impl Lifecycle {
         self.peer_done && self.goodbye_sent
     }
 
+    /// Why the link failed, once it has.
+    pub fn error(&self) -> Option<&LinkError> {
+        self.error.as_ref()
+    }
+
     pub fn is_failed(&self) -> bool {
         self.error.is_some()
     }

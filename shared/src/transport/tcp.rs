@@ -60,6 +60,12 @@ const WRITE_BATCH: usize = 64;
 /// before the connection fails, like verbs' receiver-not-ready retries
 /// (finite here, so a peer that never posts one is noticed).
 const RNR_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long the reader goes on after a send failed. A peer that found
+/// fault with what it received says why and closes; our next send then
+/// fails (the peer reset the connection), while its report still sits in
+/// our receive buffer. The reader takes it, and normally ends at the
+/// reset right behind it; this bounds the wait if it does not.
+const READER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Listens for tcp-backend connections. Prefaces are exchanged off the
 /// accepting path, each within [`PREFACE_TIME`]: a peer that connects and
@@ -310,6 +316,13 @@ impl Shared {
             self.completions
                 .complete(read.wr_id, Op::Read, Err(WcError::Flushed), 0);
         }
+    }
+
+    /// Flushes a receive the reader took off the queue for data that never
+    /// came whole (the flush at the end no longer sees it).
+    fn flush_taken_recv(&self, wr_id: u64) {
+        self.completions
+            .complete(wr_id, Op::Recv, Err(WcError::Flushed), 0);
     }
 
     fn check_open(&self) -> Result<(), TransportError> {
@@ -625,7 +638,11 @@ async fn run_writer(
     let _ = socket.shutdown().await;
     if let Some(why) = failure {
         shared.completions.go_down(why);
-        shared.stop_reader.notify_one();
+        let reader = Arc::clone(&shared);
+        tokio::spawn(async move {
+            tokio::time::sleep(READER_GRACE).await;
+            reader.stop_reader.notify_one();
+        });
     }
     // Flush whatever was never written.
     rx.close();
@@ -803,7 +820,10 @@ async fn receive_send(
     // SAFETY: the receive was posted (unsafe post_recv) with the promise that
     // nothing touches it until it completes, which happens below.
     let target = unsafe { buf.region().memory().slice_mut(buf.offset(), len) };
-    socket.read_exact(target).await.map_err(io_end)?;
+    if let Err(e) = socket.read_exact(target).await {
+        shared.flush_taken_recv(wr_id);
+        return Err(io_end(e));
+    }
     shared.completions.complete(wr_id, Op::Recv, Ok(()), len);
     Ok(())
 }
@@ -836,7 +856,12 @@ async fn receive_write(
             .memory()
             .slice_mut(offset as usize, header.len as usize)
     };
-    socket.read_exact(target).await.map_err(io_end)?;
+    if let Err(e) = socket.read_exact(target).await {
+        if let Some((wr_id, _)) = recv {
+            shared.flush_taken_recv(wr_id);
+        }
+        return Err(io_end(e));
+    }
     if let Some((wr_id, _)) = recv {
         shared.completions.push(Completion {
             wr_id,
