@@ -22,7 +22,7 @@ const MAX_EXTENTS: usize = 1024;
 /// Reads up to this size may be done on the calling thread when the page
 /// cache holds them (see [`Storage::read_now`]); larger ones go through
 /// the engine, whose buffers need no zeroing first.
-const NOWAIT_READ: usize = 64 * 1024;
+pub(crate) const NOWAIT_READ: usize = 64 * 1024;
 
 /// Largest piece of zeroes written by hand when the filesystem cannot zero
 /// a range itself.
