@@ -492,6 +492,43 @@ async fn a_sender_cut_off_hears_why_the_peer_gave_up() {
     }
 }
 
+/// The same cut-off sender when the peer just goes, with no report: it
+/// hears the lost connection as soon as the connection is down, not after
+/// the whole wait for a report that never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_cut_off_by_a_peer_that_just_went_hears_so_at_once() {
+    let (a, b) = common::connected().await;
+    let cut = Arc::new(BreakableSends {
+        inner: b,
+        broken: AtomicBool::new(false),
+    });
+    let (server, client) = tokio::join!(
+        Link::establish(a, LinkConfig::new(Role::Server, RING, 4096)),
+        Link::establish(
+            Arc::clone(&cut) as Arc<dyn Connection>,
+            LinkConfig::new(Role::Client, 0, 4096)
+        ),
+    );
+    let (server, client) = (server.unwrap(), client.unwrap());
+    cut.broken.store(true, Ordering::Release);
+    let started = std::time::Instant::now();
+    let sending = tokio::spawn(async move { client.send_message(b"after the reset").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The peer's connection closes, no Error frame first.
+    server.connection().close();
+    let err = tokio::time::timeout(Duration::from_secs(10), sending)
+        .await
+        .expect("the sender ended")
+        .unwrap()
+        .expect_err("the send failed");
+    assert!(matches!(err, LinkError::Transport(_)), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the sender waited {:?} for a report that never came",
+        started.elapsed()
+    );
+}
+
 /// A broadcast node's hop: chunks that land on one link are sent on by
 /// another straight from their landing slots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
