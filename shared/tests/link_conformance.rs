@@ -440,6 +440,23 @@ impl Connection for BreakableSends {
     }
 }
 
+/// A (server, client) link pair whose client's posts can be made to fail.
+async fn link_pair_with_breakable_sends() -> (Link, Link, Arc<BreakableSends>) {
+    let (a, b) = common::connected().await;
+    let cut = Arc::new(BreakableSends {
+        inner: b,
+        broken: AtomicBool::new(false),
+    });
+    let (server, client) = tokio::join!(
+        Link::establish(a, LinkConfig::new(Role::Server, RING, 4096)),
+        Link::establish(
+            Arc::clone(&cut) as Arc<dyn Connection>,
+            LinkConfig::new(Role::Client, 0, 4096)
+        ),
+    );
+    (server.unwrap(), client.unwrap(), cut)
+}
+
 /// A peer that gives up says why and closes; this side's next send then
 /// fails (the connection is reset) before the report is read. The sender
 /// must hear the report, not the broken pipe it led to: a tampered path
@@ -447,19 +464,7 @@ impl Connection for BreakableSends {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sender_cut_off_hears_why_the_peer_gave_up() {
     for sends_chunk in [false, true] {
-        let (a, b) = common::connected().await;
-        let cut = Arc::new(BreakableSends {
-            inner: b,
-            broken: AtomicBool::new(false),
-        });
-        let (server, client) = tokio::join!(
-            Link::establish(a, LinkConfig::new(Role::Server, RING, 4096)),
-            Link::establish(
-                Arc::clone(&cut) as Arc<dyn Connection>,
-                LinkConfig::new(Role::Client, 0, 4096)
-            ),
-        );
-        let (server, client) = (server.unwrap(), client.unwrap());
+        let (server, client, cut) = link_pair_with_breakable_sends().await;
         let pool = BufferPool::new(1, 4096).unwrap();
         let region = client.register(pool.memory()).unwrap();
         let mut buf = pool.acquire().await;
@@ -497,19 +502,7 @@ async fn a_sender_cut_off_hears_why_the_peer_gave_up() {
 /// the whole wait for a report that never comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sender_cut_off_by_a_peer_that_just_went_hears_so_at_once() {
-    let (a, b) = common::connected().await;
-    let cut = Arc::new(BreakableSends {
-        inner: b,
-        broken: AtomicBool::new(false),
-    });
-    let (server, client) = tokio::join!(
-        Link::establish(a, LinkConfig::new(Role::Server, RING, 4096)),
-        Link::establish(
-            Arc::clone(&cut) as Arc<dyn Connection>,
-            LinkConfig::new(Role::Client, 0, 4096)
-        ),
-    );
-    let (server, client) = (server.unwrap(), client.unwrap());
+    let (server, client, cut) = link_pair_with_breakable_sends().await;
     cut.broken.store(true, Ordering::Release);
     let started = std::time::Instant::now();
     let sending = tokio::spawn(async move { client.send_message(b"after the reset").await });
