@@ -22,7 +22,7 @@ const MAX_EXTENTS: usize = 1024;
 /// Reads up to this size may be done on the calling thread when the page
 /// cache holds them (see [`Storage::read_now`]); larger ones go through
 /// the engine, whose buffers need no zeroing first.
-pub(crate) const NOWAIT_READ: usize = 64 * 1024;
+const NOWAIT_READ: usize = 64 * 1024;
 
 /// Largest piece of zeroes written by hand when the filesystem cannot zero
 /// a range itself.
@@ -404,7 +404,7 @@ impl Storage {
         buf: &mut Vec<u8>,
         len: usize,
     ) -> Option<std::io::Result<()>> {
-        if len > NOWAIT_READ || !self.can_read_nowait.load(Ordering::Relaxed) {
+        if !self.may_read_now(len) {
             return None;
         }
         let start = buf.len();
@@ -418,13 +418,21 @@ impl Storage {
         read.map(|r| r.map(drop))
     }
 
+    /// Whether a read of `len` bytes may be tried right here
+    /// ([`Storage::read_now`]): small enough, on a file that allows it.
+    /// (Asked first by a caller that would otherwise make a buffer for
+    /// nothing.)
+    pub fn may_read_now(&self, len: usize) -> bool {
+        len <= NOWAIT_READ && self.can_read_nowait.load(Ordering::Relaxed)
+    }
+
     /// Fills `dst` from the file at `offset` if all of it is in the page
     /// cache (`preadv2` with `RWF_NOWAIT`): the bytes read, fewer only at
     /// the end of the file; None if some are not cached, the piece is
     /// larger than [`NOWAIT_READ`], or the file cannot be read so (then
     /// `dst` may hold part of the data, to be read again).
     fn read_cached(&self, offset: u64, dst: &mut [u8]) -> Option<std::io::Result<usize>> {
-        if dst.len() > NOWAIT_READ || !self.can_read_nowait.load(Ordering::Relaxed) {
+        if !self.may_read_now(dst.len()) {
             return None;
         }
         let mut done = 0;

@@ -62,7 +62,7 @@ use super::zero_copy::{FromCache, send_from_cache};
 use crate::backend::Backend;
 use crate::nbd::consts::{REQUEST_LEN, errno};
 use crate::nbd::transmission::{Command, Limits, Refusal, Request, check, error_reply, ok_reply};
-use crate::storage::{NOWAIT_READ, Storage};
+use crate::storage::Storage;
 
 /// How a local export's connection is served on threads.
 #[derive(Debug)]
@@ -557,7 +557,7 @@ impl Conn {
         let (Ok(Command::Read), Backend::Local(local)) = (&t.checked, &self.backend) else {
             return false;
         };
-        if t.req.length as usize > NOWAIT_READ || self.stopping.load(Ordering::Acquire) {
+        if !local.may_read_now(t.req.length as usize) || self.stopping.load(Ordering::Acquire) {
             return false;
         }
         let structured = self.limits.structured;
