@@ -23,10 +23,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The runtime `command` runs on: one thread for `connect`, a thread per
-/// core for the others; `RBLOCK_THREADS=1` makes it one thread for every
-/// command, any other value a thread per core (documented in the commands'
-/// `--help`).
+/// The shared runtime `command` runs on: one thread for `connect`, a
+/// thread per core for the others; `RBLOCK_THREADS=1` makes it one thread
+/// for every command, any other value a thread per core (documented in
+/// the commands' `--help`). (`serve` adds runtimes of one thread each:
+/// `serve/single_threaded.rs`.)
 pub fn runtime(command: &Cmd) -> std::io::Result<tokio::runtime::Runtime> {
     // The gateway only forwards: on one thread, a request crosses it
     // without waking another (each wake-up costs more than the forwarding).

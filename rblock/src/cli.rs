@@ -57,10 +57,12 @@ pub enum Cmd {
 /// [`crate::app::runtime`]).
 const THREADS_HELP: &str = "\
 Environment:
-  RBLOCK_THREADS=1  run on one thread (connect does by default: a request
-                    crosses the gateway without waking another thread);
-                    any other value runs a thread per core (serve does by
-                    default).";
+  RBLOCK_THREADS=1  run the shared runtime on one thread (connect does by
+                    default: a request crosses the gateway without waking
+                    another thread); any other value gives it a thread per
+                    core (serve does by default). serve also runs a
+                    runtime of one thread per core, for tcp fabric links
+                    and NBD connections busy with small requests.";
 
 #[derive(Args, Debug)]
 pub struct DetachArgs {
@@ -133,10 +135,12 @@ pub struct ServeArgs {
     /// of its own that wait on the socket in turn, as nbdkit does, while it
     /// is quiet: a lone request is answered on the client's core, at once,
     /// and large writes overlap on several cores. A connection that keeps
-    /// many small requests in flight, or reads more than 256 KiB at a time,
-    /// moves to the shared runtime, which serves it with fewer wake-ups,
-    /// and back once it is quiet again. 0: serve every connection on the
-    /// shared runtime.
+    /// many small requests (up to 64 KiB) in flight moves to a runtime
+    /// thread of its own, which serves it with fewer wake-ups; one that
+    /// keeps larger ones in flight, or reads more than 256 KiB at a time,
+    /// moves to the shared runtime, whose threads serve its reads on
+    /// several cores at once. Either way it comes back once it is quiet
+    /// again. 0: serve every connection on the shared runtime.
     #[arg(long, default_value_t = 16, value_name = "N",
           value_parser = clap::value_parser!(u16).range(0..=64))]
     pub nbd_threads: u16,

@@ -6,7 +6,8 @@
 //! Rooms by job, each using only those listed after it: `accept` (a
 //! place among the connections, a task per client), `link` (a client of
 //! the fabric protocol, `rblock connect`: its requests, carried out),
-//! `link_threads` (the threads tcp links are served on, each link on one),
+//! `single_threaded` (the runtimes of one thread each that tcp links and
+//! busy NBD connections are served on, each on one),
 //! `connection` (the NBD handshake on the socket), `transmission` (the request loop: headers,
 //! write data, bursts, shutdown), `burst` (small requests taken together),
 //! `request` (one request carried out), `zero_copy` (large requests
@@ -31,10 +32,10 @@ mod burst;
 mod connection;
 mod input;
 mod link;
-mod link_threads;
 mod pace;
 mod reply;
 mod request;
+mod single_threaded;
 mod threaded;
 mod transmission;
 mod zero_copy;
@@ -100,12 +101,15 @@ pub async fn run(
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
     });
     let (conn_tx, mut conn_rx) = mpsc::channel::<()>(1);
-    let link_threads = match &fabric {
-        Some(f) if f.has_tcp() => Some(Arc::new(
-            link_threads::LinkThreads::start(load.cores)
-                .context("cannot start the threads fabric links are served on")?,
-        )),
-        _ => None,
+    // (Tcp links go there; NBD connections too, when they move.)
+    let tcp_links = fabric.as_ref().is_some_and(|f| f.has_tcp());
+    let single_threaded = if tcp_links || nbd_threads > 0 {
+        Some(Arc::new(
+            single_threaded::SingleThreaded::start(load.cores)
+                .context("cannot start the single-threaded runtimes")?,
+        ))
+    } else {
+        None
     };
     let mut acceptors = Vec::new();
     let accepting = || Accepting {
@@ -117,7 +121,7 @@ pub async fn run(
         nbd_tls: nbd_tls.clone(),
         nbd_threads,
         alive: conn_tx.clone(),
-        link_threads: link_threads.clone(),
+        single_threaded: single_threaded.clone(),
     };
     for l in &listen {
         let ctx = accepting();

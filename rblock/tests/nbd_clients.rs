@@ -977,6 +977,8 @@ fn a_connection_moves_to_the_runtime_when_busy_and_back_when_quiet_keeping_every
     let (moves, log) = moves_logged(&mut s);
     // Twice each way per connection.
     assert_eq!(moves, (4, 4), "{log}");
+    // Busy with 4 KiB requests: on a runtime of one thread, each time.
+    assert_eq!(on_one_thread(&log), 4, "{log}");
     // No connection ended in trouble (the start's probes of the port
     // connect and leave at once), and nothing failed. (Other warnings may
     // come: no io_uring under the kernel profiles.)
@@ -1054,6 +1056,15 @@ fn requests_read_ahead_go_with_a_connection_that_moves() {
     assert!(std::fs::read(&img).unwrap() == client.model, "the image");
     let (moves, log) = moves_logged(&mut s);
     assert_eq!(moves, (4, 4), "{log}");
+    // Each round once for small requests (to a runtime of one thread),
+    // once for a large read (to the shared one).
+    assert_eq!(on_one_thread(&log), 2, "{log}");
+}
+
+/// How many moves `log` shows to a single-threaded runtime.
+fn on_one_thread(log: &str) -> usize {
+    log.matches("serving it on the runtime (single-threaded)")
+        .count()
 }
 
 /// Stops `s` (started with `RUST_LOG=rblock=debug`) and reads its log:

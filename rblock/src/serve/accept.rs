@@ -1,6 +1,7 @@
 //! Taking a client: a place among the connections (or a refusal when all
 //! are taken), and a task that serves it, NBD or fabric (a tcp link on
-//! one of the link threads, wholly).
+//! one of the single-threaded runtimes, wholly; an NBD connection there
+//! while it is busy with small requests).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
 use super::FabricGuard;
 use super::connection::{NbdTls, connection};
 use super::link::serve_link;
-use super::link_threads::LinkThreads;
+use super::single_threaded::SingleThreaded;
 use super::zero_copy::{FromCache, Load};
 use crate::config::ZeroCopy;
 use crate::export::Export;
@@ -30,14 +31,15 @@ pub(super) struct Accepting {
     /// Threads of its own for each plain NBD connection to a local export.
     pub(super) nbd_threads: usize,
     pub(super) alive: mpsc::Sender<()>,
-    /// Where fabric links that can move are served (with a fabric
-    /// listener).
-    pub(super) link_threads: Option<Arc<LinkThreads>>,
+    /// Where fabric links that can move are served (with a tcp fabric
+    /// listener), and NBD connections busy with small requests (with
+    /// `nbd_threads`).
+    pub(super) single_threaded: Option<Arc<SingleThreaded>>,
 }
 
 impl Accepting {
     /// A client of rblock's fabric protocol (`rblock connect`). A tcp one
-    /// is set up and served on a link thread; an RDMA one, whose work is
+    /// is set up and served on a single-threaded runtime; an RDMA one, whose work is
     /// on the listener's runtime already, is served there.
     pub(super) fn start_link(&self, incoming: Incoming) {
         let client = incoming.peer_name();
@@ -48,7 +50,7 @@ impl Accepting {
             }
             return;
         };
-        let on = match &self.link_threads {
+        let on = match &self.single_threaded {
             Some(threads) if incoming.can_move() => Some(threads.next().clone()),
             _ => None,
         };
@@ -90,6 +92,7 @@ impl Accepting {
             from_cache,
             tls,
             self.nbd_threads,
+            self.single_threaded.as_ref().map(|t| t.next().clone()),
         );
         self.run("connection", client, place, None, served);
     }

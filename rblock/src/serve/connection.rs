@@ -1,8 +1,8 @@
 //! One NBD client from its greeting to the end of the handshake (with
 //! STARTTLS, the TLS session taking over the socket in its middle), which
 //! hands the connection to the transmission phase: a local export's on
-//! the connection's threads and the runtime in turn, as its pace asks
-//! (`pace.rs`), anything else on the runtime.
+//! the connection's threads and a runtime in turn, as its pace asks
+//! (`pace.rs`), anything else on the shared runtime.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,8 +12,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::blocking_wire::Wire;
-use super::pace::{Rules, Stay};
-use super::threaded::{Threads, transmission_on_threads};
+use super::pace::{Rules, Runtime, Stay};
+use super::threaded::{Leaving, Threads, transmission_on_threads};
 use super::transmission::transmission;
 use super::zero_copy::FromCache;
 use crate::backend::Backend;
@@ -42,6 +42,7 @@ pub(super) async fn connection(
     from_cache: FromCache,
     tls: NbdTls,
     threads: usize,
+    single: Option<tokio::runtime::Handle>,
 ) -> anyhow::Result<()> {
     let infos = exports.iter().map(|e| e.info.clone()).collect();
     let mut hs = Handshake::with_tls(infos, tls.mode);
@@ -96,7 +97,7 @@ pub(super) async fn connection(
             from_cache,
             moves: Rules::default(),
         };
-        return served_in_turn(buf, wire, limits, storage, shutdown, threads).await;
+        return served_in_turn(buf, wire, limits, storage, shutdown, threads, single).await;
     }
     let halves = match (session, stream) {
         (Some(s), _) => split_tls(s),
@@ -122,7 +123,9 @@ pub(super) async fn connection(
 }
 
 /// A local export's connection, on its threads while it is quiet and on
-/// the runtime while it is busy, until it is over.
+/// a runtime while it is busy (`single`: the single-threaded one it goes
+/// to when busy with small requests; without one, the shared one), until
+/// it is over.
 async fn served_in_turn(
     mut pending: Vec<u8>,
     mut wire: Wire,
@@ -130,6 +133,7 @@ async fn served_in_turn(
     storage: Arc<Storage>,
     shutdown: watch::Receiver<bool>,
     threads: Threads,
+    single: Option<tokio::runtime::Handle>,
 ) -> anyhow::Result<()> {
     loop {
         let on_threads = transmission_on_threads(
@@ -142,31 +146,66 @@ async fn served_in_turn(
         );
         let Stay::Moves {
             pending: p,
-            wire: w,
+            wire: Leaving { wire: w, to },
         } = on_threads.await?
         else {
             return Ok(());
         };
-        let halves = w.into_runtime().context("moving to the runtime")?;
-        let backend = Backend::Local(Arc::clone(&storage));
-        let on_runtime = transmission(
+        let on_runtime = served_on_runtime(
             p,
+            w,
+            limits,
+            Arc::clone(&storage),
+            shutdown.clone(),
+            &threads,
+        );
+        let back = match (to, &single) {
+            (Runtime::Single, Some(runtime)) => runtime
+                .spawn(on_runtime)
+                .await
+                .context("the connection's runtime")??,
+            _ => on_runtime.await?,
+        };
+        let Some((p, w)) = back else {
+            return Ok(());
+        };
+        (pending, wire) = (p, w);
+    }
+}
+
+/// A stay on the runtime this runs on (the socket is registered with
+/// it): None when the connection is over, else what it left unread and
+/// the socket, back to its threads.
+fn served_on_runtime(
+    pending: Vec<u8>,
+    wire: Wire,
+    limits: Limits,
+    storage: Arc<Storage>,
+    shutdown: watch::Receiver<bool>,
+    threads: &Threads,
+) -> impl Future<Output = anyhow::Result<Option<(Vec<u8>, Wire)>>> + Send + 'static {
+    let (from_cache, moves) = (threads.from_cache, threads.moves);
+    async move {
+        let halves = wire.into_runtime().context("moving to the runtime")?;
+        let backend = Backend::Local(storage);
+        let stay = transmission(
+            pending,
             halves,
             limits,
             backend,
-            shutdown.clone(),
-            threads.from_cache,
-            Some(threads.moves),
+            shutdown,
+            from_cache,
+            Some(moves),
         );
         let Stay::Moves {
-            pending: p,
+            pending,
             wire: (rd, wr),
-        } = on_runtime.await?
+        } = stay.await?
         else {
-            return Ok(());
+            return Ok(None);
         };
-        wire = Wire::from_runtime(rd, wr).context("moving to the threads")?;
-        pending = p;
+        let wire = Wire::from_runtime(rd, wr).context("moving to the threads")?;
+        Ok(Some((pending, wire)))
     }
 }
 

@@ -32,6 +32,15 @@
 //! 30 (each request is served by the next thread in turn, woken on
 //! whichever core it slept).
 //!
+//! Which runtime ([`runtime_for`]): a connection that leaves busy with
+//! requests of at most [`ONE_THREAD_LEN`] goes to a single-threaded
+//! runtime (`single_threaded.rs`), where its requests never wait for a
+//! wake-up across threads; one that leaves for longer reads goes to the
+//! shared one, where one connection's reads run on several cores at
+//! once. Measured (docs/rblock.md): two fio jobs of 4 KiB reads at
+//! iodepth 32, 1.3x the IOPS on single-threaded runtimes; nbdcopy's four
+//! connections of 256 KiB reads, 0.8x as fast there.
+//!
 //! [`Pace`] decides from what it is told, with the time passed in; the
 //! two serving loops tell it each request they take and hand the
 //! connection over when it says so (`connection.rs`).
@@ -74,6 +83,32 @@ impl Default for Rules {
 pub(super) enum Mode {
     Threads,
     Runtime,
+}
+
+/// Which runtime a connection leaving its threads goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Runtime {
+    /// The shared one, a worker per core.
+    Shared,
+    /// One of the single-threaded runtimes, the connection's own.
+    Single,
+}
+
+/// Requests at most this long are served on a single-threaded runtime
+/// when they keep a connection busy: serving one takes less than a
+/// wake-up across cores.
+pub(super) const ONE_THREAD_LEN: u32 = 64 * 1024;
+
+/// The runtime a connection leaving its threads goes to, by the longest
+/// request (`longest` bytes) of the take that made it leave: a
+/// single-threaded one for requests of at most [`ONE_THREAD_LEN`], the
+/// shared one for longer (a large read, or nbdcopy's 256 KiB ones).
+pub(super) fn runtime_for(longest: u32) -> Runtime {
+    if longest <= ONE_THREAD_LEN {
+        Runtime::Single
+    } else {
+        Runtime::Shared
+    }
 }
 
 /// How a stay in one mode ended.
@@ -130,7 +165,8 @@ impl Pace {
     }
 
     /// Requests taken at `now`: true when the connection should move to
-    /// the other mode (after the requests taken so far are answered).
+    /// the other mode (after the requests taken so far are answered); from
+    /// its threads, to the runtime [`runtime_for`] says.
     pub(super) fn took(&mut self, now: Instant, took: Took) -> bool {
         let overlapped = took.small && (took.requests > 1 || took.behind_others);
         match self.mode {
@@ -214,6 +250,17 @@ mod tests {
         }
         let last = t0 + rules.quiet_after / 2 * 99;
         assert!(pace.took(last + rules.quiet_after, LONE));
+    }
+
+    #[test]
+    fn small_requests_go_to_a_runtime_of_one_thread_and_longer_ones_to_the_shared_one() {
+        assert_eq!(runtime_for(0), Runtime::Single);
+        assert_eq!(runtime_for(4096), Runtime::Single);
+        assert_eq!(runtime_for(ONE_THREAD_LEN), Runtime::Single);
+        assert_eq!(runtime_for(ONE_THREAD_LEN + 1), Runtime::Shared);
+        // nbdcopy's requests, small for a burst but not for one thread.
+        assert_eq!(runtime_for(BURST_LEN), Runtime::Shared);
+        assert_eq!(runtime_for(32 << 20), Runtime::Shared);
     }
 
     #[test]

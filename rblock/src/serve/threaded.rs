@@ -44,7 +44,7 @@
 
 use std::io::{BufRead, BufReader, Chain, Cursor, IoSlice, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -54,7 +54,7 @@ use super::blocking_wire::{Sink, Source, Wire};
 use super::buffers::Buffers;
 use super::burst::{BURST, BURST_LEN};
 use super::input::{Payload, unread_bytes};
-use super::pace::{Mode, Pace, Rules, Stay, Took, large_read};
+use super::pace::{Mode, Pace, Rules, Runtime, Stay, Took, large_read, runtime_for};
 use super::reply::{Reply, read_buffer, read_reply, write_failed};
 use super::request::{Data, execute};
 use super::transmission::payload_len;
@@ -88,7 +88,8 @@ const LOOK: Duration = Duration::from_millis(200);
 /// Serves a connection's requests (`pending`: what came before, from the
 /// handshake or the runtime) on `threads` threads until the client
 /// leaves, or after a stop until nothing is in flight (`Stay::Over`), or
-/// until it is busy (`Stay::Moves`: what is left to read, and the socket).
+/// until it is busy (`Stay::Moves`: what is left to read, the socket, and
+/// the runtime it goes to).
 pub(super) async fn transmission_on_threads(
     pending: Vec<u8>,
     wire: Wire,
@@ -96,7 +97,7 @@ pub(super) async fn transmission_on_threads(
     storage: Arc<Storage>,
     mut shutdown: watch::Receiver<bool>,
     threads: &Threads,
-) -> anyhow::Result<Stay<Wire>> {
+) -> anyhow::Result<Stay<Leaving>> {
     let &Threads {
         count: threads,
         from_cache,
@@ -121,6 +122,7 @@ pub(super) async fn transmission_on_threads(
         stopping: AtomicBool::new(*shutdown.borrow()),
         ended: AtomicBool::new(false),
         leaving: AtomicBool::new(false),
+        bound_for: OnceLock::new(),
         in_flight: AtomicUsize::new(0),
         buffers: Buffers::default(),
         limits,
@@ -177,12 +179,21 @@ pub(super) async fn transmission_on_threads(
         let (pending, source) = unread(input);
         return Ok(Stay::Moves {
             pending,
-            wire: Wire::join(source, output)?,
+            wire: Leaving {
+                wire: Wire::join(source, output)?,
+                to: conn.bound_for.get().copied().unwrap_or(Runtime::Shared),
+            },
         });
     }
     // (Under TLS, the goodbye: best effort, the client may be gone.)
     let _ = output.close();
     served.map(|()| Stay::Over)
+}
+
+/// A connection leaving its threads for a runtime.
+pub(super) struct Leaving {
+    pub(super) wire: Wire,
+    pub(super) to: Runtime,
 }
 
 type Input = BufReader<Chain<Cursor<Vec<u8>>, Source>>;
@@ -215,6 +226,8 @@ struct Conn {
     /// The connection is busy: no more requests are taken here, the
     /// runtime takes it on once those taken are answered.
     leaving: AtomicBool,
+    /// Where it goes then.
+    bound_for: OnceLock<Runtime>,
     /// Requests taken whose replies have not begun to go out. (Counted
     /// down before the reply is written: a client that waits for each
     /// answer before it asks again then always finds it at 0.)
@@ -420,7 +433,14 @@ impl Conn {
         if !pace.took(Instant::now(), took) || self.stopping.load(Ordering::Acquire) {
             return false;
         }
-        tracing::debug!("a busy connection: serving it on the runtime");
+        let longest = taken.iter().map(|t| t.req.length).max().unwrap_or(0);
+        let to = runtime_for(longest);
+        let _ = self.bound_for.set(to);
+        let which = match to {
+            Runtime::Single => "single-threaded",
+            Runtime::Shared => "shared",
+        };
+        tracing::debug!("a busy connection: serving it on the runtime ({which})");
         self.leaving.store(true, Ordering::Release);
         true
     }
