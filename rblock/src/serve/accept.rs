@@ -39,8 +39,8 @@ pub(super) struct Accepting {
 
 impl Accepting {
     /// A client of rblock's fabric protocol (`rblock connect`). A tcp one
-    /// is set up and served on a single-threaded runtime; an RDMA one, whose work is
-    /// on the listener's runtime already, is served there.
+    /// is set up and served on a single-threaded runtime; an RDMA one,
+    /// whose work is on the listener's runtime already, is served there.
     pub(super) fn start_link(&self, incoming: Incoming) {
         let client = incoming.peer_name();
         let Some(place) = self.place("fabric connection", &client) else {
