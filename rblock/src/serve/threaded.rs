@@ -35,8 +35,9 @@
 //!
 //! Once a connection is busy with small requests, or reads large ones
 //! (`pace.rs`), its threads stop taking requests, answer those taken, and
-//! give the connection to the runtime, whose one worker going round costs
-//! fewer wake-ups.
+//! give the connection to a runtime, whose one worker going round costs
+//! fewer wake-ups: a single-threaded one for requests of at most 64 KiB,
+//! the shared one for longer (`pace::runtime_for`).
 //!
 //! A stop: requests taken before it finish and are answered, any taken
 //! after it are answered ESHUTDOWN, and the connection closes once none
