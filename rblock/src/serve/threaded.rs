@@ -122,8 +122,7 @@ pub(super) async fn transmission_on_threads(
         pace: Mutex::new(Pace::new(rules, Mode::Threads, Instant::now())),
         stopping: AtomicBool::new(*shutdown.borrow()),
         ended: AtomicBool::new(false),
-        leaving: AtomicBool::new(false),
-        bound_for: OnceLock::new(),
+        leaving: OnceLock::new(),
         in_flight: AtomicUsize::new(0),
         buffers: Buffers::default(),
         limits,
@@ -175,14 +174,14 @@ pub(super) async fn transmission_on_threads(
     let conn = Arc::into_inner(conn).context("the connection's threads let go of it")?;
     let ended = conn.ended.load(Ordering::Acquire);
     let mut output = conn.output.into_inner().unwrap_or_else(|e| e.into_inner());
-    if served.is_ok() && conn.leaving.load(Ordering::Acquire) && !ended {
+    if let (true, Some(&to), false) = (served.is_ok(), conn.leaving.get(), ended) {
         let input = conn.input.into_inner();
         let (pending, source) = unread(input);
         return Ok(Stay::Moves {
             pending,
             wire: Leaving {
                 wire: Wire::join(source, output)?,
-                to: conn.bound_for.get().copied().unwrap_or(Runtime::Shared),
+                to,
             },
         });
     }
@@ -224,11 +223,9 @@ struct Conn {
     /// The client left, asked to, or broke the protocol: no more requests
     /// are taken.
     ended: AtomicBool,
-    /// The connection is busy: no more requests are taken here, the
-    /// runtime takes it on once those taken are answered.
-    leaving: AtomicBool,
-    /// Where it goes then.
-    bound_for: OnceLock<Runtime>,
+    /// Set once the connection is busy: no more requests are taken here,
+    /// and the runtime it names takes it on once those taken are answered.
+    leaving: OnceLock<Runtime>,
     /// Requests taken whose replies have not begun to go out. (Counted
     /// down before the reply is written: a client that waits for each
     /// answer before it asks again then always finds it at 0.)
@@ -367,7 +364,7 @@ impl Conn {
                 Some(input) => input,
                 None => self.input.lock(),
             };
-            if self.leaving.load(Ordering::Acquire) {
+            if self.leaving.get().is_some() {
                 return Ok(());
             }
             match self.take(&mut input) {
@@ -436,13 +433,12 @@ impl Conn {
         }
         let longest = taken.iter().map(|t| t.req.length).max().unwrap_or(0);
         let to = runtime_for(longest);
-        let _ = self.bound_for.set(to);
         let which = match to {
             Runtime::Single => "single-threaded",
             Runtime::Shared => "shared",
         };
         tracing::debug!("a busy connection: serving it on the runtime ({which})");
-        self.leaving.store(true, Ordering::Release);
+        let _ = self.leaving.set(to);
         true
     }
 
