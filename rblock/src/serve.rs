@@ -41,6 +41,7 @@ mod transmission;
 mod zero_copy;
 
 use accept::Accepting;
+use buffers::Buffers;
 pub use connection::NbdTls;
 use zero_copy::Load;
 
@@ -111,6 +112,7 @@ pub async fn run(
     } else {
         None
     };
+    let buffers = Buffers::default();
     let mut acceptors = Vec::new();
     let accepting = || Accepting {
         fabric_guard: fabric_guard.clone(),
@@ -121,6 +123,7 @@ pub async fn run(
         nbd_tls: nbd_tls.clone(),
         nbd_threads,
         alive: conn_tx.clone(),
+        buffers: buffers.clone(),
         single_threaded: single_threaded.clone(),
     };
     for l in &listen {

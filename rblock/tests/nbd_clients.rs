@@ -204,6 +204,42 @@ fn nbdcopy_round_trip_with_four_connections_is_identical_with(extra: &[&str]) {
     assert!(files_equal(&src, &target));
 }
 
+/// Copied reads (`--zero-copy-reads never`) of cached data are read into
+/// the server's spare buffers as they go out, and those buffers pass from
+/// connection to connection: two rounds of writing an image and reading
+/// it back with four connections each, the second round's data different
+/// from the first's, must both come back exact (a buffer's old bytes sent
+/// would show as the first round's data in the second), on threads and on
+/// the shared runtime.
+#[test]
+fn copied_reads_through_the_servers_spare_buffers_never_send_old_bytes() {
+    for threads in ["16", "0"] {
+        let t = Scratch::new("copied-reads");
+        let size = 64usize << 20;
+        let target = t.path("target.img");
+        std::fs::File::create(&target)
+            .unwrap()
+            .set_len(size as u64)
+            .unwrap();
+        let extra = ["--zero-copy-reads", "never", "--nbd-threads", threads];
+        let s = Server::start_as(&t, &target, Command::new(RBLOCK), &extra);
+        for round in 0..2u64 {
+            let src = t.path(&format!("src-{round}.img"));
+            std::fs::write(&src, pattern(size, 1000 + round)).unwrap();
+            ok(
+                "nbdcopy",
+                &["--connections=4", src.to_str().unwrap(), &s.uri("disk")],
+            );
+            let back = t.path(&format!("back-{round}.img"));
+            ok(
+                "nbdcopy",
+                &["--connections=4", &s.uri("disk"), back.to_str().unwrap()],
+            );
+            assert!(files_equal(&src, &back), "round {round}, {threads} threads");
+        }
+    }
+}
+
 #[test]
 fn qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare() {
     qemu_io_patterns_at_odd_offsets_and_qemu_img_convert_and_compare_with(&[]);

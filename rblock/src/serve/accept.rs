@@ -10,7 +10,8 @@ use rfabric::endpoint::Incoming;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
 
 use super::FabricGuard;
-use super::connection::{NbdTls, connection};
+use super::buffers::Buffers;
+use super::connection::{NbdTls, Serving, connection};
 use super::link::serve_link;
 use super::single_threaded::SingleThreaded;
 use super::zero_copy::{FromCache, Load};
@@ -31,6 +32,8 @@ pub(super) struct Accepting {
     /// Threads of its own for each plain NBD connection to a local export.
     pub(super) nbd_threads: usize,
     pub(super) alive: mpsc::Sender<()>,
+    /// The server's spare buffers, shared by its NBD connections.
+    pub(super) buffers: Buffers,
     /// Where fabric links that can move are served (with a tcp fabric
     /// listener), and NBD connections busy with small requests (with
     /// `nbd_threads`).
@@ -81,7 +84,12 @@ impl Accepting {
                 .map_or_else(|_| "tcp peer".into(), |a| a.to_string()),
             Stream::Unix(_) => "unix socket".into(),
         };
-        let tls = self.nbd_tls.clone();
+        let serving = Serving {
+            from_cache,
+            tls: self.nbd_tls.clone(),
+            threads: self.nbd_threads,
+            buffers: self.buffers.clone(),
+        };
         let Some(place) = self.place("connection", &client) else {
             return;
         };
@@ -89,9 +97,7 @@ impl Accepting {
             stream,
             Arc::clone(&self.exports),
             self.shutdown.clone(),
-            from_cache,
-            tls,
-            self.nbd_threads,
+            serving,
             self.single_threaded.as_ref().map(|t| t.next().clone()),
         );
         self.run("connection", client, place, None, served);

@@ -1,14 +1,32 @@
-//! Memory reused between the requests of a connection.
+//! Memory reused between requests: the server's spare buffers, one set
+//! for all of its connections.
+//!
+//! Why the whole server's, not each connection's: a connection's own
+//! spares went with it, and the allocator handed the next connection
+//! fresh pages, which the kernel zeroes at their first touch (whole 2 MiB
+//! pages where transparent huge pages are on). nbdcopy opens four
+//! connections a copy, each a quarter of a second long: with spares per
+//! connection, zeroing fresh pages was 8% of the server's CPU on copied
+//! reads (`--zero-copy-reads never`; `docs/rblock.md`).
+//!
+//! Only large buffers are kept (at least [`KEEP_FROM`]); smaller ones
+//! are made and freed by the allocator, without the lock, as its own
+//! caches do that well. A kept buffer's old bytes are never sent:
+//! [`Buffers::take`] empties it, and what [`Buffers::take_to_fill`] gives
+//! is overwritten whole (a request's data read in) or dropped with its
+//! connection.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-/// Big buffers kept for reuse, per connection at most this many bytes.
+/// Big buffers kept for reuse, at most this many bytes in all.
 const KEEP_BUFFERS: usize = 64 << 20;
+/// Buffers at least this long are kept; shorter ones never wait for the
+/// lock.
+const KEEP_FROM: usize = 64 * 1024;
 
-/// A connection's spare buffers: reads and writes of a MiB reuse memory
-/// instead of mapping fresh pages (which the kernel zeroes) every time.
+/// The server's spare buffers (cloned, the same set).
 #[derive(Debug, Clone, Default)]
-pub(super) struct Buffers(Arc<std::sync::Mutex<Vec<Vec<u8>>>>);
+pub(super) struct Buffers(Arc<Mutex<Vec<Vec<u8>>>>);
 
 impl Buffers {
     /// An empty buffer with room for `len` bytes.
@@ -35,6 +53,9 @@ impl Buffers {
     /// A kept buffer with room for `len` bytes (its bytes as they were
     /// left), or a new one.
     fn spare(&self, len: usize) -> Vec<u8> {
+        if len < KEEP_FROM {
+            return Vec::with_capacity(len);
+        }
         let mut spare = self.0.lock().expect("buffers lock");
         // The most recently given back first: its memory is likely still
         // in the CPU's cache.
@@ -45,9 +66,10 @@ impl Buffers {
     }
 
     /// Keeps `b` for reuse (as it is: [`Buffers::take`] empties it,
-    /// [`Buffers::take_to_fill`] overwrites it).
+    /// [`Buffers::take_to_fill`] overwrites it), while the spares are
+    /// under [`KEEP_BUFFERS`].
     pub(super) fn give(&self, b: Vec<u8>) {
-        if b.capacity() < 64 * 1024 {
+        if b.capacity() < KEEP_FROM {
             return;
         }
         let mut spare = self.0.lock().expect("buffers lock");
@@ -55,5 +77,52 @@ impl Buffers {
         if kept + b.capacity() <= KEEP_BUFFERS {
             spare.push(b);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_buffer_given_back_is_taken_again_by_any_clone() {
+        let server = Buffers::default();
+        let one = server.clone();
+        let other = server.clone();
+        let b = one.take(256 * 1024);
+        let at = b.as_ptr();
+        one.give(b);
+        let again = other.take(200 * 1024);
+        assert_eq!(again.as_ptr(), at);
+        assert!(again.is_empty());
+    }
+
+    #[test]
+    fn small_buffers_are_not_kept() {
+        let server = Buffers::default();
+        server.give(Vec::with_capacity(KEEP_FROM - 1));
+        assert!(server.0.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_buffer_to_fill_has_the_length_asked_whatever_it_held() {
+        let server = Buffers::default();
+        server.give(vec![7u8; 512 * 1024]);
+        let b = server.take_to_fill(300 * 1024);
+        assert_eq!(b.len(), 300 * 1024);
+        server.give(b);
+        let b = server.take_to_fill(400 * 1024);
+        assert_eq!(b.len(), 400 * 1024);
+    }
+
+    #[test]
+    fn the_spares_stay_under_their_bound() {
+        let server = Buffers::default();
+        for _ in 0..(KEEP_BUFFERS / (1 << 20)) + 8 {
+            server.give(Vec::with_capacity(1 << 20));
+        }
+        let kept: usize = server.0.lock().unwrap().iter().map(Vec::capacity).sum();
+        assert!(kept <= KEEP_BUFFERS);
+        assert!(kept > KEEP_BUFFERS - (1 << 20) * 2);
     }
 }

@@ -9,7 +9,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::buffers::Buffers;
 use super::reply::{Replies, Reply, read_buffer, read_reply, write_failed};
-use super::zero_copy::send_from_cache;
+use super::zero_copy::cached_reply;
 use crate::nbd::consts::REQUEST_LEN;
 use crate::nbd::transmission::{Command, Limits, Request, check, ok_reply};
 use crate::storage::{StartedRead, Storage};
@@ -59,7 +59,7 @@ pub(super) fn take_burst<R: AsyncRead + Unpin>(
                 let Ok(reserved) = Arc::clone(budget).try_acquire_many_owned(req.length) else {
                     break;
                 };
-                match send_from_cache(storage, &req, limits.structured, zero_copy) {
+                match cached_reply(storage, &req, limits.structured, zero_copy) {
                     Some(reply) => burst.answered.push((reply, reserved)),
                     None => burst.reads.push((req, reserved)),
                 }

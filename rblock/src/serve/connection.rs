@@ -12,9 +12,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::blocking_wire::Wire;
+use super::buffers::Buffers;
 use super::pace::{Rules, Runtime, Stay};
 use super::threaded::{Leaving, Threads, transmission_on_threads};
-use super::transmission::transmission;
+use super::transmission::{OnRuntime, transmission};
 use super::zero_copy::FromCache;
 use crate::backend::Backend;
 use crate::export::Export;
@@ -34,16 +35,34 @@ pub struct NbdTls {
     pub server: Option<Arc<rfabric::tls::TlsServer>>,
 }
 
-/// One client, from greeting to close.
+/// How the server serves its NBD connections: the same for each.
+#[derive(Clone)]
+pub(super) struct Serving {
+    pub(super) from_cache: FromCache,
+    /// What clients are offered of TLS.
+    pub(super) tls: NbdTls,
+    /// Threads of its own for a plain or TLS connection to a local export
+    /// (`--nbd-threads`; 0: it is served on the runtime).
+    pub(super) threads: usize,
+    /// The server's spare buffers.
+    pub(super) buffers: Buffers,
+}
+
+/// One client, from greeting to close (`single`: the single-threaded
+/// runtime it goes to when busy with small requests).
 pub(super) async fn connection(
     stream: Stream,
     exports: Arc<[Export]>,
     shutdown: watch::Receiver<bool>,
-    from_cache: FromCache,
-    tls: NbdTls,
-    threads: usize,
+    serving: Serving,
     single: Option<tokio::runtime::Handle>,
 ) -> anyhow::Result<()> {
+    let Serving {
+        from_cache,
+        tls,
+        threads,
+        buffers,
+    } = serving;
     let infos = exports.iter().map(|e| e.info.clone()).collect();
     let mut hs = Handshake::with_tls(infos, tls.mode);
     let mut buf = Vec::new();
@@ -96,6 +115,7 @@ pub(super) async fn connection(
             count: threads,
             from_cache,
             moves: Rules::default(),
+            buffers,
         };
         return served_in_turn(buf, wire, limits, storage, shutdown, threads, single).await;
     }
@@ -118,7 +138,12 @@ pub(super) async fn connection(
     let export = &exports[negotiated.export];
     let limits = Limits::new(&negotiated, export.info.size, export.info.read_only);
     let backend = export.source.backend();
-    transmission(buf, halves, limits, backend, shutdown, from_cache, None).await?;
+    let how = OnRuntime {
+        from_cache,
+        moves: None,
+        buffers,
+    };
+    transmission(buf, halves, limits, backend, shutdown, how).await?;
     Ok(())
 }
 
@@ -184,19 +209,15 @@ fn served_on_runtime(
     shutdown: watch::Receiver<bool>,
     threads: &Threads,
 ) -> impl Future<Output = anyhow::Result<Option<(Vec<u8>, Wire)>>> + Send + 'static {
-    let (from_cache, moves) = (threads.from_cache, threads.moves);
+    let how = OnRuntime {
+        from_cache: threads.from_cache,
+        moves: Some(threads.moves),
+        buffers: threads.buffers.clone(),
+    };
     async move {
         let halves = wire.into_runtime().context("moving to the runtime")?;
         let backend = Backend::Local(storage);
-        let stay = transmission(
-            pending,
-            halves,
-            limits,
-            backend,
-            shutdown,
-            from_cache,
-            Some(moves),
-        );
+        let stay = transmission(pending, halves, limits, backend, shutdown, how);
         let Stay::Moves {
             pending,
             wire: (rd, wr),

@@ -26,6 +26,16 @@ pub(super) enum Reply {
         offset: u64,
         len: usize,
     },
+    /// A large read whose data is all in the page cache, to be copied
+    /// (`--zero-copy-reads never`, and under TLS): read from there only
+    /// once the socket is this reply's, so that the data is still in the
+    /// CPU's cache when it is written to the socket (see
+    /// [`super::zero_copy::copy_from_cache`]).
+    ReadAtSend {
+        storage: Arc<Storage>,
+        req: Request,
+        structured: bool,
+    },
     /// A read's header, and its data from where it landed over the fabric
     /// (`rblock connect`; its slots are let go once it is sent).
     Landed { head: Vec<u8>, data: ReadData },
@@ -89,6 +99,18 @@ impl Replies {
                         offset,
                         len,
                     } => send_from_file(&mut out, head, storage, *offset, *len).await,
+                    Reply::ReadAtSend {
+                        storage,
+                        req,
+                        structured,
+                    } => {
+                        let mut buf = read_buffer(&self.buffers, *structured, req);
+                        let read = storage.read_here(req.offset, &mut buf, req.length as usize);
+                        let buf = read_reply(*structured, req.cookie, buf, read, &self.buffers);
+                        let sent = out.write_all(&buf).await;
+                        self.buffers.give(buf);
+                        sent
+                    }
                     Reply::Landed { head, data } => {
                         let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + data.slices().count());
                         parts.push(head);

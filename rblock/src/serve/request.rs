@@ -6,7 +6,7 @@
 use super::buffers::Buffers;
 use super::input::Payload;
 use super::reply::{Reply, failed, read_buffer, read_reply, write_failed};
-use super::zero_copy::send_from_cache;
+use super::zero_copy::cached_reply;
 use crate::backend::Backend;
 use crate::execute::{Executed, Failure, carry_out};
 use crate::nbd::transmission::{Command, Request, block_status_reply, ok_reply, read_reply_header};
@@ -30,7 +30,7 @@ pub(super) async fn execute(
     structured: bool,
 ) -> Reply {
     if let (Command::Read, Backend::Local(local)) = (command, storage)
-        && let Some(reply) = send_from_cache(local, req, structured, data.zero_copy)
+        && let Some(reply) = cached_reply(local, req, structured, data.zero_copy)
     {
         return reply;
     }

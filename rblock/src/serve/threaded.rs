@@ -73,6 +73,8 @@ pub(super) struct Threads {
     pub(super) from_cache: FromCache,
     /// When it moves to the runtime and back.
     pub(super) moves: Rules,
+    /// The server's spare buffers.
+    pub(super) buffers: Buffers,
 }
 
 /// Whether `e` is the socket's receive timeout (or a signal): a wait to
@@ -99,11 +101,12 @@ pub(super) async fn transmission_on_threads(
     mut shutdown: watch::Receiver<bool>,
     threads: &Threads,
 ) -> anyhow::Result<Stay<Leaving>> {
-    let &Threads {
+    let Threads {
         count: threads,
         from_cache,
         moves: rules,
-    } = threads;
+        ref buffers,
+    } = *threads;
     let (input, output) = wire.split()?;
     let socket = output.socket();
     rustix::io::ioctl_fionbio(socket, false)?;
@@ -124,7 +127,7 @@ pub(super) async fn transmission_on_threads(
         ended: AtomicBool::new(false),
         leaving: OnceLock::new(),
         in_flight: AtomicUsize::new(0),
-        buffers: Buffers::default(),
+        buffers: buffers.clone(),
         limits,
         from_cache,
         backend: Backend::Local(storage),
@@ -263,8 +266,11 @@ fn write_all(out: &mut Sink, replies: &[Reply]) -> std::io::Result<()> {
                 // (Never made: under TLS nothing goes from the cache.)
                 None => return Err(std::io::Error::other("a page-cache reply under TLS")),
             },
-            Reply::Bytes(_) | Reply::Landed { .. } => {
-                unreachable!("made replies are written above; nothing lands on a local export")
+            Reply::Bytes(_) | Reply::Landed { .. } | Reply::ReadAtSend { .. } => {
+                unreachable!(
+                    "made replies are written above; nothing lands on a local export, and \
+                     a copied read is made on this thread before its reply"
+                )
             }
         }
         rest = after;

@@ -32,21 +32,33 @@ pub(super) const MAX_IN_FLIGHT: usize = 128;
 /// Payload bytes (write data read, read data not yet sent) per connection.
 const MAX_BUFFERED: usize = 128 << 20;
 
+/// How a connection is served on the runtime.
+pub(super) struct OnRuntime {
+    pub(super) from_cache: FromCache,
+    /// When it goes back to its threads (None: it stays to the end).
+    pub(super) moves: Option<Rules>,
+    /// The server's spare buffers.
+    pub(super) buffers: Buffers,
+}
+
 /// Serves a connection's requests once its handshake is over (`pending`:
 /// what came before, from the handshake or the connection's threads)
 /// until the client leaves, or after a shutdown until nothing is in
-/// flight (`Stay::Over`), or, where `moves` says when, until it is quiet
-/// (`Stay::Moves`: what is left to read, and the halves).
+/// flight (`Stay::Over`), or, where `how.moves` says when, until it is
+/// quiet (`Stay::Moves`: what is left to read, and the halves).
 pub(super) async fn transmission(
     pending: Vec<u8>,
     (rd, wr): (ReadHalf, WriteHalf),
     limits: Limits,
     backend: Backend,
     mut shutdown: watch::Receiver<bool>,
-    from_cache: FromCache,
-    moves: Option<Rules>,
+    how: OnRuntime,
 ) -> anyhow::Result<Stay<(ReadHalf, WriteHalf)>> {
-    let buffers = Buffers::default();
+    let OnRuntime {
+        from_cache,
+        moves,
+        buffers,
+    } = how;
     let replies = Arc::new(Replies {
         out: tokio::sync::Mutex::new(BufWriter::with_capacity(256 * 1024, wr)),
         queued: AtomicUsize::new(0),

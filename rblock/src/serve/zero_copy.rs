@@ -38,6 +38,33 @@ pub(super) fn send_from_cache(
     })
 }
 
+/// The reply to a large read on the runtime whose data is all in the
+/// page cache, if it is: sent from there where `zero_copy` allows, else
+/// read from there only as the reply goes out ([`Reply::ReadAtSend`]).
+///
+/// Why read so late: read when taken, a burst's large reads (up to
+/// [`super::burst::BURST`] of 256 KiB, all read before the first is
+/// answered) had left the CPU's cache by the time each was copied into
+/// the socket, and that copy cost twice nbdkit's, which reads and sends
+/// on one thread (`docs/rblock.md`). Data not in the cache is still read
+/// when taken, where the disk's waits overlap.
+pub(super) fn cached_reply(
+    storage: &Arc<Storage>,
+    req: &Request,
+    structured: bool,
+    zero_copy: bool,
+) -> Option<Reply> {
+    if zero_copy {
+        return send_from_cache(storage, req, structured, true);
+    }
+    let len = req.length as usize;
+    (len >= ZERO_COPY_READ && storage.cached(req.offset, len)).then(|| Reply::ReadAtSend {
+        storage: Arc::clone(storage),
+        req: *req,
+        structured,
+    })
+}
+
 /// When a large read's data is sent straight from the page cache.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum FromCache {
