@@ -26,11 +26,14 @@ pub(super) enum Reply {
         offset: u64,
         len: usize,
     },
-    /// A large read whose data is all in the page cache, to be copied
-    /// (`--zero-copy-reads never`, and under TLS): read from there only
-    /// once the socket is this reply's, so that the data is still in the
-    /// CPU's cache when it is written to the socket (see
-    /// [`super::zero_copy::copy_from_cache`]).
+    /// A read of cached data to be copied (`--zero-copy-reads never`, and
+    /// under TLS), read from the page cache only once the socket is this
+    /// reply's, so that its data is still in the CPU's cache when it is
+    /// written (see [`super::zero_copy::cached_reply`]). Read so, it
+    /// holds the socket while the page cache is read: data evicted since
+    /// it was found there is read from the disk meanwhile, as `sendfile`
+    /// would. A read that fails is answered with its error (nothing of
+    /// its reply has gone out yet).
     ReadAtSend {
         storage: Arc<Storage>,
         req: Request,

@@ -10,6 +10,7 @@ use anyhow::bail;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::Semaphore;
 
+use super::burst::BURST_LEN;
 use super::input::{DIRECT_READ, Input};
 use super::reply::{Reply, write_failed};
 use crate::nbd::transmission::{Request, ok_reply, read_reply_header};
@@ -39,15 +40,20 @@ pub(super) fn send_from_cache(
 }
 
 /// The reply to a large read on the runtime whose data is all in the
-/// page cache, if it is: sent from there where `zero_copy` allows, else
-/// read from there only as the reply goes out ([`Reply::ReadAtSend`]).
+/// page cache, if it is: sent from there where `zero_copy` allows; else,
+/// up to [`BURST_LEN`], read from there only as the reply goes out
+/// ([`Reply::ReadAtSend`]).
 ///
-/// Why read so late: read when taken, a burst's large reads (up to
+/// Why read so late: read when taken, a burst's reads (up to
 /// [`super::burst::BURST`] of 256 KiB, all read before the first is
 /// answered) had left the CPU's cache by the time each was copied into
 /// the socket, and that copy cost twice nbdkit's, which reads and sends
-/// on one thread (`docs/rblock.md`). Data not in the cache is still read
-/// when taken, where the disk's waits overlap.
+/// on one thread (nbdcopy's 256 KiB reads; with the server's spare
+/// buffers, the server's CPU went from 1.2x nbdkit's to parity,
+/// `docs/rblock.md`). Longer reads are still read when taken: read as
+/// they go out, the read and the send of one connection's 1 MiB reads no
+/// longer overlapped, and one fio stream lost up to a tenth of its
+/// throughput. So is data not in the cache, whose disk waits overlap.
 pub(super) fn cached_reply(
     storage: &Arc<Storage>,
     req: &Request,
@@ -58,7 +64,8 @@ pub(super) fn cached_reply(
         return send_from_cache(storage, req, structured, true);
     }
     let len = req.length as usize;
-    (len >= ZERO_COPY_READ && storage.cached(req.offset, len)).then(|| Reply::ReadAtSend {
+    let at_send = (ZERO_COPY_READ..=BURST_LEN as usize).contains(&len);
+    (at_send && storage.cached(req.offset, len)).then(|| Reply::ReadAtSend {
         storage: Arc::clone(storage),
         req: *req,
         structured,
