@@ -36,7 +36,6 @@ pub struct NbdTls {
 }
 
 /// How the server serves its NBD connections: the same for each.
-#[derive(Clone)]
 pub(super) struct Serving {
     pub(super) from_cache: FromCache,
     /// What clients are offered of TLS.
