@@ -46,6 +46,16 @@ const FEWEST: usize = 32;
 /// At most this many checking threads, however many cores.
 const MOST_THREADS: usize = 8;
 
+/// Checking threads per core. Their work is short system calls between
+/// hand-offs (a batch's run in, its answer out), and with one thread a
+/// core, a quarter of both cores sat idle through an unchanged re-sync
+/// over ssh, the threads busy half the time each, waiting on the hand-offs
+/// (`perf record -a` in 10 ms steps; `docs/rcp.md`). Two a core: that
+/// re-sync of 100,000 entries took 0.48-0.55 s against 0.53-0.56 (9
+/// alternating runs each, medians 0.52 and 0.54), the same local one
+/// 0.34-0.38 against 0.34-0.39; eight on two cores did as well as four.
+const THREADS_PER_CORE: usize = 2;
+
 /// What an entry is compared by: the same for all of a copy's entries.
 #[derive(Clone, Copy)]
 pub(super) struct Rules {
@@ -101,7 +111,7 @@ impl Prechecks {
             Some(Hook::EveryBatch) => 1,
             None => FEWEST,
         };
-        let count = crate::tuning::cores().clamp(2, MOST_THREADS);
+        let count = (crate::tuning::cores() * THREADS_PER_CORE).clamp(2, MOST_THREADS);
         Some(Prechecks {
             base,
             rules,
