@@ -107,9 +107,7 @@ impl Replies {
                         req,
                         structured,
                     } => {
-                        let mut buf = read_buffer(&self.buffers, *structured, req);
-                        let read = storage.read_here(req.offset, &mut buf, req.length as usize);
-                        let buf = read_reply(*structured, req.cookie, buf, read, &self.buffers);
+                        let buf = read_in_place(&self.buffers, storage, *structured, req);
                         let sent = out.write_all(&buf).await;
                         self.buffers.give(buf);
                         sent
@@ -208,6 +206,19 @@ pub(super) fn read_buffer(buffers: &Buffers, structured: bool, req: &Request) ->
     let mut buf = buffers.take(head.len() + req.length as usize);
     buf.extend_from_slice(&head);
     buf
+}
+
+/// Read `req` made right here, whole, however long the disk takes
+/// (`pread`): its reply, with its data or its error.
+pub(super) fn read_in_place(
+    buffers: &Buffers,
+    storage: &Storage,
+    structured: bool,
+    req: &Request,
+) -> Vec<u8> {
+    let mut buf = read_buffer(buffers, structured, req);
+    let read = storage.read_here(req.offset, &mut buf, req.length as usize);
+    read_reply(structured, req.cookie, buf, read, buffers)
 }
 
 /// A read's reply: `buf` (header and data) if it worked.

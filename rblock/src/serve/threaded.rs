@@ -56,7 +56,7 @@ use super::buffers::Buffers;
 use super::burst::{BURST, BURST_LEN};
 use super::input::{Payload, unread_bytes};
 use super::pace::{Mode, Pace, Rules, Runtime, Stay, Took, large_read, runtime_for};
-use super::reply::{Reply, read_buffer, read_reply, write_failed};
+use super::reply::{Reply, read_buffer, read_in_place, read_reply, write_failed};
 use super::request::{Data, execute};
 use super::transmission::payload_len;
 use super::zero_copy::{FromCache, send_from_cache};
@@ -708,7 +708,7 @@ impl Conn {
                 return error_reply(structured, cookie, refusal.errno, refusal.message).into();
             }
         };
-        let (offset, len) = (t.req.offset, t.req.length as usize);
+        let offset = t.req.offset;
         // The common requests on this thread, the way they go fastest.
         match (command, &self.backend) {
             // This thread is there to wait: reads of any length are made
@@ -718,9 +718,7 @@ impl Conn {
                 if let Some(reply) = send_from_cache(local, &t.req, structured, zero_copy) {
                     return reply;
                 }
-                let mut buf = read_buffer(&self.buffers, structured, &t.req);
-                let r = local.read_here(offset, &mut buf, len);
-                return read_reply(structured, cookie, buf, r, &self.buffers).into();
+                return read_in_place(&self.buffers, local, structured, &t.req).into();
             }
             (Command::Write { fua: false }, Backend::Local(local)) => {
                 let data = t.payload.unwrap_or_default();
