@@ -83,7 +83,8 @@ pub struct Tuning {
     /// ends hold): tcp encrypts over TCP, which crosses ordinary networks,
     /// and leaves RDMA in clear; always encrypts RDMA too. Every message
     /// and chunk is authenticated in any case. A copy between two local
-    /// paths crosses no network and is encrypted only with always. For
+    /// paths crosses no network: its two ends, in one process, are
+    /// sealed (then encrypted) only with always. For
     /// `rcp serve` this is what clients must accept: a client that asks
     /// for less is refused.
     #[arg(long, value_enum, default_value_t = EncryptChoice::Tcp, value_name = "WHEN")]

@@ -34,8 +34,9 @@ pub struct Report {
     pub stats: Stats,
     pub seconds: f64,
     pub transport: &'static str,
-    /// How the session was sealed.
-    pub protection: Protection,
+    /// How the session was sealed (None: a local copy's in-process link,
+    /// which no path crosses; see `session::sealing`).
+    pub protection: Option<Protection>,
     /// This side's storage engine.
     pub io_engine: Kind,
     /// Links the data went over.
@@ -61,7 +62,7 @@ impl Report {
             stats: Stats::default(),
             seconds: 0.0,
             transport: "none",
-            protection: Protection::Authenticate,
+            protection: None,
             io_engine,
             streams: 0,
             algorithm: None,
@@ -234,7 +235,7 @@ impl Summary {
             bytes_per_second: rate(r),
             deleted: r.stats.deleted,
             digest: r.algorithm.map_or("none", Algorithm::name),
-            encrypted: r.protection == Protection::Encrypt,
+            encrypted: r.protection == Some(Protection::Encrypt),
             files: r.stats.files,
             io_engine: r.io_engine.name(),
             nodes: r.nodes.iter().map(NodeSummary::of).collect(),
@@ -303,13 +304,12 @@ pub fn human_line(r: &Report) -> String {
         (n, d) => format!(" ({n} there already, {d} deleted)"),
     };
     let line = format!(
-        "{} file(s){skipped}, {} bytes in {:.2} s ({:.1} MB/s) over {}, {}",
+        "{} file(s){skipped}, {} bytes in {:.2} s ({:.1} MB/s) over {}",
         r.stats.files,
         r.stats.bytes,
         r.seconds,
         rate(r) / 1e6,
-        r.transport,
-        r.protection.name()
+        over(r)
     );
     match (&r.digest, r.algorithm, failed(r)) {
         (_, _, true) => format!("FAILED: {line}; see the errors above"),
@@ -318,6 +318,15 @@ pub fn human_line(r: &Report) -> String {
         }
         (None, Some(alg), false) => format!("{line}, verified with {}", alg.name()),
         (_, None, false) => line,
+    }
+}
+
+/// What the data went over, and how it was sealed: "tcp, encrypted";
+/// a local copy's link, sealed only if asked, is just "in-process".
+fn over(r: &Report) -> String {
+    match r.protection {
+        Some(p) => format!("{}, {}", r.transport, p.name()),
+        None => r.transport.to_string(),
     }
 }
 
@@ -335,14 +344,13 @@ fn broadcast_line(r: &Report) -> String {
         .max()
         .unwrap_or(0);
     let line = format!(
-        "{} file(s), {bytes} bytes to each of {} node(s) ({}) in {:.2} s ({:.1} MB/s per node) over {}, {}",
+        "{} file(s), {bytes} bytes to each of {} node(s) ({}) in {:.2} s ({:.1} MB/s per node) over {}",
         files,
         r.nodes.len(),
         crate::hostlist::compress(&names),
         r.seconds,
         bytes as f64 / r.seconds.max(1e-9) / 1e6,
-        r.transport,
-        r.protection.name()
+        over(r)
     );
     match (bad, r.algorithm) {
         (0, Some(alg)) => format!("{line}, verified with {} on every node", alg.name()),
@@ -453,7 +461,7 @@ mod tests {
             },
             seconds: 0.5,
             transport: "tcp",
-            protection: Protection::Encrypt,
+            protection: Some(Protection::Encrypt),
             io_engine: Kind::Threads,
             streams: 2,
             algorithm: alg,

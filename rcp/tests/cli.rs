@@ -100,6 +100,39 @@ fn sizes_around_the_chunk_arrive_identical_with_the_documented_digest() {
     assert!(no_leftovers(t.dir()));
 }
 
+/// A local copy's two ends talk through this process's memory: its link
+/// is sealed only when encryption is asked for, and the summary says so.
+#[test]
+fn a_local_copy_is_sealed_only_when_encryption_is_asked_for() {
+    let t = Scratch::new("localseal");
+    let data = pattern(300_000, 5);
+    let src = t.path("src");
+    std::fs::write(&src, &data).unwrap();
+    for (i, encrypt) in ["tcp", "always"].into_iter().enumerate() {
+        for verify in ["--no-verify", "--chunk-size=64K"] {
+            let dst = t.path(&format!("dst{i}{verify}"));
+            let args = ["--json", "--encrypt", encrypt, verify, s(&src), s(&dst)];
+            let v = json(&ok(&rcp(&args)));
+            assert_eq!(std::fs::read(&dst).unwrap(), data, "{encrypt} {verify}");
+            assert_eq!(v["encrypted"], encrypt == "always", "{v}");
+            let dst = t.path(&format!("line{i}{verify}"));
+            // (The summary goes to stderr: stdout is for --json.)
+            let out = rcp(&["--encrypt", encrypt, verify, s(&src), s(&dst)]);
+            let line = String::from_utf8(out.stderr).unwrap();
+            let said = if encrypt == "always" {
+                "over in-process, encrypted"
+            } else {
+                "over in-process"
+            };
+            assert!(
+                line.contains(said) && !line.contains("authenticated"),
+                "{line}"
+            );
+        }
+    }
+    assert!(no_leftovers(t.dir()));
+}
+
 #[test]
 fn sha256_on_request_and_in_fips_mode_where_blake3_is_refused() {
     let t = Scratch::new("digests");
