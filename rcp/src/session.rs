@@ -346,7 +346,8 @@ async fn authenticate(link: &Link, secret: &[u8], encrypt: EncryptChoice) -> any
     let encrypt = encrypt.wants(link.backend()) || required;
     let sealed = sealing(encrypt, link.backend());
     let keys = auth::RCP.session_keys(secret, &server_nonce, &nonce);
-    // Everything the server sends after reading this proof is sealed.
+    // Everything the server sends after reading this proof is sealed
+    // (unless the link is a local copy's, see `sealing`).
     if let Some(protection) = sealed {
         link.seal_incoming(protection, &keys.server_to_client, Before::Anything)?;
     }
@@ -843,7 +844,8 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
     if required && !encrypt {
         bail!("this server requires encrypted sessions (its --encrypt)");
     }
-    // From here on everything on this link is sealed, the proof included.
+    // From here on everything on this link is sealed, the proof included
+    // (unless the link is a local copy's, see `sealing`).
     if let Some(protection) = sealing(encrypt, link.backend()) {
         let keys = auth::RCP.session_keys(&config.secret, &nonce, &client_nonce);
         link.seal_incoming(protection, &keys.client_to_server, Before::CreditsOnly)?;
