@@ -109,6 +109,8 @@ fn a_local_copy_is_sealed_only_when_encryption_is_asked_for() {
     let src = t.path("src");
     std::fs::write(&src, &data).unwrap();
     for (i, encrypt) in ["tcp", "always"].into_iter().enumerate() {
+        // Unverified (the seal, where there is one, covers the payload),
+        // and verified (the default) in several chunks.
         for verify in ["--no-verify", "--chunk-size=64K"] {
             let dst = t.path(&format!("dst{i}{verify}"));
             let args = ["--json", "--encrypt", encrypt, verify, s(&src), s(&dst)];
@@ -118,6 +120,7 @@ fn a_local_copy_is_sealed_only_when_encryption_is_asked_for() {
             let dst = t.path(&format!("line{i}{verify}"));
             // (The summary goes to stderr: stdout is for --json.)
             let out = rcp(&["--encrypt", encrypt, verify, s(&src), s(&dst)]);
+            assert!(out.status.success());
             let line = String::from_utf8(out.stderr).unwrap();
             let said = if encrypt == "always" {
                 "over in-process, encrypted"
