@@ -711,3 +711,51 @@ fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
         assert!(untouched_left, "{mode}: an unchanged file was touched");
     }
 }
+
+/// A local copy into a destination that holds nothing (not there, or an
+/// empty directory) sends every file unasked: nothing is answered, so the
+/// receiver's checks never start (they serve the answers); the copy is
+/// rsync's all the same. Into a destination that holds anything, the
+/// files are asked about as in any re-sync.
+#[test]
+fn a_local_copy_into_nothing_sends_every_file_unasked() {
+    let t = Scratch::new("resync-into-nothing");
+    let src = t.path("src");
+    let files = plain_tree(&src, 120, 8);
+    let oracle = t.path("oracle");
+    std::fs::create_dir(&oracle).unwrap();
+    rsync_into(&["-aX"], &src, &oracle);
+    let bytes: u64 = files.iter().map(|p| p.metadata().unwrap().len()).sum();
+
+    let empty = t.path("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let missing = t.path("missing");
+    let some = t.path("some");
+    std::fs::create_dir(&some).unwrap();
+    std::fs::write(some.join("kept"), b"not the copy's").unwrap();
+    let hook = [("RCP_TEST_PRECHECK", "every-batch")];
+    for (what, into, asked) in [
+        ("empty", &empty, false),
+        ("missing", &missing, false),
+        ("holding a file", &some, true),
+    ] {
+        let (sent, said) = rcp_said(
+            &[OsStr::new("-aX"), src.as_os_str(), into.as_os_str()],
+            &hook,
+        );
+        assert_eq!(
+            (sent.files, sent.skipped, sent.bytes),
+            (120, 0, bytes),
+            "{what}: every file is sent whole"
+        );
+        assert_eq!(
+            cleared_by_checks(&said).is_some(),
+            asked,
+            "{what}: whether the files were asked about ({said})"
+        );
+    }
+    assert_same("into an empty directory", &oracle, &empty);
+    assert_same("into a new name", &oracle.join("src"), &missing);
+    assert_eq!(std::fs::read(some.join("kept")).unwrap(), b"not the copy's");
+    assert_same("beside a file", &oracle.join("src"), &some.join("src"));
+}
