@@ -353,6 +353,10 @@ async fn remote_copy(
     p: Params,
     progress: &Progress,
 ) -> anyhow::Result<Report> {
+    let p = match &request {
+        Request::Pull { sources, dest } => into_nothing(p, sources.len(), dest),
+        Request::Push { .. } => p,
+    };
     match remote {
         Operand::Daemon { host, port, .. } => {
             let secret_file = a
@@ -394,16 +398,21 @@ async fn remote_copy(
     }
 }
 
-/// Both operands local: the same pipeline, through an in-process server
-/// and an in-process connection (memory copies, no socket). The receiving
-/// end runs on a thread of its own with a runtime of its own, the sending
-/// end on the command's runtime of one worker ([`both_ends_here`]): two
-/// threads, as two processes would be. Tasks of one end then never wake
-/// each other across threads; only the connection between the ends does.
-/// Against both ends on one runtime of two workers: a 100,000-entry
-/// unchanged `-aHAX` re-sync in 0.88x the time and 0.91x the CPU, a fresh
-/// copy of it in 0.98x the time and 0.87x the CPU (paired runs; with one
-/// runtime of one worker the re-sync took 0.80x but the fresh copy 1.49x).
+/// `p` for a copy of `sources` into local `dest`: where `dest` holds
+/// nothing yet, every file is sent whole and unasked
+/// ([`crate::resync::Policy::into_nothing_there`]). (With one source only:
+/// two could bring the same name.)
+fn into_nothing(p: Params, sources: usize, dest: &Path) -> Params {
+    if sources == 1 && holds_nothing(dest) {
+        Params {
+            policy: p.policy.into_nothing_there(),
+            ..p
+        }
+    } else {
+        p
+    }
+}
+
 /// Whether `dest` is not there at all, or is an empty directory (not
 /// through a symlink): a copy into it finds nothing under any name.
 fn holds_nothing(dest: &Path) -> bool {
@@ -414,6 +423,16 @@ fn holds_nothing(dest: &Path) -> bool {
     }
 }
 
+/// Both operands local: the same pipeline, through an in-process server
+/// and an in-process connection (memory copies, no socket). The receiving
+/// end runs on a thread of its own with a runtime of its own, the sending
+/// end on the command's runtime of one worker ([`both_ends_here`]): two
+/// threads, as two processes would be. Tasks of one end then never wake
+/// each other across threads; only the connection between the ends does.
+/// Against both ends on one runtime of two workers: a 100,000-entry
+/// unchanged `-aHAX` re-sync in 0.88x the time and 0.91x the CPU, a fresh
+/// copy of it in 0.98x the time and 0.87x the CPU (paired runs; with one
+/// runtime of one worker the re-sync took 0.80x but the fresh copy 1.49x).
 async fn local_copy(
     sources: Vec<PathBuf>,
     dest: &Path,
@@ -421,16 +440,7 @@ async fn local_copy(
     progress: &Progress,
 ) -> anyhow::Result<Report> {
     let dest = std::path::absolute(dest)?;
-    // Into a destination that holds nothing yet, every file is sent
-    // whole, unasked. (One source only: two could bring the same name.)
-    let p = if sources.len() == 1 && holds_nothing(&dest) {
-        Params {
-            policy: p.policy.into_nothing_there(),
-            ..p
-        }
-    } else {
-        p
-    };
+    let p = into_nothing(p, sources.len(), &dest);
     let listener = Listener::in_process()?;
     let addr: SocketAddr = format!("127.0.0.1:{}", listener.port()?).parse()?;
     let secret = auth::nonce().to_vec();

@@ -712,13 +712,14 @@ fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
     }
 }
 
-/// A local copy into a destination that holds nothing (not there, or an
-/// empty directory) sends every file unasked: nothing is answered, so the
-/// receiver's checks never start (they serve the answers); the copy is
-/// rsync's all the same. Into a destination that holds anything, the
-/// files are asked about as in any re-sync.
+/// A copy into a local destination that holds nothing (not there, or an
+/// empty directory), by a local copy or a pull, sends every file unasked:
+/// nothing is answered, so the receiver's checks never start (they serve
+/// the answers); the copy is rsync's all the same. Into a destination that
+/// holds anything, or a remote one (a push), the files are asked about as
+/// in any re-sync.
 #[test]
-fn a_local_copy_into_nothing_sends_every_file_unasked() {
+fn a_copy_into_nothing_here_sends_every_file_unasked() {
     let t = Scratch::new("resync-into-nothing");
     let src = t.path("src");
     let files = plain_tree(&src, 120, 8);
@@ -726,23 +727,43 @@ fn a_local_copy_into_nothing_sends_every_file_unasked() {
     std::fs::create_dir(&oracle).unwrap();
     rsync_into(&["-aX"], &src, &oracle);
     let bytes: u64 = files.iter().map(|p| p.metadata().unwrap().len()).sum();
+    let (rsh, path) = fake_rsh(&t);
+    let remote = |p: &Path| format!("localhost:{}", p.display());
 
     let empty = t.path("empty");
-    std::fs::create_dir(&empty).unwrap();
+    let pulled = t.path("pulled");
+    let pushed = t.path("pushed");
+    for d in [&empty, &pulled, &pushed] {
+        std::fs::create_dir(d).unwrap();
+    }
     let missing = t.path("missing");
     let some = t.path("some");
     std::fs::create_dir(&some).unwrap();
     std::fs::write(some.join("kept"), b"not the copy's").unwrap();
-    let hook = [("RCP_TEST_PRECHECK", "every-batch")];
-    for (what, into, asked) in [
-        ("empty", &empty, false),
-        ("missing", &missing, false),
-        ("holding a file", &some, true),
-    ] {
-        let (sent, said) = rcp_said(
-            &[OsStr::new("-aX"), src.as_os_str(), into.as_os_str()],
-            &hook,
-        );
+    let cases = [
+        ("empty", s(&src).to_string(), s(&empty).to_string(), false),
+        ("missing", s(&src).into(), s(&missing).into(), false),
+        ("holding a file", s(&src).into(), s(&some).into(), true),
+        (
+            "pulled into an empty one",
+            remote(&src),
+            s(&pulled).into(),
+            false,
+        ),
+        (
+            "pushed into an empty one",
+            s(&src).into(),
+            remote(&pushed),
+            true,
+        ),
+    ];
+    for (what, from, into, asked) in cases {
+        let args = ["-aX", "--rsh", s(&rsh), &from, &into].map(OsStr::new);
+        let env = [
+            ("PATH", path.as_str()),
+            ("RCP_TEST_PRECHECK", "every-batch"),
+        ];
+        let (sent, said) = rcp_said(&args, &env);
         assert_eq!(
             (sent.files, sent.skipped, sent.bytes),
             (120, 0, bytes),
@@ -758,4 +779,6 @@ fn a_local_copy_into_nothing_sends_every_file_unasked() {
     assert_same("into a new name", &oracle.join("src"), &missing);
     assert_eq!(std::fs::read(some.join("kept")).unwrap(), b"not the copy's");
     assert_same("beside a file", &oracle.join("src"), &some.join("src"));
+    assert_same("pulled", &oracle, &pulled);
+    assert_same("pushed", &oracle, &pushed);
 }
