@@ -465,7 +465,7 @@ impl Msg {
             Msg::EntriesSkipped { .. } => 19,
             Msg::Removed { .. } => 20,
             Msg::Rules { .. } => 21,
-            Msg::Batch { .. } => 22,
+            Msg::Batch { .. } => BATCH,
             Msg::Itemized { .. } => 23,
             Msg::Names { .. } => 24,
             Msg::Chain { .. } => 25,
@@ -481,6 +481,31 @@ impl Msg {
         }
     }
 
+    /// `bytes` decoded, a `Batch` into the messages it holds: what
+    /// `decode` then `unbatched` give, with the same checks, without a
+    /// copy of each message on the way (an unchanged tree's entries come
+    /// a few hundred to a batch).
+    pub fn decode_unbatched(bytes: &[u8]) -> Result<Vec<Msg>, ProtoError> {
+        if bytes.first() != Some(&BATCH) {
+            return Ok(vec![Msg::decode(bytes)?]);
+        }
+        let mut r = Reader(&bytes[1..]);
+        let n = u16::from_le_bytes(r.array()?) as usize;
+        let mut messages = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            let len = u16::from_le_bytes(r.array()?) as usize;
+            let m = r.take(len)?;
+            if m.first().is_none_or(|&tag| tag == BATCH) {
+                return Err(ProtoError::BadField("batch.message"));
+            }
+            messages.push(Msg::decode(m)?);
+        }
+        if !r.0.is_empty() {
+            return Err(ProtoError::Trailing(r.0.len()));
+        }
+        Ok(messages)
+    }
+
     /// The message's name, for errors ("expected X, got Y").
     pub fn name(&self) -> &'static str {
         TAGS[self.tag() as usize - 1]
@@ -488,6 +513,12 @@ impl Msg {
 
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(64);
+        self.encode_into(&mut w);
+        w
+    }
+
+    /// Appends the message's bytes to `w`.
+    pub fn encode_into(&self, w: &mut Vec<u8>) {
         w.push(self.tag());
         match self {
             Msg::Challenge { nonce, encrypt } => {
@@ -510,21 +541,21 @@ impl Msg {
                 sources,
                 dest,
             } => {
-                put_u32(&mut w, *flags);
-                put_u32(&mut w, *streams);
-                put_u32(&mut w, *sources);
-                put_bytes(&mut w, dest);
+                put_u32(w, *flags);
+                put_u32(w, *streams);
+                put_u32(w, *sources);
+                put_bytes(w, dest);
             }
             Msg::Pull {
                 flags,
                 streams,
                 sources,
             } => {
-                put_u32(&mut w, *flags);
-                put_u32(&mut w, *streams);
-                put_u32(&mut w, sources.len() as u32);
+                put_u32(w, *flags);
+                put_u32(w, *streams);
+                put_u32(w, sources.len() as u32);
                 for s in sources {
-                    put_bytes(&mut w, s);
+                    put_bytes(w, s);
                 }
             }
             Msg::Ready {
@@ -536,24 +567,24 @@ impl Msg {
             }
             Msg::Join { session, stream } => {
                 w.extend_from_slice(session);
-                put_u32(&mut w, *stream);
+                put_u32(w, *stream);
             }
-            Msg::Entry(e) => put_entry(&mut w, e),
+            Msg::Entry(e) => put_entry(w, e),
             Msg::Whole {
                 entry,
                 chunks,
                 digest,
             } => {
-                put_entry(&mut w, entry);
+                put_entry(w, entry);
                 w.extend_from_slice(&chunks.to_le_bytes());
                 w.extend_from_slice(digest);
             }
             Msg::EntriesOk { indices }
             | Msg::EntriesWanted { indices }
             | Msg::EntriesSkipped { indices } => {
-                put_u32(&mut w, indices.len() as u32);
+                put_u32(w, indices.len() as u32);
                 for i in indices {
-                    put_u32(&mut w, *i);
+                    put_u32(w, *i);
                 }
             }
             Msg::Xattr {
@@ -563,61 +594,61 @@ impl Msg {
                 offset,
                 piece,
             } => {
-                put_u32(&mut w, *index);
-                put_bytes(&mut w, name);
-                put_u32(&mut w, *total);
-                put_u32(&mut w, *offset);
-                put_bytes(&mut w, piece);
+                put_u32(w, *index);
+                put_bytes(w, name);
+                put_u32(w, *total);
+                put_u32(w, *offset);
+                put_bytes(w, piece);
             }
             Msg::EntryEnd {
                 index,
                 chunks,
                 digest,
             } => {
-                put_u32(&mut w, *index);
+                put_u32(w, *index);
                 w.extend_from_slice(&chunks.to_le_bytes());
                 w.extend_from_slice(digest);
             }
-            Msg::EntryOk { index } => put_u32(&mut w, *index),
+            Msg::EntryOk { index } => put_u32(w, *index),
             Msg::EntryFailed {
                 index,
                 kind,
                 reason,
             } => {
-                put_u32(&mut w, *index);
+                put_u32(w, *index);
                 w.push(*kind as u8);
-                put_bytes(&mut w, truncate(reason).as_bytes());
+                put_bytes(w, truncate(reason).as_bytes());
             }
             Msg::Have {
                 index,
                 first,
                 digests,
             } => {
-                put_u32(&mut w, *index);
+                put_u32(w, *index);
                 w.extend_from_slice(&first.to_le_bytes());
-                put_u32(&mut w, digests.len() as u32);
+                put_u32(w, digests.len() as u32);
                 for d in digests {
                     w.extend_from_slice(d);
                 }
             }
-            Msg::Done { entries } => put_u32(&mut w, *entries),
-            Msg::Fail { reason } => put_bytes(&mut w, truncate(reason).as_bytes()),
-            Msg::Removed { path } => put_bytes(&mut w, path),
+            Msg::Done { entries } => put_u32(w, *entries),
+            Msg::Fail { reason } => put_bytes(w, truncate(reason).as_bytes()),
+            Msg::Removed { path } => put_bytes(w, path),
             Msg::Itemized { code, path } => {
                 w.extend_from_slice(code);
-                put_bytes(&mut w, path);
+                put_bytes(w, path);
             }
             Msg::Batch { messages } => {
                 w.extend_from_slice(&(messages.len() as u16).to_le_bytes());
                 for m in messages {
-                    put_bytes(&mut w, m);
+                    put_bytes(w, m);
                 }
             }
             Msg::Names { names, more } => {
                 w.push(u8::from(*more));
                 w.extend_from_slice(&(names.len() as u16).to_le_bytes());
                 for n in names {
-                    put_bytes(&mut w, n);
+                    put_bytes(w, n);
                 }
             }
             Msg::Rules { rules, more } => {
@@ -625,30 +656,29 @@ impl Msg {
                 w.extend_from_slice(&(rules.len() as u16).to_le_bytes());
                 for r in rules {
                     w.push(u8::from(r.include));
-                    put_bytes(&mut w, &r.pattern);
+                    put_bytes(w, &r.pattern);
                 }
             }
             Msg::Chain { hops, more } => {
                 w.push(u8::from(*more));
                 w.extend_from_slice(&(hops.len() as u16).to_le_bytes());
                 for h in hops {
-                    put_bytes(&mut w, h.name.as_bytes());
-                    put_bytes(&mut w, h.host.as_bytes());
+                    put_bytes(w, h.name.as_bytes());
+                    put_bytes(w, h.host.as_bytes());
                     w.extend_from_slice(&h.port.to_le_bytes());
-                    put_bytes(&mut w, &h.token);
+                    put_bytes(w, &h.token);
                 }
             }
             Msg::NodeDone(n) => {
-                put_bytes(&mut w, n.name.as_bytes());
+                put_bytes(w, n.name.as_bytes());
                 w.push(u8::from(n.ok));
                 w.extend_from_slice(&n.files.to_le_bytes());
                 w.extend_from_slice(&n.bytes.to_le_bytes());
                 w.extend_from_slice(&n.micros.to_le_bytes());
-                put_u32(&mut w, n.failed);
-                put_bytes(&mut w, truncate(&n.reason).as_bytes());
+                put_u32(w, n.failed);
+                put_bytes(w, truncate(&n.reason).as_bytes());
             }
         }
-        w
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Msg, ProtoError> {
@@ -757,12 +787,12 @@ impl Msg {
                 }
                 Msg::Names { names, more }
             }
-            22 => {
+            BATCH => {
                 let n = u16::from_le_bytes(r.array()?) as usize;
                 let mut messages = Vec::with_capacity(n.min(1024));
                 for _ in 0..n {
                     let m = r.bytes(u16::MAX as usize, "batch.message")?;
-                    if m.first().is_none_or(|&tag| tag == 22) {
+                    if m.first().is_none_or(|&tag| tag == BATCH) {
                         return Err(ProtoError::BadField("batch.message"));
                     }
                     messages.push(m);
@@ -932,6 +962,74 @@ fn put_u32(w: &mut Vec<u8>, v: u32) {
 fn put_bytes(w: &mut Vec<u8>, b: &[u8]) {
     w.extend_from_slice(&(b.len() as u16).to_le_bytes());
     w.extend_from_slice(b);
+}
+
+/// The tag of `Batch`.
+const BATCH: u8 = 22;
+
+/// A `Batch` written as its messages come, each encoded once into it
+/// (where `Msg::Batch` holds each encoded on its own and copies it
+/// again), bounded by the size of a message on the link.
+#[derive(Debug)]
+pub struct BatchWriter {
+    /// The batch's bytes: its tag, count, then each message behind its
+    /// length.
+    buf: Vec<u8>,
+    count: u16,
+    room: usize,
+    /// Where the message being added starts (a scratch encoding).
+    scratch: Vec<u8>,
+}
+
+/// The tag and count in front of a batch's messages.
+const BATCH_HEAD: usize = 3;
+
+impl BatchWriter {
+    /// An empty batch of at most `room` bytes.
+    pub fn new(room: usize) -> BatchWriter {
+        BatchWriter {
+            buf: vec![BATCH, 0, 0],
+            count: 0,
+            room,
+            scratch: Vec::with_capacity(256),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Adds `m` if it fits beside what the batch holds (one message
+    /// always fits an empty batch: it may then go alone); `false` leaves
+    /// the batch as it was.
+    pub fn push(&mut self, m: &Msg) -> bool {
+        self.scratch.clear();
+        m.encode_into(&mut self.scratch);
+        let grown = self.buf.len() + 2 + self.scratch.len();
+        if self.count > 0 && (grown > self.room || self.count == u16::MAX) {
+            return false;
+        }
+        put_bytes(&mut self.buf, &self.scratch);
+        self.count += 1;
+        true
+    }
+
+    /// The bytes to send: one message alone as itself, several as a
+    /// `Batch`.
+    pub fn bytes(&mut self) -> &[u8] {
+        if self.count == 1 {
+            &self.buf[BATCH_HEAD + 2..]
+        } else {
+            self.buf[1..BATCH_HEAD].copy_from_slice(&self.count.to_le_bytes());
+            &self.buf
+        }
+    }
+
+    /// Empties the batch (its room is kept).
+    pub fn clear(&mut self) {
+        self.buf.truncate(BATCH_HEAD);
+        self.count = 0;
+    }
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -1591,12 +1689,94 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_batch_written_in_place_is_the_batch_message() {
+        let messages: Vec<Msg> = samples()
+            .into_iter()
+            .filter(|m| !matches!(m, Msg::Batch { .. }))
+            .collect();
+        let mut w = BatchWriter::new(usize::MAX);
+        for m in &messages {
+            assert!(w.push(m));
+        }
+        let whole = Msg::Batch {
+            messages: messages.iter().map(Msg::encode).collect(),
+        };
+        assert_eq!(w.bytes(), &whole.encode()[..]);
+        assert_eq!(Msg::decode_unbatched(w.bytes()), Ok(messages.clone()));
+        // Emptied, it is reused; one message goes as itself.
+        w.clear();
+        assert!(w.is_empty());
+        assert!(w.push(&messages[0]));
+        assert_eq!(w.bytes(), &messages[0].encode()[..]);
+        assert_eq!(
+            Msg::decode_unbatched(w.bytes()),
+            Ok(vec![messages[0].clone()])
+        );
+    }
+
+    #[test]
+    fn a_batch_stays_within_its_room_but_one_message_always_goes() {
+        let small = Msg::EntryOk { index: 7 };
+        let big = Msg::Fail {
+            reason: "x".repeat(200),
+        };
+        // Room for the head and two small messages (2 + 5 bytes each).
+        let mut w = BatchWriter::new(3 + 2 * 7);
+        assert!(w.push(&small));
+        assert!(w.push(&small));
+        assert!(!w.push(&small));
+        assert_eq!(Msg::decode_unbatched(w.bytes()).map(|m| m.len()), Ok(2));
+        // A message larger than the room goes alone, never with another.
+        w.clear();
+        assert!(w.push(&big));
+        assert!(!w.push(&small));
+        assert_eq!(Msg::decode_unbatched(w.bytes()), Ok(vec![big]));
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             if let Ok(m) = Msg::decode(&bytes) {
                 prop_assert_eq!(m.encode(), bytes);
             }
+        }
+
+        /// Decoding a batch in place accepts and refuses what decoding it
+        /// whole then unbatching does.
+        #[test]
+        fn batches_decode_in_place_as_they_do_whole(
+            picks in proptest::collection::vec(0usize..40, 0..6),
+            cut in any::<prop::sample::Index>(),
+            flip in any::<(prop::sample::Index, u8)>(),
+        ) {
+            let samples: Vec<Msg> = samples()
+                .into_iter()
+                .filter(|m| !matches!(m, Msg::Batch { .. }))
+                .collect();
+            let messages = picks
+                .iter()
+                .map(|&i| samples[i % samples.len()].encode())
+                .collect();
+            let good = Msg::Batch { messages }.encode();
+            // The same messages, or an error both ways (which fault is
+            // named first may differ: the whole decoding looks at the
+            // batch's end before its messages).
+            let same = |b: &[u8]| {
+                let whole = Msg::decode(b).and_then(Msg::unbatched);
+                match (Msg::decode_unbatched(b), whole) {
+                    (Ok(a), Ok(b)) => a == b,
+                    (a, b) => a.is_err() && b.is_err(),
+                }
+            };
+            prop_assert!(same(&good));
+            prop_assert!(Msg::decode_unbatched(&good).is_ok());
+            // Cut short, or one byte changed.
+            prop_assert!(same(&good[..cut.index(good.len() + 1)]));
+            let mut bent = good.clone();
+            let at = flip.0.index(bent.len());
+            bent[at] ^= flip.1 | 1;
+            prop_assert!(same(&bent));
         }
     }
 }

@@ -288,7 +288,7 @@ pub async fn receive(
                         if let Some(relay) = relay.as_deref_mut() {
                             relay.forward_message(&bytes).await;
                         }
-                        let batch = new.read(Msg::decode(&bytes)?.unbatched()?)?;
+                        let batch = new.read(Msg::decode_unbatched(&bytes)?)?;
                         checking.push_back(match &prechecks {
                             Some(checks) => checks.check(batch),
                             None => Checking::unchecked(batch),

@@ -21,14 +21,15 @@ use tokio::task::JoinHandle;
 use crate::archive::{self, Keep};
 use crate::digest::Algorithm;
 use crate::exit::PeerLost;
-use crate::proto::{Entry, EntryKind, Msg, NodeResult};
+use crate::proto::{BatchWriter, Entry, EntryKind, Msg, NodeResult};
 use crate::report::{Failure, Progress, Stats};
-use crate::resume;
-use crate::resync::Policy;
+use crate::resync::{Check, Policy};
 use crate::tree::{self, Item};
 use rfabric::storage::{Engine, Kind};
 
+mod waiting;
 mod walk;
+use waiting::Waiting;
 pub use walk::Walk;
 
 /// A source operand: `name` inside the directory `parent`, arriving as
@@ -213,16 +214,17 @@ pub async fn send(
         progress: progress.clone(),
     };
     let skipped = Arc::clone(&planner.skipped);
-    let asking: Asking = Arc::default();
+    let digests = opts.resume || opts.policy.check == Check::Checksum;
+    let asking = Asking::new(Waiting::new(digests));
     let steps_for_answers = planner.steps.downgrade();
     // Files announced ahead of their data, waiting for their answers.
-    let (ahead_tx, mut ahead) = mpsc::channel::<(FileToSend, Answer)>(window);
+    let (ahead_tx, mut ahead) = mpsc::channel::<FileToSend>(window);
     let feeder = {
         let planner = planner.clone();
+        let asking = asking.clone();
         tokio::spawn(async move {
-            while let Some((file, answer)) = ahead.recv().await {
-                // The answer goes missing only if the receiver went away.
-                let wanted = answer.await.unwrap_or(Wanted::Nothing);
+            while let Some(file) = ahead.recv().await {
+                let wanted = asking.answer_to(file.index).await;
                 if let Err(e) = planner.data(file, wanted).await {
                     // (Told in order, behind what is queued: the sending
                     // loop ends on it; nothing else would wake it.)
@@ -234,7 +236,7 @@ pub async fn send(
         })
     };
     let planner = {
-        let asking = Arc::clone(&asking);
+        let asking = asking.clone();
         tokio::spawn(async move {
             let asks = opts.policy.answered(opts.resume, opts.dry_run);
             while let Some(batch) = walked.next().await {
@@ -246,11 +248,12 @@ pub async fn send(
                     }
                     // Waited for before the entry goes: the answer may
                     // come right after.
-                    let answer = (item.file.is_some())
-                        .then(|| asking.lock().expect("asking lock").ask(item.entry.index));
+                    if item.file.is_some() {
+                        asking.ask(item.entry.index);
+                    }
                     let file = planner.announce(item).await;
-                    if let (Some(file), Some(answer)) = (file, answer)
-                        && ahead_tx.send((file, answer)).await.is_err()
+                    if let Some(file) = file
+                        && ahead_tx.send(file).await.is_err()
                     {
                         // The feeder stopped, saying why in the steps.
                         return Ok(());
@@ -269,18 +272,14 @@ pub async fn send(
     // Answers from the receiver, concurrently.
     let mut answers = {
         let link = link.clone();
-        let asking = Arc::clone(&asking);
+        let asking = asking.clone();
         let names = Arc::clone(&ledger.names);
         // (Weak: the sending loop ends when the planner's steps end.)
         let steps = steps_for_answers;
         tokio::spawn(async move {
             let r = collect_answers(&link, &asking, &names).await;
             // No answer comes any more: nothing waits for one.
-            {
-                let mut waiting = asking.lock().expect("asking lock");
-                waiting.answers.clear();
-                waiting.closed = true;
-            }
+            asking.close();
             if let (Err(_), Some(steps)) = (&r, steps.upgrade()) {
                 // The sending loop stops on it rather than sending on.
                 let _ = steps.send(Step::ReceiverStopped).await;
@@ -299,7 +298,9 @@ pub async fn send(
     let mut file_chunks = 0u64;
     // A step taken from the queue that did not go into a batch.
     let mut next: Option<Step> = None;
-    let room = link.max_message();
+    // Messages that go out as one (`Batch`), up to the link's message
+    // size.
+    let mut batch = BatchWriter::new(link.max_message());
     loop {
         let step = match next.take() {
             Some(step) => step,
@@ -311,18 +312,17 @@ pub async fn send(
         match step {
             Step::Msg(m) => {
                 // The messages queued behind it go in the same one.
-                let mut batch = Batch::new(room);
-                ledger.note(&m);
-                batch.push(m.encode());
+                batch.push(&m);
+                ledger.note(m);
                 loop {
                     match steps.try_recv() {
                         Ok(Step::Msg(m)) => {
-                            let encoded = m.encode();
-                            if !batch.fits(&encoded) {
-                                batch.send(link).await?;
+                            if !batch.push(&m) {
+                                link.send_message(batch.bytes()).await?;
+                                batch.clear();
+                                batch.push(&m);
                             }
-                            ledger.note(&m);
-                            batch.push(encoded);
+                            ledger.note(m);
                         }
                         Ok(other) => {
                             next = Some(other);
@@ -331,7 +331,8 @@ pub async fn send(
                         Err(_) => break,
                     }
                 }
-                batch.send(link).await?;
+                link.send_message(batch.bytes()).await?;
+                batch.clear();
             }
             Step::Failed(e) => return Err(e),
             Step::ReceiverStopped => {
@@ -364,13 +365,15 @@ pub async fn send(
                     } else {
                         [0; 32]
                     };
-                    ledger.whole_file(&entry, file);
                     let m = Msg::Whole {
                         entry,
                         chunks: 1,
                         digest: file,
                     };
-                    link.send_message(&m.encode()).await?;
+                    // (Noted before it goes: its answer may come at once.)
+                    let bytes = m.encode();
+                    ledger.note(m);
+                    link.send_message(&bytes).await?;
                 }
                 let len = buf.len() as u64;
                 let flags = if opts.verify { chunk_flags::DIGEST } else { 0 };
@@ -462,7 +465,31 @@ pub async fn send(
 /// receiver's verdicts come by index), and whether each is a directory
 /// (whose name stays: its metadata, set last, may still fail). Answered
 /// names go, so that a tree of a million files holds only those in flight.
-type Names = Arc<std::sync::Mutex<HashMap<u32, (Vec<u8>, bool)>>>;
+type Names = Arc<std::sync::Mutex<HashMap<u32, (Vec<u8>, bool), OwnIndices>>>;
+
+/// Hashes this side's own entry indices (a multiply, where the default
+/// hasher costs a SipHash a lookup). Only for maps whose keys this side
+/// chose: a peer can look an index up, never make two collide.
+type OwnIndices = std::hash::BuildHasherDefault<IndexHasher>;
+
+#[derive(Default)]
+struct IndexHasher(u64);
+
+impl std::hash::Hasher for IndexHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
 
 /// What the sender keeps of the entries it announced: their count, their
 /// names until answered, the totals, and the digests of verified files
@@ -479,75 +506,36 @@ struct Ledger {
 }
 
 impl Ledger {
-    /// A message about to go.
-    fn note(&mut self, m: &Msg) {
+    /// A message about to go (its entry's name is kept).
+    fn note(&mut self, m: Msg) {
         match m {
-            Msg::Whole { entry, digest, .. } => self.whole_file(entry, *digest),
+            Msg::Whole { entry, digest, .. } => self.whole_file(entry, digest),
             Msg::Entry(e) => self.announce(e),
             _ => {}
         }
     }
 
-    fn announce(&mut self, e: &Entry) {
+    fn announce(&mut self, e: Entry) {
         self.entries += 1;
-        let is_dir = e.kind == EntryKind::Dir;
-        let mut names = self.names.lock().expect("names lock");
-        names.insert(e.index, (e.path.clone(), is_dir));
-        drop(names);
         if e.kind == EntryKind::File {
             self.stats.files += 1;
             self.progress.file();
         }
+        let is_dir = e.kind == EntryKind::Dir;
+        let mut names = self.names.lock().expect("names lock");
+        names.insert(e.index, (e.path, is_dir));
     }
 
     /// A file announced together with its end (`Whole`).
-    fn whole_file(&mut self, e: &Entry, digest: [u8; 32]) {
-        self.announce(e);
+    fn whole_file(&mut self, e: Entry, digest: [u8; 32]) {
         self.file_digest(&e.path, digest);
+        self.announce(e);
     }
 
     fn file_digest(&mut self, path: &[u8], digest: [u8; 32]) {
         if self.verify && self.outcome.digests.len() < 2 {
             self.outcome.digests.push((tree::show(path), digest));
         }
-    }
-}
-
-/// Messages that go out as one (`Batch`), up to the link's message size.
-struct Batch {
-    room: usize,
-    size: usize,
-    messages: Vec<Vec<u8>>,
-}
-
-impl Batch {
-    fn new(room: usize) -> Batch {
-        Batch {
-            room,
-            size: 3,
-            messages: Vec::new(),
-        }
-    }
-
-    fn fits(&self, encoded: &[u8]) -> bool {
-        self.size + 2 + encoded.len() <= self.room
-    }
-
-    fn push(&mut self, encoded: Vec<u8>) {
-        self.size += 2 + encoded.len();
-        self.messages.push(encoded);
-    }
-
-    /// Sends what it holds (one message alone as itself) and empties.
-    async fn send(&mut self, link: &Link) -> anyhow::Result<()> {
-        let mut messages = std::mem::take(&mut self.messages);
-        self.size = 3;
-        match messages.len() {
-            0 => {}
-            1 => link.send_message(&messages.pop().expect("one")).await?,
-            _ => link.send_message(&Msg::Batch { messages }.encode()).await?,
-        }
-        Ok(())
     }
 }
 
@@ -903,47 +891,53 @@ fn data_chunks(file: &OwnedFd, size: u64, chunk: u64) -> anyhow::Result<Vec<u64>
     Ok(out)
 }
 
-/// The files announced ahead of their data: the receiver's `Have`
-/// messages as they are collected, and the sender waiting for each
-/// file's answer.
-#[derive(Default)]
-struct Waiting {
-    haves: resume::Haves,
-    answers: HashMap<u32, tokio::sync::oneshot::Sender<Wanted>>,
-    /// No answer comes any more (the receiver said goodbye or gave up):
-    /// a file asked about now gets none at once, not never.
-    closed: bool,
+/// The files announced ahead of their data ([`Waiting`]), shared by the
+/// planner (which asks), the task collecting answers and the feeder
+/// (which waits for each file's answer in turn).
+#[derive(Clone)]
+struct Asking {
+    waiting: Arc<std::sync::Mutex<Waiting>>,
+    /// Answers came (or none will): the feeder looks again.
+    answered: Arc<tokio::sync::Notify>,
 }
 
-/// Where the sender waits for the receiver's answer to a file.
-type Answer = tokio::sync::oneshot::Receiver<Wanted>;
-
-impl Waiting {
-    fn ask(&mut self, index: u32) -> Answer {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.closed {
-            return rx;
+impl Asking {
+    fn new(waiting: Waiting) -> Asking {
+        Asking {
+            waiting: Arc::new(std::sync::Mutex::new(waiting)),
+            answered: Arc::default(),
         }
-        // Its answer may be digests.
-        self.haves.ask(index);
-        self.answers.insert(index, tx);
-        rx
     }
 
-    /// The answer to `index`, if it was waited for.
-    fn answer(&mut self, index: u32, wanted: Wanted) -> bool {
-        self.haves.forget(index);
-        match self.answers.remove(&index) {
-            Some(tx) => {
-                let _ = tx.send(wanted);
-                true
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().expect("asking lock")
+    }
+
+    fn ask(&self, index: u32) {
+        self.lock().ask(index);
+    }
+
+    /// The answer to file `index`, the first still waiting.
+    async fn answer_to(&self, index: u32) -> Wanted {
+        loop {
+            if let Some(wanted) = self.lock().take(index) {
+                return wanted;
             }
-            None => false,
+            // (A wake-up between the look and this wait is kept.)
+            self.answered.notified().await;
         }
     }
-}
 
-type Asking = Arc<std::sync::Mutex<Waiting>>;
+    /// Answers were given: wakes the feeder.
+    fn given(&self) {
+        self.answered.notify_one();
+    }
+
+    fn close(&self) {
+        self.lock().close();
+        self.given();
+    }
+}
 
 /// What the receiver said: the entries that failed, what it removed
 /// from the destination (`--delete`), and a broadcast's node results.
@@ -971,27 +965,29 @@ async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow:
                 first,
                 digests,
             } => {
-                let mut a = asking.lock().expect("asking lock");
-                if let Some(all) = a.haves.on_have(index, first, digests)? {
-                    a.answer(index, Wanted::Except(all));
-                }
+                asking.lock().on_have(index, first, digests)?;
+                asking.given();
             }
             Msg::EntriesWanted { indices } => {
-                let mut a = asking.lock().expect("asking lock");
+                let mut a = asking.lock();
                 for index in indices {
-                    if !a.answer(index, Wanted::All) {
+                    if a.answer(index, Wanted::All).is_err() {
                         bail!("the receiver wants entry {index}, which is not waiting");
                     }
                 }
+                drop(a);
+                asking.given();
             }
             Msg::EntriesSkipped { indices } => {
-                let mut a = asking.lock().expect("asking lock");
-                for index in indices {
-                    if !a.answer(index, Wanted::Nothing) {
+                let mut a = asking.lock();
+                for &index in &indices {
+                    if a.answer(index, Wanted::Nothing).is_err() {
                         bail!("the receiver skipped entry {index}, which is not waiting");
                     }
-                    done(index);
                 }
+                drop(a);
+                asking.given();
+                indices.into_iter().for_each(done);
             }
             Msg::Removed { path } => removed.push(path),
             Msg::NodeDone(r) if nodes.len() < crate::hostlist::MAX_HOSTS => nodes.push(r),
@@ -1007,10 +1003,8 @@ async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow:
                 reason,
             } => {
                 // A file that failed before its data: none is sent.
-                asking
-                    .lock()
-                    .expect("asking lock")
-                    .answer(index, Wanted::Nothing);
+                let _ = asking.lock().answer(index, Wanted::Nothing);
+                asking.given();
                 let names = names.lock().expect("names lock");
                 let path = names
                     .get(&index)
