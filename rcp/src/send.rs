@@ -89,6 +89,8 @@ const STEPS_QUEUED: usize = 256;
 /// so a file's chunks and end are not next to its entry.
 enum Step {
     Msg(Msg),
+    /// Messages in a row (the entries of a walked batch).
+    Msgs(Vec<Msg>),
     Chunk {
         index: u32,
         k: u64,
@@ -239,24 +241,54 @@ pub async fn send(
         let asking = asking.clone();
         tokio::spawn(async move {
             let asks = opts.policy.answered(opts.resume, opts.dry_run);
-            while let Some(batch) = walked.next().await {
-                for item in batch {
-                    let item = item?;
-                    if !asks {
-                        planner.plan(item).await?;
-                        continue;
+            while let Some(mut batch) = walked.next().await {
+                if !asks {
+                    for item in batch {
+                        planner.plan(item?).await?;
                     }
-                    // Waited for before the entry goes: the answer may
-                    // come right after.
-                    if item.file.is_some() {
-                        asking.ask(item.entry.index);
-                    }
-                    let file = planner.announce(item).await;
-                    if let Some(file) = file
-                        && ahead_tx.send(file).await.is_err()
-                    {
+                    continue;
+                }
+                // A batch's entries go as one step, its files to the
+                // feeder after them, in parts of at most a window.
+                while !batch.is_empty() {
+                    let rest = batch.split_off(batch.len().min(window));
+                    let part = std::mem::replace(&mut batch, rest);
+                    let files = part
+                        .iter()
+                        .filter(|i| i.as_ref().is_ok_and(|i| i.file.is_some()))
+                        .count();
+                    // Room for its files first: the window bounds the files
+                    // announced and not yet answered.
+                    let Ok(mut room) = ahead_tx.reserve_many(files).await else {
                         // The feeder stopped, saying why in the steps.
                         return Ok(());
+                    };
+                    let mut messages = Vec::with_capacity(part.len());
+                    let mut announced = Vec::with_capacity(files);
+                    let mut failed = None;
+                    for item in part {
+                        let item = match item {
+                            Ok(item) => item,
+                            Err(e) => {
+                                failed = Some(e);
+                                break;
+                            }
+                        };
+                        // Waited for before the entry goes: the answer may
+                        // come right after.
+                        if item.file.is_some() {
+                            asking.ask(item.entry.index);
+                        }
+                        announced.extend(planner.announce(item, &mut messages));
+                    }
+                    if !messages.is_empty() {
+                        let _ = planner.steps.send(Step::Msgs(messages)).await;
+                    }
+                    for (file, permit) in announced.into_iter().zip(&mut room) {
+                        permit.send(file);
+                    }
+                    if let Some(e) = failed {
+                        return Err(e);
                     }
                 }
             }
@@ -310,29 +342,28 @@ pub async fn send(
             },
         };
         match step {
-            Step::Msg(m) => {
+            step @ (Step::Msg(_) | Step::Msgs(_)) => {
                 // The messages queued behind it go in the same one.
-                batch.push(&m);
-                ledger.note(m);
-                loop {
-                    match steps.try_recv() {
-                        Ok(Step::Msg(m)) => {
-                            if !batch.push(&m) {
-                                link.send_message(batch.bytes()).await?;
-                                batch.clear();
-                                batch.push(&m);
+                let mut step = Some(step);
+                while let Some(s) = step.take() {
+                    match s {
+                        Step::Msg(m) => put(&mut batch, &mut ledger, link, m).await?,
+                        Step::Msgs(ms) => {
+                            for m in ms {
+                                put(&mut batch, &mut ledger, link, m).await?;
                             }
-                            ledger.note(m);
                         }
-                        Ok(other) => {
+                        other => {
                             next = Some(other);
                             break;
                         }
-                        Err(_) => break,
                     }
+                    step = steps.try_recv().ok();
                 }
-                link.send_message(batch.bytes()).await?;
-                batch.clear();
+                if !batch.is_empty() {
+                    link.send_message(batch.bytes()).await?;
+                    batch.clear();
+                }
             }
             Step::Failed(e) => return Err(e),
             Step::ReceiverStopped => {
@@ -459,6 +490,24 @@ pub async fn send(
     outcome.failed.extend(failed);
     outcome.nodes = nodes;
     Ok((stats, outcome))
+}
+
+/// Adds `m` to `batch`, sending what the batch holds first where `m`
+/// does not fit beside it, and notes it in `ledger`.
+async fn put(
+    batch: &mut BatchWriter,
+    ledger: &mut Ledger,
+    link: &Link,
+    m: Msg,
+) -> anyhow::Result<()> {
+    if !batch.push(&m) {
+        link.send_message(batch.bytes()).await?;
+        batch.clear();
+        batch.push(&m);
+    }
+    // (Noted before it goes: its answer may come at once.)
+    ledger.note(m);
+    Ok(())
 }
 
 /// The names of the entries announced and not yet answered (the
@@ -699,20 +748,26 @@ impl Planner {
     }
 
     /// An item's extended attributes and entry, to be answered by the
-    /// receiver before any data: the file, if it is one.
-    async fn announce(&self, mut item: Item) -> Option<FileToSend> {
-        self.send_xattrs(&item).await;
+    /// receiver before any data, added to `messages`: the file, if it is
+    /// one.
+    fn announce(&self, mut item: Item, messages: &mut Vec<Msg>) -> Option<FileToSend> {
+        let index = item.entry.index;
+        messages.extend(archive::xattr_messages(
+            index,
+            &item.xattrs,
+            self.xattr_piece,
+        ));
         if item.file.is_some() {
             item.entry.chunk = self.chunk as u32;
         }
         let file = item.file.take().map(|file| FileToSend {
-            index: item.entry.index,
+            index,
             size: item.entry.size,
             path: item.entry.path.clone(),
             file,
             dense: item.dense,
         });
-        let _ = self.steps.send(Step::Msg(Msg::Entry(item.entry))).await;
+        messages.push(Msg::Entry(item.entry));
         file
     }
 

@@ -498,8 +498,7 @@ impl Walker {
         } else {
             Vec::new()
         };
-        let Some(mut entry) = entry_for(stat, self.keep, self.next_index, path.clone(), target)
-        else {
+        let Some(mut entry) = entry_for(stat, self.keep, self.next_index, path, target) else {
             eprintln!(
                 "rcp: skipping {}: not a regular file, directory or symlink (-D copies \
                  devices, FIFOs and sockets)",
@@ -528,7 +527,7 @@ impl Walker {
                     xattrs: Vec::new(),
                 });
             }
-            self.first_names.insert(id, path.clone());
+            self.first_names.insert(id, entry.path.clone());
         }
         let attributes = self.keep.xattrs || self.keep.acls;
         // Attributes are read by name with the thread in the directory
@@ -537,7 +536,7 @@ impl Walker {
         // else through the file opened already (no path walk).
         let by_name = rfabric::thread_dir::available();
         let disk = match entry.kind {
-            EntryKind::File if attributes && !by_name => self.disk_path(&path),
+            EntryKind::File if attributes && !by_name => self.disk_path(&entry.path),
             _ => None,
         };
         let open = match entry.kind {
@@ -588,6 +587,8 @@ impl Walker {
                 })
             }
             EntryKind::Dir => {
+                // (Its entry goes before its contents, named beneath it.)
+                let path = entry.path.clone();
                 emit(Item {
                     entry,
                     file: None,
@@ -614,8 +615,9 @@ impl Walker {
                         names.push(n.to_owned());
                     }
                 }
-                // A stable order: same tree, same entry numbers.
-                names.sort();
+                // A stable order: same tree, same entry numbers. (Names in
+                // a directory are unique: no order among equals to keep.)
+                names.sort_unstable();
                 // In a large directory the helper looks up the second half
                 // of each block of names while this thread does the first.
                 // (The system calls are most of a walk of unchanged files,
@@ -645,7 +647,8 @@ impl Walker {
                             ),
                         };
                         let st = st.with_context(|| format!("cannot stat {}", named()))?;
-                        let mut child = path.clone();
+                        let mut child = Vec::with_capacity(path.len() + 1 + n.as_bytes().len());
+                        child.extend_from_slice(&path);
                         child.push(b'/');
                         child.extend_from_slice(n.as_bytes());
                         self.visit(&dir, n, child, &st, emit, &named, how, more)?;
