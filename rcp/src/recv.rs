@@ -14,7 +14,6 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use rfabric::link::{Chunk, Incoming as LinkIncoming, Link};
 use rfabric::wire::chunk_flags;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::archive::{Keep, Powers, Xattr, XattrInbox};
@@ -27,15 +26,16 @@ use crate::exit::{Corrupted, Exit, PeerLost};
 use crate::filter::Filter;
 use crate::idmap::Owners;
 use crate::merge::Said;
-use crate::proto::{Entry, EntryKind, FailKind, MAX_OKS, Msg, Verdict as EntryVerdict};
+use crate::proto::{Entry, EntryKind, FailKind, Msg};
 use crate::report::{Failure, Progress, Stats};
-use crate::resume::have_batches;
 use crate::resync::{self, Decision, Found, Kept, Policy, There};
 use crate::streams::Merged;
 use crate::tree::{self, Base, DirSyncs, Fidelity, Opened, PartFile};
 use rfabric::storage::{Engine, Kind};
 
+mod answers;
 mod precheck;
+use answers::Answers;
 use precheck::{Checking, Prechecks};
 
 /// Batches of entries being checked at most, the one the loop handles
@@ -1199,125 +1199,6 @@ async fn finish_file(
                 reason,
             })
         }
-    }
-}
-
-/// What the receiver says of an entry.
-#[derive(Debug)]
-enum Answer {
-    /// In place, or why not.
-    Verdict(EntryVerdict),
-    /// Re-sync: send all of it.
-    Wanted,
-    /// Re-sync: it is there already.
-    Skipped,
-    /// Resume or `-c`: the digests of the chunks there.
-    Have(Vec<[u8; 32]>),
-    /// `--delete`: this path is gone from the destination.
-    Removed(Vec<u8>),
-    /// `-i`: what changes at this path.
-    Itemized([u8; 11], Vec<u8>),
-}
-
-/// The receiver's answers about entries, sent by a task of their own:
-/// answers of one kind that pile up while it sends go out together
-/// (`EntriesWanted`, `EntriesSkipped`, `EntriesOk`), the wanted first:
-/// the sender waits for those.
-#[derive(Debug, Clone)]
-struct Answers(mpsc::UnboundedSender<(u32, Answer)>);
-
-impl Answers {
-    fn start(link: Link, itemize: Itemize) -> (Answers, JoinHandle<anyhow::Result<()>>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Answer)>();
-        let task = tokio::spawn(async move {
-            while let Some(first) = rx.recv().await {
-                // Let the answers behind it add theirs: one turn of the
-                // runtime, not a timer. (Held 1 ms, answers went by the
-                // hundred, but every round trip of the sender's window
-                // waited for the timer: a 100,000-entry unchanged local
-                // re-sync took 1.6x the time it takes now.)
-                tokio::task::yield_now().await;
-                let (mut oks, mut wanted, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
-                let mut next = Some(first);
-                while let Some((index, answer)) = next {
-                    match answer {
-                        Answer::Verdict(Ok(())) => oks.push(index),
-                        Answer::Wanted => wanted.push(index),
-                        Answer::Skipped => skipped.push(index),
-                        Answer::Have(digests) => {
-                            for m in have_batches(index, &digests) {
-                                link.send_message(&m.encode()).await?;
-                            }
-                        }
-                        Answer::Removed(path) => {
-                            link.send_message(&Msg::Removed { path }.encode()).await?;
-                        }
-                        Answer::Itemized(code, path) if itemize == Itemize::Print => {
-                            print_itemized(&code, &path);
-                        }
-                        Answer::Itemized(code, path) => {
-                            let m = Msg::Itemized { code, path };
-                            link.send_message(&m.encode()).await?;
-                        }
-                        Answer::Verdict(Err((kind, reason))) => {
-                            let m = Msg::EntryFailed {
-                                index,
-                                kind,
-                                reason,
-                            };
-                            link.send_message(&m.encode()).await?;
-                        }
-                    }
-                    if [&oks, &wanted, &skipped].iter().any(|v| v.len() == MAX_OKS) {
-                        break;
-                    }
-                    next = rx.try_recv().ok();
-                }
-                let batches = [
-                    (!wanted.is_empty()).then_some(Msg::EntriesWanted { indices: wanted }),
-                    (!skipped.is_empty()).then_some(Msg::EntriesSkipped { indices: skipped }),
-                    (!oks.is_empty()).then_some(Msg::EntriesOk { indices: oks }),
-                ];
-                for m in batches.into_iter().flatten() {
-                    link.send_message(&m.encode()).await?;
-                }
-            }
-            Ok(())
-        });
-        (Answers(tx), task)
-    }
-
-    fn send(&self, index: u32, result: EntryVerdict) {
-        self.say(index, Answer::Verdict(result));
-    }
-
-    /// What is needed of file `index`.
-    fn said(&self, index: u32, said: Said) {
-        self.say(
-            index,
-            match said {
-                Said::Nothing => Answer::Skipped,
-                Said::All => Answer::Wanted,
-                Said::Have(digests) => Answer::Have(digests),
-            },
-        );
-    }
-
-    fn skipped(&self, index: u32) {
-        self.say(index, Answer::Skipped);
-    }
-
-    fn removed(&self, path: Vec<u8>) {
-        self.say(0, Answer::Removed(path));
-    }
-
-    fn itemized(&self, code: [u8; 11], path: Vec<u8>) {
-        self.say(0, Answer::Itemized(code, path));
-    }
-
-    fn say(&self, index: u32, answer: Answer) {
-        // The task outlives every sender; a failed link shows up there.
-        let _ = self.0.send((index, answer));
     }
 }
 
