@@ -413,7 +413,8 @@ pub async fn receive(
     stats.skipped = new.skipped;
     // Other names of files once all files are in place (`-H`).
     for e in &new.hard_links {
-        match base.make_hard_link(e) {
+        // (Into nothing, the names are most likely free.)
+        match base.make_hard_link(e, opts.policy.check == resync::Check::Never) {
             Ok(dir) => {
                 dirs_to_sync.lock().expect("dir lock").add(dir);
                 answers.send(e.index, Ok(()));

@@ -1165,7 +1165,7 @@ impl Base {
 
     /// Another name (`-H`) for the file received as `e.target`, which is in
     /// place already. Returns the directory the name went into (to sync).
-    pub fn make_hard_link(&self, e: &Entry) -> anyhow::Result<Arc<DestDir>> {
+    pub fn make_hard_link(&self, e: &Entry, likely_free: bool) -> anyhow::Result<Arc<DestDir>> {
         let (first_dir, first) = self.place(&e.target)?;
         let (parent, name) = self.place(&e.path)?;
         let shown = || format!("cannot link {} to {}", show(&e.path), show(&e.target));
@@ -1174,6 +1174,23 @@ impl Base {
                 .with_context(shown)?;
         if FileType::from_raw_mode(first_stat.st_mode) != FileType::RegularFile {
             bail!("{}: {} is not a regular file", shown(), show(&e.target));
+        }
+        if likely_free {
+            // A copy into nothing: linked under its name at once (a link
+            // never replaces what is there), where the way below costs
+            // three more calls a link (the look at the name, a temporary
+            // name's random part, the rename).
+            match rustix::fs::linkat(
+                &first_dir,
+                first.as_c_str(),
+                &parent,
+                name.as_c_str(),
+                AtFlags::empty(),
+            ) {
+                Ok(()) => return Ok(parent),
+                Err(rustix::io::Errno::EXIST) => {}
+                Err(err) => return Err(err).with_context(shown),
+            }
         }
         if let Ok(st) = rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
             && (st.st_dev, st.st_ino) == (first_stat.st_dev, first_stat.st_ino)
@@ -1894,6 +1911,59 @@ mod tests {
     /// A file received into a directory this copy made is not looked for
     /// (nothing was there when the copy began); in a directory that was
     /// there already, and for any other copy, it is.
+    /// Another name of a file goes in whether or not the copy expects
+    /// its name to be free: linked there, what was under it replaced, a
+    /// link already there kept, and never to anything but a file.
+    #[test]
+    fn hard_links_go_in_whatever_is_under_their_name() {
+        use std::os::unix::fs::MetadataExt;
+        let scratch = test_support::Scratch::new("rcp-hard-links");
+        let entry = |kind, path: &str, target: &str| Entry {
+            index: 0,
+            kind,
+            mode: 0o644,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            size: 0,
+            path: path.as_bytes().to_vec(),
+            target: target.as_bytes().to_vec(),
+            chunk: 4096,
+            meta: None,
+        };
+        std::fs::write(scratch.path("first"), b"data").unwrap();
+        std::fs::write(scratch.path("taken"), b"other").unwrap();
+        std::fs::create_dir(scratch.path("dir")).unwrap();
+        let base = Base::new(open_root(scratch.dir()).unwrap(), None);
+        let ino = |name: &str| std::fs::symlink_metadata(scratch.path(name)).unwrap().ino();
+        for likely_free in [true, false] {
+            for name in ["free", "taken"] {
+                base.make_hard_link(&entry(EntryKind::HardLink, name, "first"), likely_free)
+                    .unwrap();
+                assert_eq!(ino(name), ino("first"), "{name}, {likely_free}");
+                assert_eq!(std::fs::read(scratch.path(name)).unwrap(), b"data");
+            }
+            // Linked already: kept.
+            base.make_hard_link(&entry(EntryKind::HardLink, "free", "first"), likely_free)
+                .unwrap();
+            assert_eq!(ino("free"), ino("first"));
+            // (Unlinked first: a write through the link would reach the
+            // first name too.)
+            std::fs::remove_file(scratch.path("free")).unwrap();
+            std::fs::remove_file(scratch.path("taken")).unwrap();
+            std::fs::write(scratch.path("taken"), b"other").unwrap();
+            // Never a link to a directory, nor a name left behind.
+            let e = entry(EntryKind::HardLink, "to-dir", "dir");
+            assert!(base.make_hard_link(&e, likely_free).is_err());
+            assert!(!scratch.path("to-dir").exists());
+        }
+        let names: Vec<_> = std::fs::read_dir(scratch.dir())
+            .unwrap()
+            .map(|d| d.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(names.is_empty(), "temporary names left: {names:?}");
+    }
+
     #[test]
     fn files_in_directories_this_copy_made_are_not_looked_for() {
         use crate::existing::look;
