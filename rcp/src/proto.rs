@@ -977,6 +977,8 @@ pub struct BatchWriter {
     buf: Vec<u8>,
     count: u16,
     room: usize,
+    /// It holds one message too long for a batch: it goes alone.
+    long: bool,
     /// Where the message being added starts (a scratch encoding).
     scratch: Vec<u8>,
 }
@@ -991,6 +993,7 @@ impl BatchWriter {
             buf: vec![BATCH, 0, 0],
             count: 0,
             room,
+            long: false,
             scratch: Vec::with_capacity(256),
         }
     }
@@ -1006,9 +1009,13 @@ impl BatchWriter {
         self.scratch.clear();
         m.encode_into(&mut self.scratch);
         let grown = self.buf.len() + 2 + self.scratch.len();
-        if self.count > 0 && (grown > self.room || self.count == u16::MAX) {
+        // (A message in a batch has a 16-bit length: a longer one can only
+        // go alone.)
+        let long = self.scratch.len() > usize::from(u16::MAX);
+        if self.count > 0 && (grown > self.room || self.count == u16::MAX || long || self.long) {
             return false;
         }
+        self.long = long;
         put_bytes(&mut self.buf, &self.scratch);
         self.count += 1;
         true
@@ -1029,6 +1036,7 @@ impl BatchWriter {
     pub fn clear(&mut self) {
         self.buf.truncate(BATCH_HEAD);
         self.count = 0;
+        self.long = false;
     }
 }
 
@@ -1732,6 +1740,21 @@ mod tests {
         assert!(w.push(&big));
         assert!(!w.push(&small));
         assert_eq!(Msg::decode_unbatched(w.bytes()), Ok(vec![big]));
+        // So does one longer than a batch's 16-bit lengths, whatever the
+        // room.
+        let mut w = BatchWriter::new(usize::MAX);
+        let huge = Msg::Have {
+            index: 1,
+            first: 0,
+            digests: vec![[7; 32]; 3000],
+        };
+        assert!(huge.encode().len() > usize::from(u16::MAX));
+        assert!(w.push(&small));
+        assert!(!w.push(&huge));
+        w.clear();
+        assert!(w.push(&huge));
+        assert!(!w.push(&small));
+        assert_eq!(w.bytes(), &huge.encode()[..]);
     }
 
     proptest! {

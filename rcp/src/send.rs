@@ -249,7 +249,9 @@ pub async fn send(
                     continue;
                 }
                 // A batch's entries go as one step, its files to the
-                // feeder after them, in parts of at most a window.
+                // feeder after them, in parts of at most a window (the
+                // most room there is to reserve: asked for more,
+                // `reserve_many` fails as if the feeder had stopped).
                 while !batch.is_empty() {
                     let rest = batch.split_off(batch.len().min(window));
                     let part = std::mem::replace(&mut batch, rest);

@@ -50,6 +50,8 @@ struct Pending {
     /// `Answers` handles alive: at none, the task sends what is left and
     /// ends.
     handles: usize,
+    /// The task ended (its link failed): answers are dropped, not kept.
+    gone: bool,
 }
 
 /// A handle to say answers with (cloned for the tasks that finish files).
@@ -115,62 +117,12 @@ impl Answers {
         queue.pending.lock().expect("answers lock").handles = 1;
         let answers = Answers(Arc::clone(&queue));
         let task = tokio::spawn(async move {
-            let mut gathered = Gathered::default();
-            loop {
-                let (said, open) = {
-                    let mut pending = queue.pending.lock().expect("answers lock");
-                    (std::mem::take(&mut pending.answers), pending.handles > 0)
-                };
-                if said.is_empty() {
-                    if !open {
-                        break;
-                    }
-                    queue.more.notified().await;
-                    // Let the answers behind it add theirs: one turn of
-                    // the runtime, not a timer. (Held 1 ms, answers went
-                    // by the hundred, but every round trip of the
-                    // sender's window waited for the timer: a
-                    // 100,000-entry unchanged local re-sync took 1.6x the
-                    // time it takes now.)
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-                for (index, answer) in said {
-                    match answer {
-                        Answer::Verdict(Ok(())) => gathered.oks.push(index),
-                        Answer::Wanted => gathered.wanted.push(index),
-                        Answer::Skipped => gathered.skipped.push(index),
-                        Answer::Have(digests) => {
-                            for m in have_batches(index, &digests) {
-                                link.send_message(&m.encode()).await?;
-                            }
-                        }
-                        Answer::Removed(path) => {
-                            link.send_message(&Msg::Removed { path }.encode()).await?;
-                        }
-                        Answer::Itemized(code, path) if itemize == Itemize::Print => {
-                            print_itemized(&code, &path);
-                        }
-                        Answer::Itemized(code, path) => {
-                            let m = Msg::Itemized { code, path };
-                            link.send_message(&m.encode()).await?;
-                        }
-                        Answer::Verdict(Err((kind, reason))) => {
-                            let m = Msg::EntryFailed {
-                                index,
-                                kind,
-                                reason,
-                            };
-                            link.send_message(&m.encode()).await?;
-                        }
-                    }
-                    if gathered.full() {
-                        gathered.send(&link).await?;
-                    }
-                }
-                gathered.send(&link).await?;
-            }
-            Ok(())
+            let sent = send_answers(&queue, &link, itemize).await;
+            // (Whatever ended it: nothing takes answers any more.)
+            let mut pending = queue.pending.lock().expect("answers lock");
+            pending.gone = true;
+            pending.answers = Vec::new();
+            sent
         });
         (answers, task)
     }
@@ -206,6 +158,9 @@ impl Answers {
     fn say(&self, index: u32, answer: Answer) {
         let first = {
             let mut pending = self.0.pending.lock().expect("answers lock");
+            if pending.gone {
+                return;
+            }
             pending.answers.push((index, answer));
             pending.answers.len() == 1
         };
@@ -213,4 +168,63 @@ impl Answers {
             self.0.more.notify_one();
         }
     }
+}
+
+/// Sends the answers said to `queue` until every `Answers` is gone.
+async fn send_answers(queue: &Queue, link: &Link, itemize: Itemize) -> anyhow::Result<()> {
+    let mut gathered = Gathered::default();
+    loop {
+        let (said, open) = {
+            let mut pending = queue.pending.lock().expect("answers lock");
+            (std::mem::take(&mut pending.answers), pending.handles > 0)
+        };
+        if said.is_empty() {
+            if !open {
+                break;
+            }
+            queue.more.notified().await;
+            // Let the answers behind it add theirs: one turn of the
+            // runtime, not a timer. (Held 1 ms, answers went by the
+            // hundred, but every round trip of the sender's window waited
+            // for the timer: a 100,000-entry unchanged local re-sync took
+            // 1.6x the time it takes now.)
+            tokio::task::yield_now().await;
+            continue;
+        }
+        for (index, answer) in said {
+            match answer {
+                Answer::Verdict(Ok(())) => gathered.oks.push(index),
+                Answer::Wanted => gathered.wanted.push(index),
+                Answer::Skipped => gathered.skipped.push(index),
+                Answer::Have(digests) => {
+                    for m in have_batches(index, &digests) {
+                        link.send_message(&m.encode()).await?;
+                    }
+                }
+                Answer::Removed(path) => {
+                    link.send_message(&Msg::Removed { path }.encode()).await?;
+                }
+                Answer::Itemized(code, path) if itemize == Itemize::Print => {
+                    print_itemized(&code, &path);
+                }
+                Answer::Itemized(code, path) => {
+                    let m = Msg::Itemized { code, path };
+                    link.send_message(&m.encode()).await?;
+                }
+                Answer::Verdict(Err((kind, reason))) => {
+                    let m = Msg::EntryFailed {
+                        index,
+                        kind,
+                        reason,
+                    };
+                    link.send_message(&m.encode()).await?;
+                }
+            }
+            if gathered.full() {
+                gathered.send(link).await?;
+            }
+        }
+        gathered.send(link).await?;
+    }
+    Ok(())
 }
