@@ -1006,10 +1006,15 @@ async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow:
     let mut failed = Vec::new();
     let mut removed = Vec::new();
     let mut nodes = Vec::new();
-    let done = |index: u32| {
+    // (One lock a message: a message answers up to 2,048 entries.)
+    let done = |indices: &[u32]| {
         let mut names = names.lock().expect("names lock");
-        if names.get(&index).is_some_and(|(_, is_dir)| !is_dir) {
-            names.remove(&index);
+        for &index in indices {
+            if let std::collections::hash_map::Entry::Occupied(name) = names.entry(index)
+                && !name.get().1
+            {
+                name.remove();
+            }
         }
     };
     while let Some(item) = link.recv().await? {
@@ -1044,7 +1049,7 @@ async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow:
                 }
                 drop(a);
                 asking.given();
-                indices.into_iter().for_each(done);
+                done(&indices);
             }
             Msg::Removed { path } => removed.push(path),
             Msg::NodeDone(r) if nodes.len() < crate::hostlist::MAX_HOSTS => nodes.push(r),
@@ -1052,8 +1057,8 @@ async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow:
             Msg::Itemized { code, path } => {
                 crate::recv::print_itemized(&code, &path);
             }
-            Msg::EntryOk { index } => done(index),
-            Msg::EntriesOk { indices } => indices.into_iter().for_each(done),
+            Msg::EntryOk { index } => done(&[index]),
+            Msg::EntriesOk { indices } => done(&indices),
             Msg::EntryFailed {
                 index,
                 kind,
