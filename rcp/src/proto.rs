@@ -473,37 +473,18 @@ impl Msg {
         }
     }
 
-    /// The messages in a `Batch` (decoded), or this one alone.
-    pub fn unbatched(self) -> Result<Vec<Msg>, ProtoError> {
-        match self {
-            Msg::Batch { messages } => messages.iter().map(|m| Msg::decode(m)).collect(),
-            m => Ok(vec![m]),
-        }
-    }
-
     /// `bytes` decoded, a `Batch` into the messages it holds: what
-    /// `decode` then `unbatched` give, with the same checks, without a
-    /// copy of each message on the way (an unchanged tree's entries come
-    /// a few hundred to a batch).
+    /// `decode` gives, each message of a batch decoded in turn, with the
+    /// same checks, without a copy of each message on the way (an
+    /// unchanged tree's entries come a few hundred to a batch).
     pub fn decode_unbatched(bytes: &[u8]) -> Result<Vec<Msg>, ProtoError> {
         if bytes.first() != Some(&BATCH) {
             return Ok(vec![Msg::decode(bytes)?]);
         }
         let mut r = Reader(&bytes[1..]);
-        let n = u16::from_le_bytes(r.array()?) as usize;
-        let mut messages = Vec::with_capacity(n.min(1024));
-        for _ in 0..n {
-            let len = u16::from_le_bytes(r.array()?) as usize;
-            let m = r.take(len)?;
-            if m.first().is_none_or(|&tag| tag == BATCH) {
-                return Err(ProtoError::BadField("batch.message"));
-            }
-            messages.push(Msg::decode(m)?);
-        }
-        if !r.0.is_empty() {
-            return Err(ProtoError::Trailing(r.0.len()));
-        }
-        Ok(messages)
+        let messages = r.batch()?.into_iter().map(Msg::decode).collect();
+        r.end()?;
+        messages
     }
 
     /// The message's name, for errors ("expected X, got Y").
@@ -787,18 +768,9 @@ impl Msg {
                 }
                 Msg::Names { names, more }
             }
-            BATCH => {
-                let n = u16::from_le_bytes(r.array()?) as usize;
-                let mut messages = Vec::with_capacity(n.min(1024));
-                for _ in 0..n {
-                    let m = r.bytes(u16::MAX as usize, "batch.message")?;
-                    if m.first().is_none_or(|&tag| tag == BATCH) {
-                        return Err(ProtoError::BadField("batch.message"));
-                    }
-                    messages.push(m);
-                }
-                Msg::Batch { messages }
-            }
+            BATCH => Msg::Batch {
+                messages: r.batch()?.into_iter().map(<[u8]>::to_vec).collect(),
+            },
             21 => {
                 let more = r.u8()? != 0;
                 let n = u16::from_le_bytes(r.array()?) as usize;
@@ -901,9 +873,7 @@ impl Msg {
             }),
             other => return Err(ProtoError::UnknownTag(other)),
         };
-        if !r.0.is_empty() {
-            return Err(ProtoError::Trailing(r.0.len()));
-        }
+        r.end()?;
         Ok(msg)
     }
 }
@@ -967,7 +937,7 @@ fn put_bytes(w: &mut Vec<u8>, b: &[u8]) {
 /// The tag of `Batch`.
 const BATCH: u8 = 22;
 
-/// A `Batch` written as its messages come, each encoded once into it
+/// A `Batch` written as its messages come, each encoded straight into it
 /// (where `Msg::Batch` holds each encoded on its own and copies it
 /// again), bounded by the size of a message on the link.
 #[derive(Debug)]
@@ -979,8 +949,6 @@ pub struct BatchWriter {
     room: usize,
     /// It holds one message too long for a batch: it goes alone.
     long: bool,
-    /// Where the message being added starts (a scratch encoding).
-    scratch: Vec<u8>,
 }
 
 /// The tag and count in front of a batch's messages.
@@ -994,7 +962,6 @@ impl BatchWriter {
             count: 0,
             room,
             long: false,
-            scratch: Vec::with_capacity(256),
         }
     }
 
@@ -1006,17 +973,23 @@ impl BatchWriter {
     /// always fits an empty batch: it may then go alone); `false` leaves
     /// the batch as it was.
     pub fn push(&mut self, m: &Msg) -> bool {
-        self.scratch.clear();
-        m.encode_into(&mut self.scratch);
-        let grown = self.buf.len() + 2 + self.scratch.len();
+        // Encoded in place behind room for its length (taken back if it
+        // does not fit: once a batch, where it is full).
+        let start = self.buf.len();
+        self.buf.extend_from_slice(&[0, 0]);
+        m.encode_into(&mut self.buf);
+        let len = self.buf.len() - start - 2;
         // (A message in a batch has a 16-bit length: a longer one can only
         // go alone.)
-        let long = self.scratch.len() > usize::from(u16::MAX);
-        if self.count > 0 && (grown > self.room || self.count == u16::MAX || long || self.long) {
+        let long = len > usize::from(u16::MAX);
+        let full = self.buf.len() > self.room || self.count == u16::MAX;
+        if self.count > 0 && (full || long || self.long) {
+            self.buf.truncate(start);
             return false;
         }
+        // (Alone, a long message goes without it: see `bytes`.)
+        self.buf[start..start + 2].copy_from_slice(&(len as u16).to_le_bytes());
         self.long = long;
-        put_bytes(&mut self.buf, &self.scratch);
         self.count += 1;
         true
     }
@@ -1043,6 +1016,29 @@ impl BatchWriter {
 struct Reader<'a>(&'a [u8]);
 
 impl<'a> Reader<'a> {
+    /// Nothing may follow a message.
+    fn end(&self) -> Result<(), ProtoError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ProtoError::Trailing(self.0.len()))
+        }
+    }
+    /// A `Batch`'s messages (after its tag), each a non-empty message that
+    /// is not itself a batch.
+    fn batch(&mut self) -> Result<Vec<&'a [u8]>, ProtoError> {
+        let n = u16::from_le_bytes(self.array()?) as usize;
+        let mut messages = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            let len = u16::from_le_bytes(self.array()?) as usize;
+            let m = self.take(len)?;
+            if m.first().is_none_or(|&tag| tag == BATCH) {
+                return Err(ProtoError::BadField("batch.message"));
+            }
+            messages.push(m);
+        }
+        Ok(messages)
+    }
     fn take(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {
         if self.0.len() < n {
             return Err(ProtoError::Truncated);
@@ -1786,7 +1782,10 @@ mod tests {
             // named first may differ: the whole decoding looks at the
             // batch's end before its messages).
             let same = |b: &[u8]| {
-                let whole = Msg::decode(b).and_then(Msg::unbatched);
+                let whole = Msg::decode(b).and_then(|m| match m {
+                    Msg::Batch { messages } => messages.iter().map(|m| Msg::decode(m)).collect(),
+                    m => Ok(vec![m]),
+                });
                 match (Msg::decode_unbatched(b), whole) {
                     (Ok(a), Ok(b)) => a == b,
                     (a, b) => a.is_err() && b.is_err(),

@@ -1175,18 +1175,15 @@ impl Base {
         if FileType::from_raw_mode(first_stat.st_mode) != FileType::RegularFile {
             bail!("{}: {} is not a regular file", shown(), show(&e.target));
         }
+        // (A link never replaces what is under its name.)
+        let link_as = |to: &CStr| {
+            rustix::fs::linkat(&first_dir, first.as_c_str(), &parent, to, AtFlags::empty())
+        };
         if likely_free {
-            // A copy into nothing: linked under its name at once (a link
-            // never replaces what is there), where the way below costs
-            // three more calls a link (the look at the name, a temporary
-            // name's random part, the rename).
-            match rustix::fs::linkat(
-                &first_dir,
-                first.as_c_str(),
-                &parent,
-                name.as_c_str(),
-                AtFlags::empty(),
-            ) {
+            // A copy into nothing: linked under its name at once, where
+            // the way below costs three more calls a link (the look at the
+            // name, a temporary name's random part, the rename).
+            match link_as(&name) {
                 Ok(()) => return Ok(parent),
                 Err(rustix::io::Errno::EXIST) => {}
                 Err(err) => return Err(err).with_context(shown),
@@ -1199,14 +1196,7 @@ impl Base {
             return Ok(parent);
         }
         let temp = temp_name(&name)?;
-        rustix::fs::linkat(
-            &first_dir,
-            first.as_c_str(),
-            &parent,
-            temp.as_c_str(),
-            AtFlags::empty(),
-        )
-        .with_context(shown)?;
+        link_as(&temp).with_context(shown)?;
         put_in_place(&parent, &temp, &name, || Ok(()), shown)?;
         Ok(parent)
     }

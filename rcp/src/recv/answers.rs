@@ -47,32 +47,25 @@ struct Queue {
 #[derive(Debug, Default)]
 struct Pending {
     answers: Vec<(u32, Answer)>,
-    /// `Answers` handles alive: at none, the task sends what is left and
-    /// ends.
-    handles: usize,
+    /// Every `Answers` is gone: the task sends what is left and ends.
+    said_all: bool,
     /// The task ended (its link failed): answers are dropped, not kept.
     gone: bool,
 }
 
 /// A handle to say answers with (cloned for the tasks that finish files).
+#[derive(Debug, Clone)]
+pub(super) struct Answers(Arc<Speaker>);
+
+/// What every `Answers` shares: dropped with the last of them, it tells
+/// the task.
 #[derive(Debug)]
-pub(super) struct Answers(Arc<Queue>);
+struct Speaker(Arc<Queue>);
 
-impl Clone for Answers {
-    fn clone(&self) -> Answers {
-        self.0.pending.lock().expect("answers lock").handles += 1;
-        Answers(Arc::clone(&self.0))
-    }
-}
-
-impl Drop for Answers {
+impl Drop for Speaker {
     fn drop(&mut self) {
-        let mut pending = self.0.pending.lock().expect("answers lock");
-        pending.handles -= 1;
-        if pending.handles == 0 {
-            drop(pending);
-            self.0.more.notify_one();
-        }
+        self.0.pending.lock().expect("answers lock").said_all = true;
+        self.0.more.notify_one();
     }
 }
 
@@ -114,8 +107,7 @@ impl Gathered {
 impl Answers {
     pub(super) fn start(link: Link, itemize: Itemize) -> (Answers, JoinHandle<anyhow::Result<()>>) {
         let queue = Arc::new(Queue::default());
-        queue.pending.lock().expect("answers lock").handles = 1;
-        let answers = Answers(Arc::clone(&queue));
+        let answers = Answers(Arc::new(Speaker(Arc::clone(&queue))));
         let task = tokio::spawn(async move {
             let sent = send_answers(&queue, &link, itemize).await;
             // (Whatever ended it: nothing takes answers any more.)
@@ -157,7 +149,7 @@ impl Answers {
 
     fn say(&self, index: u32, answer: Answer) {
         let first = {
-            let mut pending = self.0.pending.lock().expect("answers lock");
+            let mut pending = self.0.0.pending.lock().expect("answers lock");
             if pending.gone {
                 return;
             }
@@ -165,7 +157,7 @@ impl Answers {
             pending.answers.len() == 1
         };
         if first {
-            self.0.more.notify_one();
+            self.0.0.more.notify_one();
         }
     }
 }
@@ -176,7 +168,7 @@ async fn send_answers(queue: &Queue, link: &Link, itemize: Itemize) -> anyhow::R
     loop {
         let (said, open) = {
             let mut pending = queue.pending.lock().expect("answers lock");
-            (std::mem::take(&mut pending.answers), pending.handles > 0)
+            (std::mem::take(&mut pending.answers), !pending.said_all)
         };
         if said.is_empty() {
             if !open {
