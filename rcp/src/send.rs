@@ -11,24 +11,24 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, bail};
-use rfabric::link::{ChunkMeta, Incoming, Link, LinkError};
+use rfabric::link::{Incoming, Link};
 use rfabric::memory::{BufferPool, PoolBuf};
-use rfabric::wire::chunk_flags;
 use rustix::fs::SeekFrom;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::archive::{self, Keep};
 use crate::digest::Algorithm;
-use crate::exit::PeerLost;
 use crate::proto::{BatchWriter, Entry, EntryKind, Msg, NodeResult};
 use crate::report::{Failure, Progress, Stats};
 use crate::resync::{Check, Policy};
 use crate::tree::{self, Item};
 use rfabric::storage::{Engine, Kind};
 
+mod data;
 mod waiting;
 mod walk;
+use data::{ChunkAt, ChunkRead, DataError, DataSender, DataStep, stripe, why_streams_failed};
 use waiting::Waiting;
 pub use walk::Walk;
 
@@ -84,37 +84,29 @@ pub struct SendOptions {
 /// chunks read ahead is bounded by the buffer pool, not by this.
 const STEPS_QUEUED: usize = 256;
 
-/// What the sender does next, in the order of the wire's message stream.
-/// With re-sync, entries go a window ahead of the data of earlier files,
-/// so a file's chunks and end are not next to its entry.
+/// What the sending loop does next, in the order of the wire's message
+/// stream. With re-sync it sends only messages: the data of the files
+/// the receiver asked for goes from a loop of its own
+/// ([`data`](self::data)).
 enum Step {
     Msg(Msg),
     /// Messages in a row (the entries of a walked batch).
     Msgs(Vec<Msg>),
-    Chunk {
-        index: u32,
-        k: u64,
-        offset: u64,
-        read: JoinHandle<anyhow::Result<(PoolBuf, [u8; 32])>>,
-        /// A file of this one chunk, announced (with its end) once the
-        /// chunk is read and hashed.
-        whole: Option<Entry>,
-        /// The receiver has a chunk with this digest there: an equal one
-        /// is not sent.
-        there: Option<[u8; 32]>,
+    /// A file of one chunk, announced with its end (`Whole`) once the
+    /// chunk is read and hashed, then the chunk.
+    Whole {
+        entry: Entry,
+        at: ChunkAt,
+        read: ChunkRead,
     },
-    End {
-        index: u32,
-        size: u64,
-        chunk: u32,
-        path: Vec<u8>,
-        /// Its chunks were compared with the receiver's: none sent means
-        /// it was there already.
-        compared: bool,
-    },
+    /// The data of a file sent unasked, behind its entry.
+    Data(DataStep),
     /// The feeder could not send a wanted file's data (the receiver waits
-    /// for it): the copy stops with this error, at once.
+    /// for it), or the asked files' data loop failed: the copy stops with
+    /// this error, at once.
     Failed(anyhow::Error),
+    /// No stream takes the asked files' data any more.
+    StreamsFailed,
     /// The receiver's answers ended in an error (it gave up, the link
     /// failed): the copy stops with it, at once.
     ReceiverStopped,
@@ -210,7 +202,8 @@ pub async fn send(
         opts,
         pool: Arc::clone(&pool),
         engine: engine.clone(),
-        steps: steps_tx,
+        steps: steps_tx.clone(),
+        data: DataQueue::Inline(steps_tx),
         with_data: Arc::clone(&with_data),
         skipped: Arc::default(),
         progress: progress.clone(),
@@ -219,10 +212,46 @@ pub async fn send(
     let digests = opts.resume || opts.policy.check == Check::Checksum;
     let asking = Asking::new(Waiting::new(digests));
     let steps_for_answers = planner.steps.downgrade();
+    // Chunks handed to the stripers by either data loop.
+    let chunks_sent = Arc::new(AtomicU64::new(0));
+    let data_sender = || {
+        let chunks_sent = Arc::clone(&chunks_sent);
+        DataSender::new(
+            opts,
+            link.clone(),
+            data.clone(),
+            chunks_sent,
+            progress.clone(),
+        )
+    };
+    // The data of the files the receiver asked for, sent apart from the
+    // entries (see `send/data.rs`). (It holds the sending loop's steps
+    // until it ends, so that loop ends after it.)
+    let (asked_tx, mut asked) = mpsc::channel::<DataStep>(STEPS_QUEUED);
+    let asked_data = {
+        let mut sender = data_sender();
+        let steps = planner.steps.clone();
+        tokio::spawn(async move {
+            while let Some(step) = asked.recv().await {
+                if let Err(e) = sender.take(step).await {
+                    let stop = match e {
+                        DataError::Streams => Step::StreamsFailed,
+                        DataError::Failed(e) => Step::Failed(e),
+                    };
+                    let _ = steps.send(stop).await;
+                    break;
+                }
+            }
+            sender.finish()
+        })
+    };
     // Files announced ahead of their data, waiting for their answers.
     let (ahead_tx, mut ahead) = mpsc::channel::<FileToSend>(window);
     let feeder = {
-        let planner = planner.clone();
+        let planner = Planner {
+            data: DataQueue::Apart(asked_tx),
+            ..planner.clone()
+        };
         let asking = asking.clone();
         tokio::spawn(async move {
             while let Some(file) = ahead.recv().await {
@@ -322,14 +351,8 @@ pub async fn send(
         })
     };
 
-    let tamper = tamper_hook();
-    let mut chunks_sent = 0u64;
-    // The file whose chunks come now (with re-sync, other files' entries
-    // come between them), its chunk digests, and how many of its chunks
-    // were handed to the stripers.
-    let mut current: Option<u32> = None;
-    let mut digests: Vec<Option<[u8; 32]>> = Vec::new();
-    let mut file_chunks = 0u64;
+    // The data of files sent unasked, each behind its entry.
+    let mut inline = data_sender();
     // A step taken from the queue that did not go into a batch.
     let mut next: Option<Step> = None;
     // Messages that go out as one (`Batch`), up to the link's message
@@ -368,111 +391,54 @@ pub async fn send(
                 }
             }
             Step::Failed(e) => return Err(e),
+            Step::StreamsFailed => return Err(why_streams_failed(stripers).await),
             Step::ReceiverStopped => {
                 return match (&mut answers).await? {
                     Err(e) => Err(e),
                     Ok(_) => Err(anyhow::anyhow!("the receiver stopped answering")),
                 };
             }
-            Step::Chunk {
-                index,
-                k,
-                offset,
-                read,
-                whole,
-                there,
-            } => {
-                if current != Some(index) {
-                    current = Some(index);
-                    digests.clear();
-                    file_chunks = 0;
-                }
-                let (mut buf, digest) = read.await??;
-                if let Some(entry) = whole {
-                    let file = if opts.verify {
-                        // The one data chunk is chunk `k`: a sparse file's
-                        // may be any (the others are holes).
-                        let mut chunks = vec![None; k as usize];
-                        chunks.push(Some(digest));
-                        opts.digest.file_digest(entry.size, entry.chunk, &chunks)
-                    } else {
-                        [0; 32]
-                    };
-                    let m = Msg::Whole {
-                        entry,
-                        chunks: 1,
-                        digest: file,
-                    };
-                    // (Noted before it goes: its answer may come at once.)
-                    let bytes = m.encode();
-                    ledger.note(m);
-                    link.send_message(&bytes).await?;
-                }
-                let len = buf.len() as u64;
-                let flags = if opts.verify { chunk_flags::DIGEST } else { 0 };
-                if tamper == Some(chunks_sent) && len > 0 {
-                    // Test hook: damage the bytes after they were hashed,
-                    // as a fault between storage and the wire would.
-                    buf.spare()[0] ^= 0xff;
-                }
-                chunks_sent += 1;
-                if digests.len() <= k as usize {
-                    digests.resize(k as usize + 1, None);
-                }
-                digests[k as usize] = Some(digest);
-                if there == Some(digest) {
-                    // Already there: nothing to send.
-                    drop(buf);
-                    continue;
-                }
-                let meta = ChunkMeta {
-                    owner: u64::from(index),
-                    offset,
-                    flags,
-                    digest,
-                };
-                if data.send((meta, buf)).await.is_err() {
-                    return Err(why_streams_failed(stripers).await);
-                }
-                file_chunks += 1;
-                ledger.stats.bytes += len;
-                progress.add(len);
-            }
-            Step::End {
-                index,
-                size,
-                chunk,
-                path,
-                compared,
-            } => {
-                if current != Some(index) {
-                    // No chunk of it was read (empty, or all holes).
-                    current = Some(index);
-                    digests.clear();
-                    file_chunks = 0;
-                }
-                if compared && file_chunks == 0 {
-                    ledger.stats.skipped += 1;
-                    progress.there_already(1);
-                }
-                let digest = if opts.verify {
-                    opts.digest.file_digest(size, chunk, &digests)
+            Step::Whole { entry, at, read } => {
+                let (buf, digest) = read.await??;
+                let file = if opts.verify {
+                    // The one data chunk is chunk `k`: a sparse file's
+                    // may be any (the others are holes).
+                    let mut chunks = vec![None; at.k as usize];
+                    chunks.push(Some(digest));
+                    opts.digest.file_digest(entry.size, entry.chunk, &chunks)
                 } else {
                     [0; 32]
                 };
-                ledger.file_digest(&path, digest);
-                let end = Msg::EntryEnd {
-                    index,
-                    chunks: file_chunks,
-                    digest,
+                let m = Msg::Whole {
+                    entry,
+                    chunks: 1,
+                    digest: file,
                 };
-                link.send_message(&end.encode()).await?;
+                // (Noted before it goes: its answer may come at once.)
+                let bytes = m.encode();
+                ledger.note(m);
+                link.send_message(&bytes).await?;
+                if let Err(e) = inline.hand(at, buf, digest).await {
+                    return Err(data_failed(e, stripers).await);
+                }
+            }
+            Step::Data(step) => {
+                if let Err(e) = inline.take(step).await {
+                    return Err(data_failed(e, stripers).await);
+                }
             }
         }
     }
     planner.await??;
     feeder.await??;
     walker.await?;
+    // (Ended already: the sending loop ended after it.)
+    for sent in [inline.finish(), asked_data.await?] {
+        ledger.stats.bytes += sent.bytes;
+        ledger.stats.skipped += sent.skipped;
+        ledger.outcome.digests.extend(sent.digests);
+    }
+    ledger.outcome.digests.truncate(2);
     ledger.stats.skipped += skipped.load(Ordering::Relaxed);
     let done = Msg::Done {
         entries: ledger.entries,
@@ -590,81 +556,15 @@ impl Ledger {
     }
 }
 
-/// Fault injection for the integration tests: `RCP_TEST_CORRUPT_CHUNK=N`
-/// flips a byte of the Nth chunk sent after it was hashed, so that the
-/// receiver must catch it. (An attacker on the path is played by a real
-/// proxy in the tests, not by a hook.) Only in builds with the
-/// `test-hooks` feature (rcp's own tests turn it on): a shipping binary
-/// reads no such variable.
-#[cfg(feature = "test-hooks")]
-fn tamper_hook() -> Option<u64> {
-    std::env::var("RCP_TEST_CORRUPT_CHUNK")
-        .ok()
-        .and_then(|v| v.parse().ok())
-}
-
-#[cfg(not(feature = "test-hooks"))]
-fn tamper_hook() -> Option<u64> {
-    None
-}
-
-/// A chunk ready to go out: where it belongs, and its bytes.
-type Outgoing = (ChunkMeta, PoolBuf);
-
-/// Where chunks are handed to the stripers, and the stripers (each ends
-/// with the bytes it sent).
-type Stripers = (
-    async_channel::Sender<Outgoing>,
-    Vec<JoinHandle<anyhow::Result<u64>>>,
-);
-
-/// Why no stream takes data any more: the first striper's error, one
-/// that found tampering before any other (a stream aborted because
-/// another failed says less).
-async fn why_streams_failed(stripers: Vec<JoinHandle<anyhow::Result<u64>>>) -> anyhow::Error {
-    let mut errors = Vec::new();
-    for s in stripers {
-        match s.await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => errors.push(e),
-            Err(e) => errors.push(e.into()),
-        }
+/// The error a data loop stopped with.
+async fn data_failed(
+    e: DataError,
+    stripers: Vec<JoinHandle<anyhow::Result<u64>>>,
+) -> anyhow::Error {
+    match e {
+        DataError::Streams => why_streams_failed(stripers).await,
+        DataError::Failed(e) => e,
     }
-    let tampering = errors.iter().position(|e| {
-        e.downcast_ref::<LinkError>()
-            .is_some_and(LinkError::is_tampering)
-    });
-    match tampering.or((!errors.is_empty()).then_some(0)) {
-        Some(i) => errors.swap_remove(i),
-        None => PeerLost("every stream failed".into()).into(),
-    }
-}
-
-/// One task per link that takes the next chunk as soon as its link has
-/// posted the previous one, so chunks flow to whichever stream has credit.
-/// A striper that fails fails every link, so that nothing waits on it.
-/// Each returns the bytes it sent.
-fn stripe(links: &[Link], pool: &Arc<BufferPool>) -> anyhow::Result<Stripers> {
-    let (tx, rx) = async_channel::bounded::<Outgoing>(links.len());
-    let mut tasks = Vec::with_capacity(links.len());
-    for link in links {
-        // Each connection has its own registration of the pool.
-        let region = link.register(pool.memory())?;
-        let (link, rx, all) = (link.clone(), rx.clone(), links.to_vec());
-        tasks.push(tokio::spawn(async move {
-            let mut bytes = 0u64;
-            while let Ok((meta, buf)) = rx.recv().await {
-                let len = buf.len() as u64;
-                if let Err(e) = link.send_chunk(meta, &region, buf).await {
-                    crate::streams::abort_all(&all, "a data stream failed");
-                    return Err(e.into());
-                }
-                bytes += len;
-            }
-            Ok(bytes)
-        }));
-    }
-    Ok((tx, tasks))
 }
 
 /// What plans the steps of walked items.
@@ -677,11 +577,33 @@ struct Planner {
     pool: Arc<BufferPool>,
     engine: Engine,
     steps: mpsc::Sender<Step>,
+    /// Where the data of the files it plans goes.
+    data: DataQueue,
     /// Files whose data is read (see [`walk::BatchSize`]).
     with_data: Arc<AtomicU64>,
     /// Files the receiver has already: none of their data is sent.
     skipped: Arc<AtomicU64>,
     progress: Progress,
+}
+
+/// Where a planner's data steps go.
+#[derive(Clone)]
+enum DataQueue {
+    /// The sending loop's own steps: files sent unasked, their data
+    /// behind their entry.
+    Inline(mpsc::Sender<Step>),
+    /// The loop of the files the receiver asked for.
+    Apart(mpsc::Sender<DataStep>),
+}
+
+impl DataQueue {
+    /// Queues `step`; false when its loop has stopped.
+    async fn send(&self, step: DataStep) -> bool {
+        match self {
+            DataQueue::Inline(steps) => steps.send(Step::Data(step)).await.is_ok(),
+            DataQueue::Apart(steps) => steps.send(step).await.is_ok(),
+        }
+    }
 }
 
 /// A file announced, its data still to be planned.
@@ -741,10 +663,25 @@ impl Planner {
                 let _ = self.steps.send(Step::Msg(m)).await;
                 Ok(())
             }
-            1 => self.reads(file, chunks, Some(entry), None).await,
+            1 => {
+                self.with_data.fetch_add(1, Ordering::Relaxed);
+                let k = chunks[0];
+                let fd = Arc::new(file.fd);
+                let read = self
+                    .read(&fd, &entry.path, entry.size, k, self.hashes(false))
+                    .await;
+                let at = ChunkAt {
+                    index: entry.index,
+                    k,
+                    offset: k * chunk,
+                    there: None,
+                };
+                let _ = self.steps.send(Step::Whole { entry, at, read }).await;
+                Ok(())
+            }
             _ => {
                 let _ = self.steps.send(Step::Msg(Msg::Entry(entry))).await;
-                self.reads(file, chunks, None, None).await
+                self.reads(file, chunks, None).await
             }
         }
     }
@@ -818,17 +755,21 @@ impl Planner {
             path,
             fd,
         };
-        self.reads(file, chunks, None, there).await
+        self.reads(file, chunks, there).await
     }
 
-    /// Reads (and hashes) `chunks` of `file`, then its end (unless `whole`
-    /// announces it with its one chunk). `there`: the receiver's digests
-    /// of the chunks it has.
+    /// Whether chunks are hashed: for verifying, or comparing with the
+    /// receiver's.
+    fn hashes(&self, compared: bool) -> bool {
+        self.opts.verify || self.opts.resume || compared
+    }
+
+    /// Reads (and hashes) `chunks` of `file`, then its end. `there`: the
+    /// receiver's digests of the chunks it has.
     async fn reads(
         &self,
         file: OpenFile,
         chunks: Vec<u64>,
-        mut whole: Option<Entry>,
         there: Option<Vec<[u8; 32]>>,
     ) -> anyhow::Result<()> {
         let OpenFile {
@@ -838,61 +779,68 @@ impl Planner {
             fd,
         } = file;
         self.with_data.fetch_add(1, Ordering::Relaxed);
-        let one_message = whole.is_some();
         let compared = there.is_some();
+        let hash = self.hashes(compared);
         let file = Arc::new(fd);
-        let opts = self.opts;
-        let hash = opts.verify || opts.resume || compared;
         let chunk = self.chunk as u64;
         for k in chunks {
-            let offset = k * chunk;
-            let len = (size - offset).min(chunk) as usize;
-            let buf = self.pool.acquire().await;
-            let (file, engine) = (Arc::clone(&file), self.engine.clone());
-            let shown = tree::show(&path);
-            let read = tokio::spawn(async move {
-                let buf = read_full(&engine, &file, offset, len, buf)
-                    .await
-                    .with_context(|| format!("reading {shown} at offset {offset}"))?;
-                let alg = opts.digest;
-                let digest = if hash && buf.len() <= crate::tuning::hash_in_place() {
-                    let d = alg.chunk(buf.data());
-                    (buf, d)
-                } else if hash {
-                    tokio::task::spawn_blocking(move || {
-                        let d = alg.chunk(buf.data());
-                        (buf, d)
-                    })
-                    .await?
-                } else {
-                    (buf, [0; 32])
-                };
-                Ok(digest)
-            });
-            let step = Step::Chunk {
+            let read = self.read(&file, &path, size, k, hash).await;
+            let at = ChunkAt {
                 index,
                 k,
-                offset,
-                read,
-                whole: whole.take(),
+                offset: k * chunk,
                 there: there.as_ref().and_then(|d| d.get(k as usize).copied()),
             };
-            if self.steps.send(step).await.is_err() {
+            if !self.data.send(DataStep::Chunk { at, read }).await {
                 return Ok(());
             }
         }
-        if one_message {
-            return Ok(());
-        }
-        let end = Step::End {
+        let end = DataStep::End {
             index,
             size,
             chunk: self.chunk as u32,
             path,
             compared,
         };
-        let _ = self.steps.send(end).await;
+        let _ = self.data.send(end).await;
         Ok(())
+    }
+
+    /// Starts reading (and hashing, if `hash`) chunk `k` of `file`, once
+    /// a buffer is free.
+    async fn read(
+        &self,
+        file: &Arc<OwnedFd>,
+        path: &[u8],
+        size: u64,
+        k: u64,
+        hash: bool,
+    ) -> ChunkRead {
+        let chunk = self.chunk as u64;
+        let offset = k * chunk;
+        let len = (size - offset).min(chunk) as usize;
+        let buf = self.pool.acquire().await;
+        let (file, engine) = (Arc::clone(file), self.engine.clone());
+        let shown = tree::show(path);
+        let alg = self.opts.digest;
+        tokio::spawn(async move {
+            let buf = read_full(&engine, &file, offset, len, buf)
+                .await
+                .with_context(|| format!("reading {shown} at offset {offset}"))?;
+            let digest = if hash && buf.len() <= crate::tuning::hash_in_place() {
+                let d = alg.chunk(buf.data());
+                (buf, d)
+            } else if hash {
+                tokio::task::spawn_blocking(move || {
+                    let d = alg.chunk(buf.data());
+                    (buf, d)
+                })
+                .await?
+            } else {
+                (buf, [0; 32])
+            };
+            Ok(digest)
+        })
     }
 }
 

@@ -782,3 +782,81 @@ fn a_copy_into_nothing_here_sends_every_file_unasked() {
     assert_same("pulled", &oracle, &pulled);
     assert_same("pushed", &oracle, &pushed);
 }
+
+/// The files the receiver asked for go out from a loop of their own
+/// (`send/data.rs`): a chunk damaged there after it was hashed is caught
+/// as any other, locally and over a remote shell, and no file ends up
+/// with anything but its old contents or its new ones.
+#[test]
+fn a_chunk_corrupted_in_a_resync_fails_it_and_spoils_no_file() {
+    let t = Scratch::new("resync-corrupt");
+    let src = t.path("src");
+    let files = plain_tree(&src, 60, 11);
+    let (rsh, path) = fake_rsh(&t);
+    // Every file of at least two chunks gets new contents and a new time.
+    let big: Vec<&PathBuf> = files
+        .iter()
+        .filter(|p| p.metadata().unwrap().len() > CHUNK as u64)
+        .collect();
+    assert!(big.len() >= 5, "{} files of two chunks", big.len());
+    for (what, remote) in [("local", false), ("pushed", true)] {
+        let into = t.path(what);
+        std::fs::create_dir(&into).unwrap();
+        let dest = |p: &Path| into.join("src").join(p.strip_prefix(&src).unwrap());
+        let into_arg = if remote {
+            format!("localhost:{}", into.display())
+        } else {
+            s(&into).to_string()
+        };
+        let args = ["-a", "--rsh", s(&rsh), s(&src), &into_arg].map(OsStr::new);
+        rcp_json(&args, Some(&path));
+        let old: Vec<Vec<u8>> = big.iter().map(|p| std::fs::read(p).unwrap()).collect();
+        for (i, p) in big.iter().enumerate() {
+            std::fs::write(p, pattern(old[i].len(), 1000 + i as u64)).unwrap();
+            set_times(p, 1_700_000_000, i as i64);
+        }
+        let out = Command::new(RCP)
+            .args(["--chunk-size", "64K"])
+            .args(args)
+            .env("PATH", &path)
+            .env("RCP_TEST_CORRUPT_CHUNK", "3")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Exit status 4: verification failed.
+        assert_eq!(out.status.code(), Some(4), "{what}: {err}");
+        assert!(err.contains("corrupted"), "{what}: {err}");
+        let mut kept = 0;
+        for (i, p) in big.iter().enumerate() {
+            let now = std::fs::read(dest(p)).unwrap();
+            if now == old[i] {
+                kept += 1;
+            } else {
+                assert_eq!(now, std::fs::read(p).unwrap(), "{what}: {p:?} spoiled");
+            }
+        }
+        assert!(kept >= 1, "{what}: the damaged file kept its old contents");
+        let leftovers: Vec<_> = walk_names(&into)
+            .into_iter()
+            .filter(|n| n.starts_with(".rcp-"))
+            .collect();
+        assert!(leftovers.is_empty(), "{what}: {leftovers:?}");
+        // Put back for the next mode.
+        for (i, p) in big.iter().enumerate() {
+            std::fs::write(p, &old[i]).unwrap();
+        }
+    }
+}
+
+/// The names of every entry beneath `dir`.
+fn walk_names(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        out.push(p.file_name().unwrap().to_string_lossy().into_owned());
+        if std::fs::symlink_metadata(&p).unwrap().is_dir() {
+            out.extend(walk_names(&p));
+        }
+    }
+    out
+}
