@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, bail};
-use rfabric::link::{Incoming, Link};
+use rfabric::link::{Incoming, Link, LinkError};
 use rfabric::memory::{BufferPool, PoolBuf};
 use rustix::fs::SeekFrom;
 use tokio::sync::mpsc;
@@ -28,7 +28,9 @@ use rfabric::storage::{Engine, Kind};
 mod data;
 mod waiting;
 mod walk;
-use data::{ChunkAt, ChunkRead, DataError, DataSender, DataStep, stripe, why_streams_failed};
+use data::{
+    ChunkAt, ChunkRead, DataError, DataSender, DataStep, StreamsGone, stripe, why_streams_failed,
+};
 use waiting::Waiting;
 pub use walk::Walk;
 
@@ -102,11 +104,8 @@ enum Step {
     /// The data of a file sent unasked, behind its entry.
     Data(DataStep),
     /// The feeder could not send a wanted file's data (the receiver waits
-    /// for it), or the asked files' data loop failed: the copy stops with
-    /// this error, at once.
+    /// for it): the copy stops with this error.
     Failed(anyhow::Error),
-    /// No stream takes the asked files' data any more.
-    StreamsFailed,
     /// The receiver's answers ended in an error (it gave up, the link
     /// failed): the copy stops with it, at once.
     ReceiverStopped,
@@ -194,6 +193,33 @@ pub async fn send(
 
     // Plan steps in order, starting reads as buffers allow.
     let (steps_tx, mut steps) = mpsc::channel::<Step>(STEPS_QUEUED);
+    let asks = opts.policy.answered(opts.resume, opts.dry_run);
+    let data_sender = || DataSender::new(opts, link.clone(), data.clone(), progress.clone());
+    // Where the files' data goes: behind their entries in the sending
+    // loop when they are sent unasked; when the receiver answers each
+    // first, a loop of its own (`send/data.rs`), so that entries never
+    // wait behind data. That loop's failure reaches the sending loop
+    // ahead of any step, and the sending loop ends after it (it holds
+    // the loop's steps until it ends).
+    let (data_queue, asked_data, mut asked_failed) = if asks {
+        let (queue, mut asked) = mpsc::channel::<DataStep>(STEPS_QUEUED);
+        let (failed, asked_failed) = mpsc::channel::<DataError>(1);
+        let mut sender = data_sender();
+        let hold = steps_tx.clone();
+        let task = tokio::spawn(async move {
+            let _hold = hold;
+            while let Some(step) = asked.recv().await {
+                if let Err(e) = sender.take(step).await {
+                    let _ = failed.send(e).await;
+                    break;
+                }
+            }
+            sender.finish()
+        });
+        (DataQueue::Apart(queue), Some(task), Some(asked_failed))
+    } else {
+        (DataQueue::Inline(steps_tx.clone()), None, None)
+    };
     // An xattr piece and its message's other fields fit one message.
     let xattr_piece = link.max_message().saturating_sub(300);
     let planner = Planner {
@@ -202,8 +228,8 @@ pub async fn send(
         opts,
         pool: Arc::clone(&pool),
         engine: engine.clone(),
-        steps: steps_tx.clone(),
-        data: DataQueue::Inline(steps_tx),
+        steps: steps_tx,
+        data: data_queue,
         with_data: Arc::clone(&with_data),
         skipped: Arc::default(),
         progress: progress.clone(),
@@ -212,53 +238,18 @@ pub async fn send(
     let digests = opts.resume || opts.policy.check == Check::Checksum;
     let asking = Asking::new(Waiting::new(digests));
     let steps_for_answers = planner.steps.downgrade();
-    // Chunks handed to the stripers by either data loop.
-    let chunks_sent = Arc::new(AtomicU64::new(0));
-    let data_sender = || {
-        let chunks_sent = Arc::clone(&chunks_sent);
-        DataSender::new(
-            opts,
-            link.clone(),
-            data.clone(),
-            chunks_sent,
-            progress.clone(),
-        )
-    };
-    // The data of the files the receiver asked for, sent apart from the
-    // entries (see `send/data.rs`). (It holds the sending loop's steps
-    // until it ends, so that loop ends after it.)
-    let (asked_tx, mut asked) = mpsc::channel::<DataStep>(STEPS_QUEUED);
-    let asked_data = {
-        let mut sender = data_sender();
-        let steps = planner.steps.clone();
-        tokio::spawn(async move {
-            while let Some(step) = asked.recv().await {
-                if let Err(e) = sender.take(step).await {
-                    let stop = match e {
-                        DataError::Streams => Step::StreamsFailed,
-                        DataError::Failed(e) => Step::Failed(e),
-                    };
-                    let _ = steps.send(stop).await;
-                    break;
-                }
-            }
-            sender.finish()
-        })
-    };
     // Files announced ahead of their data, waiting for their answers.
     let (ahead_tx, mut ahead) = mpsc::channel::<FileToSend>(window);
     let feeder = {
-        let planner = Planner {
-            data: DataQueue::Apart(asked_tx),
-            ..planner.clone()
-        };
+        let planner = planner.clone();
         let asking = asking.clone();
         tokio::spawn(async move {
             while let Some(file) = ahead.recv().await {
                 let wanted = asking.answer_to(file.index).await;
                 if let Err(e) = planner.data(file, wanted).await {
-                    // (Told in order, behind what is queued: the sending
-                    // loop ends on it; nothing else would wake it.)
+                    // (Told through the sending loop's steps, behind the
+                    // entries queued: it ends on it, and nothing else would
+                    // wake it.)
                     let _ = planner.steps.send(Step::Failed(e)).await;
                     break;
                 }
@@ -269,7 +260,6 @@ pub async fn send(
     let planner = {
         let asking = asking.clone();
         tokio::spawn(async move {
-            let asks = opts.policy.answered(opts.resume, opts.dry_run);
             while let Some(mut batch) = walked.next().await {
                 if !asks {
                     for item in batch {
@@ -327,6 +317,14 @@ pub async fn send(
         })
     };
 
+    // Left running after an error, the asked files' data loop would go on
+    // writing on the link after the session said the copy failed.
+    let _stop_on_error = AbortOnDrop(
+        [planner.abort_handle(), feeder.abort_handle()]
+            .into_iter()
+            .chain(asked_data.as_ref().map(JoinHandle::abort_handle))
+            .collect(),
+    );
     let mut ledger = Ledger {
         verify: opts.verify,
         progress: progress.clone(),
@@ -358,87 +356,99 @@ pub async fn send(
     // Messages that go out as one (`Batch`), up to the link's message
     // size.
     let mut batch = BatchWriter::new(link.max_message());
-    loop {
-        let step = match next.take() {
-            Some(step) => step,
-            None => match steps.recv().await {
+    let sent: anyhow::Result<()> = async {
+        loop {
+            let step = match next.take() {
                 Some(step) => step,
-                None => break,
-            },
-        };
-        match step {
-            step @ (Step::Msg(_) | Step::Msgs(_)) => {
-                // The messages queued behind it go in the same one.
-                let mut step = Some(step);
-                while let Some(s) = step.take() {
-                    match s {
-                        Step::Msg(m) => put(&mut batch, &mut ledger, link, m).await?,
-                        Step::Msgs(ms) => {
-                            for m in ms {
-                                put(&mut batch, &mut ledger, link, m).await?;
+                None => tokio::select! {
+                    biased;
+                    Some(e) = failed(&mut asked_failed) => return Err(e.into_error()),
+                    step = steps.recv() => match step {
+                        Some(step) => step,
+                        None => break,
+                    },
+                },
+            };
+            match step {
+                step @ (Step::Msg(_) | Step::Msgs(_)) => {
+                    // The messages queued behind it go in the same one.
+                    let mut step = Some(step);
+                    while let Some(s) = step.take() {
+                        match s {
+                            Step::Msg(m) => put(&mut batch, &mut ledger, link, m).await?,
+                            Step::Msgs(ms) => {
+                                for m in ms {
+                                    put(&mut batch, &mut ledger, link, m).await?;
+                                }
+                            }
+                            other => {
+                                next = Some(other);
+                                break;
                             }
                         }
-                        other => {
-                            next = Some(other);
-                            break;
-                        }
+                        step = steps.try_recv().ok();
                     }
-                    step = steps.try_recv().ok();
+                    if !batch.is_empty() {
+                        link.send_message(batch.bytes()).await?;
+                        batch.clear();
+                    }
                 }
-                if !batch.is_empty() {
-                    link.send_message(batch.bytes()).await?;
-                    batch.clear();
+                Step::Failed(e) => return Err(e),
+                Step::ReceiverStopped => {
+                    return match (&mut answers).await? {
+                        Err(e) => Err(e),
+                        Ok(_) => Err(anyhow::anyhow!("the receiver stopped answering")),
+                    };
                 }
-            }
-            Step::Failed(e) => return Err(e),
-            Step::StreamsFailed => return Err(why_streams_failed(stripers).await),
-            Step::ReceiverStopped => {
-                return match (&mut answers).await? {
-                    Err(e) => Err(e),
-                    Ok(_) => Err(anyhow::anyhow!("the receiver stopped answering")),
-                };
-            }
-            Step::Whole { entry, at, read } => {
-                let (buf, digest) = read.await??;
-                let file = if opts.verify {
-                    // The one data chunk is chunk `k`: a sparse file's
-                    // may be any (the others are holes).
-                    let mut chunks = vec![None; at.k as usize];
-                    chunks.push(Some(digest));
-                    opts.digest.file_digest(entry.size, entry.chunk, &chunks)
-                } else {
-                    [0; 32]
-                };
-                let m = Msg::Whole {
-                    entry,
-                    chunks: 1,
-                    digest: file,
-                };
-                // (Noted before it goes: its answer may come at once.)
-                let bytes = m.encode();
-                ledger.note(m);
-                link.send_message(&bytes).await?;
-                if let Err(e) = inline.hand(at, buf, digest).await {
-                    return Err(data_failed(e, stripers).await);
+                Step::Whole { entry, at, read } => {
+                    let (buf, digest) = read.await??;
+                    let file = if opts.verify {
+                        // The one data chunk is chunk `k`: a sparse file's
+                        // may be any (the others are holes).
+                        let mut chunks = vec![None; at.k as usize];
+                        chunks.push(Some(digest));
+                        opts.digest.file_digest(entry.size, entry.chunk, &chunks)
+                    } else {
+                        [0; 32]
+                    };
+                    let m = Msg::Whole {
+                        entry,
+                        chunks: 1,
+                        digest: file,
+                    };
+                    // (Noted before it goes: its answer may come at once.)
+                    let bytes = m.encode();
+                    ledger.note(m);
+                    link.send_message(&bytes).await?;
+                    inline
+                        .hand(at, buf, digest)
+                        .await
+                        .map_err(DataError::into_error)?;
                 }
-            }
-            Step::Data(step) => {
-                if let Err(e) = inline.take(step).await {
-                    return Err(data_failed(e, stripers).await);
-                }
+                Step::Data(step) => inline.take(step).await.map_err(DataError::into_error)?,
             }
         }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = sent {
+        return Err(why_stopped(e, stripers).await);
     }
     planner.await??;
     feeder.await??;
     walker.await?;
     // (Ended already: the sending loop ended after it.)
-    for sent in [inline.finish(), asked_data.await?] {
+    let asked = match asked_data {
+        Some(task) => Some(task.await?),
+        None => None,
+    };
+    for sent in std::iter::once(inline.finish()).chain(asked) {
         ledger.stats.bytes += sent.bytes;
         ledger.stats.skipped += sent.skipped;
-        ledger.outcome.digests.extend(sent.digests);
+        for (path, digest) in sent.digests {
+            ledger.file_digest(&path, digest);
+        }
     }
-    ledger.outcome.digests.truncate(2);
     ledger.stats.skipped += skipped.load(Ordering::Relaxed);
     let done = Msg::Done {
         entries: ledger.entries,
@@ -556,14 +566,40 @@ impl Ledger {
     }
 }
 
-/// The error a data loop stopped with.
-async fn data_failed(
-    e: DataError,
+/// Stops the tasks it holds when dropped (ended ones are not touched).
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// The asked files' data loop's failure, once it fails (never, while
+/// it runs well or where there is none).
+async fn failed(asked: &mut Option<mpsc::Receiver<DataError>>) -> Option<DataError> {
+    match asked {
+        Some(failed) => failed.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Why the sending loop stopped: what the stripers say where the error
+/// came from them, or where they have stopped (a striper that fails
+/// aborts every link, so the loop's own send may fail first, with less
+/// to say than a striper that found tampering).
+async fn why_stopped(
+    e: anyhow::Error,
     stripers: Vec<JoinHandle<anyhow::Result<u64>>>,
 ) -> anyhow::Error {
-    match e {
-        DataError::Streams => why_streams_failed(stripers).await,
-        DataError::Failed(e) => e,
+    let streams = e.is::<StreamsGone>()
+        || e.is::<LinkError>() && stripers.iter().any(JoinHandle::is_finished);
+    if streams {
+        why_streams_failed(stripers).await
+    } else {
+        e
     }
 }
 

@@ -2,16 +2,16 @@
 //! to the stripers (one task a link) unless the receiver has it already,
 //! and each file's end with its digest.
 //!
-//! A push whose receiver answers each file before its data (re-sync) has
-//! two of these: the sending loop's, for files sent unasked, and a loop of
-//! its own for the files the receiver asked for. A file's chunks and end
-//! may come in any order after its entry, so entries need not wait behind
-//! earlier files' reads and hand-offs to the stripers: over ssh those
-//! waits were 7-30 ms and 30-49 ms a copy of 949 changed files, and the
-//! entries queued behind them held up the receiver's checks.
+//! Where files are sent unasked (a copy into nothing), the sending loop
+//! runs one of these between its messages: a file's data follows its
+//! entry. Where the receiver answers each file first (a re-sync), one
+//! runs in a loop of its own for the files asked for: a file's chunks and
+//! end may come in any order after its entry, so entries need not wait
+//! behind earlier files' reads and hand-offs to the stripers (over ssh
+//! those waits were 7-30 ms and 30-49 ms a copy of 949 changed files,
+//! the entries queued behind them and with them the receiver's checks).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use rfabric::link::{ChunkMeta, Link, LinkError};
 use rfabric::memory::{BufferPool, PoolBuf};
@@ -22,7 +22,6 @@ use super::SendOptions;
 use crate::exit::PeerLost;
 use crate::proto::Msg;
 use crate::report::Progress;
-use crate::tree;
 
 /// A chunk's read (and hash) under way.
 pub(super) type ChunkRead = JoinHandle<anyhow::Result<(PoolBuf, [u8; 32])>>;
@@ -62,6 +61,29 @@ pub(super) enum DataError {
     Failed(anyhow::Error),
 }
 
+impl DataError {
+    /// As the copy's error ([`StreamsGone`] where the streams failed).
+    pub fn into_error(self) -> anyhow::Error {
+        match self {
+            DataError::Streams => StreamsGone.into(),
+            DataError::Failed(e) => e,
+        }
+    }
+}
+
+/// No stream takes data any more; the stripers say why
+/// ([`why_streams_failed`]).
+#[derive(Debug)]
+pub(super) struct StreamsGone;
+
+impl std::fmt::Display for StreamsGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("every data stream has stopped")
+    }
+}
+
+impl std::error::Error for StreamsGone {}
+
 impl<E: Into<anyhow::Error>> From<E> for DataError {
     fn from(e: E) -> DataError {
         DataError::Failed(e.into())
@@ -74,9 +96,9 @@ pub(super) struct Sent {
     pub bytes: u64,
     /// Files compared chunk by chunk of which no chunk was sent.
     pub skipped: u64,
-    /// The first two files' digests (verified copies; a summary shows
-    /// the digest only of a copy of one file).
-    pub digests: Vec<(String, [u8; 32])>,
+    /// The first two files' paths and digests (verified copies; a
+    /// summary shows the digest only of a copy of one file).
+    pub digests: Vec<(Vec<u8>, [u8; 32])>,
 }
 
 /// One data loop's state: the file whose chunks come now and their
@@ -85,8 +107,8 @@ pub(super) struct DataSender {
     opts: SendOptions,
     link: Link,
     stripers: async_channel::Sender<Outgoing>,
-    /// Chunks handed out by every data loop (for [`tamper_hook`]).
-    chunks_sent: Arc<AtomicU64>,
+    /// Chunks hashed so far (for [`tamper_hook`]).
+    chunks_sent: u64,
     tamper: Option<u64>,
     progress: Progress,
     current: Option<u32>,
@@ -101,14 +123,13 @@ impl DataSender {
         opts: SendOptions,
         link: Link,
         stripers: async_channel::Sender<Outgoing>,
-        chunks_sent: Arc<AtomicU64>,
         progress: Progress,
     ) -> DataSender {
         DataSender {
             opts,
             link,
             stripers,
-            chunks_sent,
+            chunks_sent: 0,
             tamper: tamper_hook(),
             progress,
             current: None,
@@ -163,7 +184,8 @@ impl DataSender {
         } else {
             0
         };
-        let nth = self.chunks_sent.fetch_add(1, Ordering::Relaxed);
+        let nth = self.chunks_sent;
+        self.chunks_sent += 1;
         if self.tamper == Some(nth) && len > 0 {
             // Test hook: damage the bytes after they were hashed, as a
             // fault between storage and the wire would.
@@ -214,7 +236,7 @@ impl DataSender {
             [0; 32]
         };
         if self.opts.verify && self.sent.digests.len() < 2 {
-            self.sent.digests.push((tree::show(path), digest));
+            self.sent.digests.push((path.to_vec(), digest));
         }
         let end = Msg::EntryEnd {
             index,
