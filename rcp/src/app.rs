@@ -233,6 +233,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         resume: a.resume,
         policy: a.policy(),
         delete: a.delete,
+        one_file_system: a.one_file_system.min(2),
         dry_run: a.dry_run,
         itemize: a.itemize_changes,
         filter: Arc::new(filter_of(&a.rules)?),

@@ -200,6 +200,13 @@ pub struct CopyArgs {
     /// nothing). Needs -r or -a.
     #[arg(long, requires = "recursion")]
     pub delete: bool,
+    /// Keep to each source's file system: a directory on another one (a
+    /// mount point) is copied as an empty directory, and --delete leaves
+    /// what the destination's copy of it holds and deletes nothing on
+    /// another file system than the destination's. Twice (-xx): leave
+    /// such directories out altogether.
+    #[arg(short = 'x', long, action = clap::ArgAction::Count)]
+    pub one_file_system: u8,
     /// Show what would be done and do nothing: no data is sent and the
     /// destination is not touched (with -i, each change is named).
     #[arg(short = 'n', long)]

@@ -62,31 +62,50 @@ pub struct Deleted {
 /// Removes, from each directory the sender sent (`dirs`: entry index and
 /// path), the entries it did not send, unless `keep` (the filter rules)
 /// protects them (given the path and whether it is a directory). `dry`
-/// (`-n`): only says what it would remove.
+/// (`-n`): only says what it would remove. `one_file_system` (`-x`), as
+/// rsync: a directory on another file system than the destination is
+/// not cleaned, and a directory removed is not entered where it holds
+/// another file system (a mount point): that one stays, and so does the
+/// directory, with a warning.
 pub fn extraneous(
     base: &Base,
     sent: &Sent,
     dirs: impl Iterator<Item = (u32, Vec<u8>)>,
     keep: &dyn Fn(&[u8], bool) -> bool,
     dry: bool,
+    one_file_system: bool,
 ) -> Deleted {
     let mut done = Deleted::default();
+    let how = Clean {
+        keep,
+        dry,
+        // (An open directory's status: it does not fail.)
+        device: one_file_system.then(|| base.device().ok()).flatten(),
+    };
     for (index, dir_path) in dirs {
-        if let Err(e) = clean(base, sent, &dir_path, keep, dry, &mut done.removed) {
+        if let Err(e) = clean(base, sent, &dir_path, &how, &mut done.removed) {
             done.failed.push((index, dir_path, e));
         }
     }
     done
 }
 
+/// How [`clean`] removes.
+struct Clean<'a> {
+    keep: &'a dyn Fn(&[u8], bool) -> bool,
+    dry: bool,
+    /// `-x`: the destination's file system, the one cleaning keeps to.
+    device: Option<u64>,
+}
+
 fn clean(
     base: &Base,
     sent: &Sent,
     dir_path: &[u8],
-    keep: &dyn Fn(&[u8], bool) -> bool,
-    dry: bool,
+    how: &Clean<'_>,
     removed: &mut Vec<Vec<u8>>,
 ) -> anyhow::Result<()> {
+    let dry = how.dry;
     let opened = base
         .place(dir_path)
         .and_then(|(parent, name)| tree::open_dir_beneath(&parent, &[name.as_bytes()]));
@@ -96,6 +115,11 @@ fn clean(
         Err(_) if dry => return Ok(()),
         Err(e) => return Err(e),
     };
+    if let Some(device) = how.device
+        && rustix::fs::fstat(&dir)?.st_dev != device
+    {
+        return Ok(());
+    }
     for (name, is_dir) in names(&dir)? {
         if sent.has(dir_path, &name) {
             continue;
@@ -103,12 +127,20 @@ fn clean(
         let mut path = dir_path.to_vec();
         path.push(b'/');
         path.extend_from_slice(&name);
-        if keep(&path, is_dir) {
+        if (how.keep)(&path, is_dir) {
             continue;
         }
         if !dry {
-            remove(&dir, &name, is_dir)
+            let gone = remove(&dir, &name, is_dir, how.device.is_some())
                 .with_context(|| format!("cannot delete {}", tree::show(&path)))?;
+            if !gone {
+                eprintln!(
+                    "rcp: cannot delete non-empty directory: {} (it holds another file \
+                     system, left with -x)",
+                    tree::show(&path)
+                );
+                continue;
+            }
         }
         removed.push(path);
     }
@@ -132,19 +164,28 @@ fn names(dir: &OwnedFd) -> anyhow::Result<Vec<(Vec<u8>, bool)>> {
     Ok(out)
 }
 
-/// Removes `name` in `dir`, a directory with everything in it.
-fn remove(dir: &OwnedFd, name: &[u8], is_dir: bool) -> anyhow::Result<()> {
+/// Removes `name` in `dir`, a directory with everything in it; whether
+/// it is gone. With `one_file_system`, a directory on another file
+/// system than `dir` is not entered: it stays, and so do the
+/// directories above it.
+fn remove(dir: &OwnedFd, name: &[u8], is_dir: bool, one_file_system: bool) -> anyhow::Result<bool> {
     let cname = std::ffi::CString::new(name)?;
-    if is_dir {
-        let inner = tree::open_dir_beneath(dir.as_fd(), &[name])?;
-        for (n, d) in names(&inner)? {
-            remove(&inner, &n, d)?;
-        }
-        rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::REMOVEDIR)?;
-    } else {
+    if !is_dir {
         rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::empty())?;
+        return Ok(true);
     }
-    Ok(())
+    let inner = tree::open_dir_beneath(dir.as_fd(), &[name])?;
+    if one_file_system && rustix::fs::fstat(&inner)?.st_dev != rustix::fs::fstat(dir)?.st_dev {
+        return Ok(false);
+    }
+    let mut all = true;
+    for (n, d) in names(&inner)? {
+        all &= remove(&inner, &n, d, one_file_system)?;
+    }
+    if all {
+        rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::REMOVEDIR)?;
+    }
+    Ok(all)
 }
 
 #[cfg(test)]

@@ -85,6 +85,16 @@ pub mod flags {
     /// the data of a file it needs nothing of pass on. (A node from before
     /// it refuses the request rather than answer for itself alone.)
     pub const MERGED_ANSWERS: u32 = 1 << 22;
+    /// `-x`: the walk keeps to each source operand's file system. A
+    /// directory on another one (a mount point) is sent without its
+    /// contents, its entry followed by an `Unlisted`: `--delete` leaves
+    /// what the receiver's copy of it holds (it does not know what that
+    /// is), and removes nothing on another file system than the
+    /// directory it cleans.
+    pub const ONE_FILE_SYSTEM: u32 = 1 << 23;
+    /// `-xx`, with `ONE_FILE_SYSTEM`: such directories are left out
+    /// altogether.
+    pub const NO_MOUNT_POINTS: u32 = 1 << 24;
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
         | RESUME
@@ -98,7 +108,9 @@ pub mod flags {
         | ITEMIZE
         | FILES_FROM
         | CHAIN
-        | MERGED_ANSWERS;
+        | MERGED_ANSWERS
+        | ONE_FILE_SYSTEM
+        | NO_MOUNT_POINTS;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -358,6 +370,12 @@ pub enum Msg {
     /// Receiver → sender, a broadcast's: how one node's copy ended (the
     /// receiver's own, then those it heard from the nodes after it).
     NodeDone(NodeResult),
+    /// Sender → receiver, with `ONE_FILE_SYSTEM`, right after the entry
+    /// of directory `index`: it is on another file system (a mount
+    /// point), and none of its contents are sent.
+    Unlisted {
+        index: u32,
+    },
 }
 
 /// The most names one `Names` message holds.
@@ -412,7 +430,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 26] = [
+const TAGS: [&str; 27] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -439,6 +457,7 @@ const TAGS: [&str; 26] = [
     "Names",
     "Chain",
     "NodeDone",
+    "Unlisted",
 ];
 
 impl Msg {
@@ -470,6 +489,7 @@ impl Msg {
             Msg::Names { .. } => 24,
             Msg::Chain { .. } => 25,
             Msg::NodeDone(_) => 26,
+            Msg::Unlisted { .. } => 27,
         }
     }
 
@@ -590,7 +610,7 @@ impl Msg {
                 w.extend_from_slice(&chunks.to_le_bytes());
                 w.extend_from_slice(digest);
             }
-            Msg::EntryOk { index } => put_u32(w, *index),
+            Msg::EntryOk { index } | Msg::Unlisted { index } => put_u32(w, *index),
             Msg::EntryFailed {
                 index,
                 kind,
@@ -718,6 +738,7 @@ impl Msg {
                 digest: r.array()?,
             },
             9 => Msg::EntryOk { index: r.u32()? },
+            27 => Msg::Unlisted { index: r.u32()? },
             10 => Msg::EntryFailed {
                 index: r.u32()?,
                 kind: FailKind::from_wire(r.u8()?)?,
@@ -1079,7 +1100,12 @@ impl<'a> Reader<'a> {
     fn flags(&mut self) -> Result<u32, ProtoError> {
         let f = self.u32()?;
         let merged_unchained = f & flags::MERGED_ANSWERS != 0 && f & flags::CHAIN == 0;
-        if f & !flags::KNOWN != 0 || (f & flags::CHECKS).count_ones() > 1 || merged_unchained {
+        let mounts_alone = f & flags::NO_MOUNT_POINTS != 0 && f & flags::ONE_FILE_SYSTEM == 0;
+        if f & !flags::KNOWN != 0
+            || (f & flags::CHECKS).count_ones() > 1
+            || merged_unchained
+            || mounts_alone
+        {
             return Err(ProtoError::BadField("flags"));
         }
         Ok(f)
@@ -1408,6 +1434,7 @@ mod tests {
                 failed: 1,
                 reason: "big: No space left on device".into(),
             }),
+            Msg::Unlisted { index: 41 },
         ]
     }
 
@@ -1550,9 +1577,17 @@ mod tests {
             .encode()
         };
         assert_eq!(
-            Msg::decode(&push(1 << 23, 1)),
+            Msg::decode(&push(1 << 25, 1)),
             Err(ProtoError::BadField("flags"))
         );
+        // Mount points left out only where the walk keeps to one file
+        // system.
+        assert_eq!(
+            Msg::decode(&push(flags::NO_MOUNT_POINTS, 1)),
+            Err(ProtoError::BadField("flags"))
+        );
+        let xx = flags::ONE_FILE_SYSTEM | flags::NO_MOUNT_POINTS;
+        assert!(Msg::decode(&push(xx, 1)).is_ok());
         // Merged answers only in a chain.
         assert_eq!(
             Msg::decode(&push(flags::MERGED_ANSWERS | flags::RESUME, 1)),

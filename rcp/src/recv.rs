@@ -7,7 +7,7 @@
 //! checked, the data synced, and only then is it renamed into place: an
 //! interrupted or corrupted copy never shows up under the final name.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
@@ -62,6 +62,10 @@ pub struct RecvOptions {
     pub policy: Policy,
     /// `--delete`: once all arrived, remove what the sender did not send.
     pub delete: bool,
+    /// `-x`: directories may come unlisted (`Unlisted`: `--delete` leaves
+    /// what they hold), and `--delete` removes nothing on another file
+    /// system than the directory it cleans.
+    pub one_file_system: bool,
     /// `-n`: decide and report, change nothing.
     pub dry_run: bool,
     /// `-i`: name what changes.
@@ -236,6 +240,8 @@ pub async fn receive(
         progress,
         sent: opts.delete.then(delete::Sent::default),
         dirs: Vec::new(),
+        unlisted: HashSet::new(),
+        last_read: None,
         hard_links: Vec::new(),
         xattrs: XattrInbox::default(),
     };
@@ -435,10 +441,15 @@ pub async fn receive(
     // copy succeeded (and before directory times are set: removing
     // changes them).
     if let Some(sent) = new.sent.as_ref().filter(|_| ok) {
-        let dirs = new.dirs.iter().map(|(d, _)| (d.index, d.path.clone()));
+        let dirs = new
+            .dirs
+            .iter()
+            .filter(|(d, _)| !new.unlisted.contains(&d.index))
+            .map(|(d, _)| (d.index, d.path.clone()));
         // What the rules exclude is not the copy's to delete.
         let keep = |path: &[u8], is_dir| filter.excludes(path, is_dir);
-        let deleted = delete::extraneous(&base, sent, dirs, &keep, opts.dry_run);
+        let deleted =
+            delete::extraneous(&base, sent, dirs, &keep, opts.dry_run, opts.one_file_system);
         stats.deleted = deleted.removed.len() as u64;
         for path in deleted.removed {
             if opts.itemize != Itemize::Off {
@@ -646,6 +657,12 @@ struct Creator<'a> {
     /// Directories created, in order, with their extended attributes
     /// (their metadata, modes and times come last).
     dirs: Vec<(Entry, Vec<Xattr>)>,
+    /// `-x`: directories whose contents the sender did not list (on
+    /// another file system there): `--delete` leaves what they hold.
+    unlisted: HashSet<u32>,
+    /// The index and kind of the entry read last (an `Unlisted` follows
+    /// its directory's entry at once).
+    last_read: Option<(u32, EntryKind)>,
     /// Other names of files, linked once every file is in place.
     hard_links: Vec<Entry>,
     /// Extended attributes arriving ahead of their entry.
@@ -660,6 +677,7 @@ impl Creator<'_> {
         let keep = self.opts.keep;
         let mut batch = Vec::with_capacity(messages.len());
         for m in messages {
+            let was = self.last_read.take();
             match m {
                 Msg::Entry(e) => batch.push(Next::Create(self.ready(e, None)?)),
                 Msg::Whole {
@@ -667,6 +685,14 @@ impl Creator<'_> {
                     chunks,
                     digest,
                 } => batch.push(Next::Create(self.ready(entry, Some((chunks, digest)))?)),
+                Msg::Unlisted { index } if self.opts.one_file_system => {
+                    if was != Some((index, EntryKind::Dir)) {
+                        bail!(
+                            "Unlisted for entry {index}, which is not the directory just announced"
+                        );
+                    }
+                    self.unlisted.insert(index);
+                }
                 Msg::Xattr {
                     index,
                     name,
@@ -711,6 +737,7 @@ impl Creator<'_> {
             bail!("entry {} is of a kind the request did not ask for", e.index);
         }
         let xattrs = self.xattrs.take(e.index, e.meta.map_or(0, |m| m.xattrs))?;
+        self.last_read = Some((e.index, e.kind));
         Ok(Ready {
             entry: e,
             xattrs,

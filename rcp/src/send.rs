@@ -622,6 +622,16 @@ struct Planner {
     progress: Progress,
 }
 
+/// An item's entry, added to `messages`, and after a directory whose
+/// contents are not listed (`-x`), the `Unlisted` that says so.
+fn entry_messages(item: Item, messages: &mut Vec<Msg>) {
+    let index = item.entry.index;
+    messages.push(Msg::Entry(item.entry));
+    if item.unlisted {
+        messages.push(Msg::Unlisted { index });
+    }
+}
+
 /// Where a planner's data steps go.
 #[derive(Clone)]
 enum DataQueue {
@@ -667,7 +677,13 @@ impl Planner {
     async fn plan(&self, mut item: Item) -> anyhow::Result<()> {
         self.send_xattrs(&item).await;
         let Some(at) = item.file.take() else {
+            let unlisted = item.unlisted.then_some(Msg::Unlisted {
+                index: item.entry.index,
+            });
             let _ = self.steps.send(Step::Msg(Msg::Entry(item.entry))).await;
+            if let Some(m) = unlisted {
+                let _ = self.steps.send(Step::Msg(m)).await;
+            }
             return Ok(());
         };
         let mut entry = item.entry;
@@ -742,7 +758,7 @@ impl Planner {
             file,
             dense: item.dense,
         });
-        messages.push(Msg::Entry(item.entry));
+        entry_messages(item, messages);
         file
     }
 

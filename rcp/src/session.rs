@@ -48,6 +48,9 @@ pub struct Params {
     pub policy: Policy,
     /// `--delete` (the client's choice).
     pub delete: bool,
+    /// `-x` (1), `-xx` (2): the walk keeps to each operand's file system
+    /// (the client's choice; see [`crate::tree::Walker::one_file_system`]).
+    pub one_file_system: u8,
     /// `-n`, `-i` (the client's choice).
     pub dry_run: bool,
     pub itemize: bool,
@@ -115,6 +118,12 @@ impl Params {
         if self.listed.is_some() {
             f |= flags::FILES_FROM;
         }
+        if self.one_file_system > 0 {
+            f |= flags::ONE_FILE_SYSTEM;
+        }
+        if self.one_file_system > 1 {
+            f |= flags::NO_MOUNT_POINTS;
+        }
         f | self.keep.flags() | self.policy.flags()
     }
 
@@ -132,6 +141,14 @@ impl Params {
             resume: f & flags::RESUME != 0,
             policy: Policy::from_flags(f),
             delete: f & flags::DELETE != 0,
+            one_file_system: match (
+                f & flags::ONE_FILE_SYSTEM != 0,
+                f & flags::NO_MOUNT_POINTS != 0,
+            ) {
+                (false, _) => 0,
+                (true, false) => 1,
+                (true, true) => 2,
+            },
             dry_run: f & flags::DRY_RUN != 0,
             itemize: f & flags::ITEMIZE != 0,
             digest: if f & flags::BLAKE3 != 0 {
@@ -174,6 +191,7 @@ impl Params {
             resume: self.resume,
             policy: self.policy,
             delete: self.delete,
+            one_file_system: self.one_file_system > 0,
             dry_run: self.dry_run,
             itemize: match (self.itemize, client) {
                 (false, _) => Itemize::Off,
@@ -684,6 +702,7 @@ fn start_walk(local: Sources, params: &Params) -> send::Walk {
         options.keep,
         &params.filter,
         params.owners.clone(),
+        params.one_file_system,
         params.walk_helper,
     )
 }

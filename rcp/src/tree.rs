@@ -124,6 +124,10 @@ pub struct Item {
     pub dense: bool,
     /// Extended attributes carried (`-X`, `-A`), sent ahead of the entry.
     pub xattrs: Vec<Xattr>,
+    /// A directory on another file system than its operand's, walked
+    /// with `-x`: its contents are not listed (see
+    /// [`Walker::one_file_system`]).
+    pub unlisted: bool,
 }
 
 /// A walked file, by its directory and name: opened when its data is
@@ -228,6 +232,8 @@ pub struct Walker {
     owners: Option<Arc<Owners>>,
     /// Whether a helper thread may look up names too.
     may_help: bool,
+    /// `-x` (1) and `-xx` (2): see [`Walker::one_file_system`].
+    one_file_system: u8,
     /// The thread that looks up the second half of a large directory's
     /// names (of each block of them) while the walk does the first
     /// (started at the first such directory; `None` until then, or where
@@ -294,7 +300,18 @@ impl Walker {
             owners: None,
             may_help: false,
             helper: None,
+            one_file_system: 0,
         }
+    }
+
+    /// `-x` (`level` 1): the walk keeps to each operand's file system (a
+    /// listed name's, with `--files-from`). A directory on another one, a
+    /// mount point, is walked as an empty directory (`Item::unlisted`),
+    /// with the metadata of the file system mounted there. `-xx` (2):
+    /// such directories are left out. Only directories: a file on another
+    /// file system (a bind mount of one file) is copied, as rsync does.
+    pub fn one_file_system(&mut self, level: u8) {
+        self.one_file_system = level;
     }
 
     /// Lets a helper thread look up the second half of each large
@@ -372,6 +389,7 @@ impl Walker {
         let how = Visit {
             depth: Depth::All,
             filtered: true,
+            device: None,
         };
         self.visit(
             &parent,
@@ -412,6 +430,7 @@ impl Walker {
                     let how = Visit {
                         depth: Depth::Itself,
                         filtered: false,
+                        device: None,
                     };
                     self.visit_at(base, dir, emit, how)?;
                 }
@@ -424,6 +443,7 @@ impl Walker {
             let how = Visit {
                 depth,
                 filtered: true,
+                device: None,
             };
             if self.visit_at(base, name, emit, how)? {
                 made.insert(name.to_vec());
@@ -485,6 +505,11 @@ impl Walker {
         if how.filtered && self.filter.excludes(&path, is_dir) {
             return Ok(());
         }
+        let mount_point =
+            is_dir && self.one_file_system > 0 && how.device.is_some_and(|dev| dev != stat.st_dev);
+        if mount_point && self.one_file_system > 1 {
+            return Ok(());
+        }
         let name = cname.to_bytes();
         let (target, xattrs_looked) = match looked {
             Some(looked) => (looked.target, looked.xattrs),
@@ -525,6 +550,7 @@ impl Walker {
                     file: None,
                     dense: true,
                     xattrs: Vec::new(),
+                    unlisted: false,
                 });
             }
             self.first_names.insert(id, entry.path.clone());
@@ -584,6 +610,7 @@ impl Walker {
                     file: Some(file),
                     dense,
                     xattrs,
+                    unlisted: false,
                 })
             }
             EntryKind::Dir => {
@@ -594,7 +621,11 @@ impl Walker {
                     file: None,
                     dense: true,
                     xattrs,
+                    unlisted: mount_point,
                 })?;
+                if mount_point {
+                    return Ok(());
+                }
                 let inside = match how.depth {
                     Depth::Itself => return Ok(()),
                     Depth::Contents => Depth::Itself,
@@ -602,6 +633,9 @@ impl Walker {
                 };
                 let how = Visit {
                     depth: inside,
+                    // (Kept to where the walk went in: an operand's own
+                    // file system, with `-x`.)
+                    device: Some(how.device.unwrap_or(stat.st_dev)),
                     ..how
                 };
                 let dir = Arc::new(open.expect("a directory is open"));
@@ -661,6 +695,7 @@ impl Walker {
                 file: None,
                 dense: true,
                 xattrs,
+                unlisted: false,
             }),
         }
     }
@@ -674,6 +709,9 @@ struct Visit {
     /// By the filter rules (the directories a listed name implies are
     /// not: they are there for the name's sake).
     filtered: bool,
+    /// The file system the walk keeps to with `-x` (`None` at an operand
+    /// or a listed name: its own).
+    device: Option<u64>,
 }
 
 /// How far [`Walker::visit`] goes into a directory.
@@ -1016,6 +1054,12 @@ impl Base {
         let dir = Arc::new(DestDir::new(fd, at, &made, &mut together)?);
         recent.add(Arc::clone(&dir));
         Ok((dir, name))
+    }
+
+    /// The file system the destination directory is on (`-x`: `--delete`
+    /// keeps to it).
+    pub fn device(&self) -> rustix::io::Result<u64> {
+        Ok(rustix::fs::fstat(&self.dir)?.st_dev)
     }
 
     pub fn make_dir(&self, e: &Entry) -> anyhow::Result<()> {

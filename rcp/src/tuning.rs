@@ -117,6 +117,7 @@ pub fn params(
         resume: false,
         policy: crate::resync::Policy::default(),
         delete: false,
+        one_file_system: 0,
         dry_run: false,
         itemize: false,
         filter: std::sync::Arc::default(),

@@ -261,14 +261,16 @@ impl Drop for Items {
 
 impl Walk {
     /// Starts walking `sources` (with `recursive`, the archive metadata
-    /// of `keep`, `filter`'s rules and `owners`' maps) on a blocking
-    /// thread; its items wait for the session (`Walk::settle`).
+    /// of `keep`, `filter`'s rules, `owners`' maps and `-x`'s
+    /// `one_file_system` level) on a blocking thread; its items wait for
+    /// the session (`Walk::settle`).
     pub fn start(
         sources: Sources,
         recursive: bool,
         keep: Keep,
         filter: &Arc<Filter>,
         owners: Option<Arc<Owners>>,
+        one_file_system: u8,
         helper: bool,
     ) -> Walk {
         let window = super::ask_ahead();
@@ -285,6 +287,7 @@ impl Walk {
         let with_data = Arc::new(AtomicU64::new(0));
         let mut walk = Walker::new(recursive, keep, Arc::clone(filter));
         walk.map_owners(owners);
+        walk.one_file_system(one_file_system);
         walk.with_helper(helper);
         let (walked_with_data, room) = (Arc::clone(&with_data), Arc::clone(&shared));
         let thread = tokio::task::spawn_blocking(move || {
