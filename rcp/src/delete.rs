@@ -51,6 +51,39 @@ fn split(path: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
+/// `-x`: the directories whose contents the sender did not list (they
+/// are on another file system there), which `--delete` leaves as they
+/// are. An `Unlisted` names the entry read last, a directory: the
+/// sender sends it right after the entry, but the ends of files whose
+/// data goes apart (a re-sync's) may come between. **Sans I/O.**
+#[derive(Debug, Default)]
+pub struct Unlisted {
+    /// The entry read last: its index, and whether it is a directory.
+    last: Option<(u32, bool)>,
+    dirs: HashSet<u32>,
+}
+
+impl Unlisted {
+    /// Entry `index` was read.
+    pub fn entry(&mut self, index: u32, is_dir: bool) {
+        self.last = Some((index, is_dir));
+    }
+
+    /// The sender says directory `index`'s contents are not listed.
+    pub fn unlisted(&mut self, index: u32) -> anyhow::Result<()> {
+        if self.last != Some((index, true)) {
+            anyhow::bail!("Unlisted for entry {index}, which is not the directory announced last");
+        }
+        self.dirs.insert(index);
+        Ok(())
+    }
+
+    /// Whether `--delete` leaves directory `index` as it is.
+    pub fn holds(&self, index: u32) -> bool {
+        self.dirs.contains(&index)
+    }
+}
+
 /// What `--delete` did: the paths removed, and the directories (by entry
 /// index) it could not clean, with why.
 #[derive(Debug, Default)]
@@ -62,11 +95,16 @@ pub struct Deleted {
 /// Removes, from each directory the sender sent (`dirs`: entry index and
 /// path), the entries it did not send, unless `keep` (the filter rules)
 /// protects them (given the path and whether it is a directory). `dry`
-/// (`-n`): only says what it would remove. `one_file_system` (`-x`), as
-/// rsync: a directory on another file system than the destination is
-/// not cleaned, and a directory removed is not entered where it holds
-/// another file system (a mount point): that one stays, and so does the
-/// directory, with a warning.
+/// (`-n`): only says what it would remove.
+///
+/// `one_file_system` (`-x`), as rsync's: each top-level entry's file
+/// system at the destination is the one its subtree's cleaning keeps to.
+/// A directory on another one is not cleaned, and a directory removed is
+/// not entered where another file system is mounted in it: that stays,
+/// and so does every directory above it, each with rsync's warning
+/// ("cannot delete non-empty directory"); what went from inside them is
+/// named as removed. A mount point itself stays without a word, as with
+/// rsync. A dry run looks the same way and says the same.
 pub fn extraneous(
     base: &Base,
     sent: &Sent,
@@ -79,11 +117,12 @@ pub fn extraneous(
     let how = Clean {
         keep,
         dry,
-        // (An open directory's status: it does not fail.)
-        device: one_file_system.then(|| base.device().ok()).flatten(),
+        one_file_system,
     };
+    // The file system of each top-level entry at the destination.
+    let mut tops: HashMap<Vec<u8>, u64> = HashMap::new();
     for (index, dir_path) in dirs {
-        if let Err(e) = clean(base, sent, &dir_path, &how, &mut done.removed) {
+        if let Err(e) = clean(base, sent, &dir_path, &how, &mut tops, &mut done.removed) {
             done.failed.push((index, dir_path, e));
         }
     }
@@ -94,8 +133,7 @@ pub fn extraneous(
 struct Clean<'a> {
     keep: &'a dyn Fn(&[u8], bool) -> bool,
     dry: bool,
-    /// `-x`: the destination's file system, the one cleaning keeps to.
-    device: Option<u64>,
+    one_file_system: bool,
 }
 
 fn clean(
@@ -103,22 +141,32 @@ fn clean(
     sent: &Sent,
     dir_path: &[u8],
     how: &Clean<'_>,
+    tops: &mut HashMap<Vec<u8>, u64>,
     removed: &mut Vec<Vec<u8>>,
 ) -> anyhow::Result<()> {
-    let dry = how.dry;
-    let opened = base
-        .place(dir_path)
-        .and_then(|(parent, name)| tree::open_dir_beneath(&parent, &[name.as_bytes()]));
-    let dir = match opened {
+    let open = |path: &[u8]| {
+        base.place(path)
+            .and_then(|(parent, name)| tree::open_dir_beneath(&parent, &[name.as_bytes()]))
+    };
+    let dir = match open(dir_path) {
         Ok(dir) => dir,
         // A dry run made no directory: nothing in it to remove.
-        Err(_) if dry => return Ok(()),
+        Err(_) if how.dry => return Ok(()),
         Err(e) => return Err(e),
     };
-    if let Some(device) = how.device
-        && rustix::fs::fstat(&dir)?.st_dev != device
-    {
-        return Ok(());
+    if how.one_file_system {
+        let top = split_top(dir_path);
+        let reference = match tops.get(top) {
+            Some(&device) => device,
+            None => {
+                let device = rustix::fs::fstat(&open(top)?)?.st_dev;
+                tops.insert(top.to_vec(), device);
+                device
+            }
+        };
+        if rustix::fs::fstat(&dir)?.st_dev != reference {
+            return Ok(());
+        }
     }
     for (name, is_dir) in names(&dir)? {
         if sent.has(dir_path, &name) {
@@ -130,21 +178,21 @@ fn clean(
         if (how.keep)(&path, is_dir) {
             continue;
         }
-        if !dry {
-            let gone = remove(&dir, &name, is_dir, how.device.is_some())
-                .with_context(|| format!("cannot delete {}", tree::show(&path)))?;
-            if !gone {
-                eprintln!(
-                    "rcp: cannot delete non-empty directory: {} (it holds another file \
-                     system, left with -x)",
-                    tree::show(&path)
-                );
-                continue;
-            }
+        let gone = remove(&dir, &name, &path, is_dir, how, removed)
+            .with_context(|| format!("cannot delete {}", tree::show(&path)))?;
+        if gone {
+            removed.push(path);
         }
-        removed.push(path);
     }
     Ok(())
+}
+
+/// The first component of an entry path: its top-level entry.
+fn split_top(path: &[u8]) -> &[u8] {
+    match path.iter().position(|&b| b == b'/') {
+        Some(i) => &path[..i],
+        None => path,
+    }
 }
 
 /// The names in `dir` (not `.` and `..`), and which are directories (not
@@ -164,33 +212,87 @@ fn names(dir: &OwnedFd) -> anyhow::Result<Vec<(Vec<u8>, bool)>> {
     Ok(out)
 }
 
-/// Removes `name` in `dir`, a directory with everything in it; whether
-/// it is gone. With `one_file_system`, a directory on another file
-/// system than `dir` is not entered: it stays, and so do the
-/// directories above it.
-fn remove(dir: &OwnedFd, name: &[u8], is_dir: bool, one_file_system: bool) -> anyhow::Result<bool> {
+/// Removes `name` (entry path `path`) in `dir`, a directory with
+/// everything in it (a dry run removes nothing and answers as the run
+/// would); whether it is gone. With `-x` a directory on another file
+/// system than `dir` is not entered and stays, and so does each
+/// directory that holds one: what went from inside those is added to
+/// `removed`, and each says so.
+fn remove(
+    dir: &OwnedFd,
+    name: &[u8],
+    path: &[u8],
+    is_dir: bool,
+    how: &Clean<'_>,
+    removed: &mut Vec<Vec<u8>>,
+) -> anyhow::Result<bool> {
     let cname = std::ffi::CString::new(name)?;
     if !is_dir {
-        rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::empty())?;
+        if !how.dry {
+            rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::empty())?;
+        }
+        return Ok(true);
+    }
+    if how.dry && !how.one_file_system {
         return Ok(true);
     }
     let inner = tree::open_dir_beneath(dir.as_fd(), &[name])?;
-    if one_file_system && rustix::fs::fstat(&inner)?.st_dev != rustix::fs::fstat(dir)?.st_dev {
+    if how.one_file_system && rustix::fs::fstat(&inner)?.st_dev != rustix::fs::fstat(dir)?.st_dev {
         return Ok(false);
     }
+    let mut gone = Vec::new();
     let mut all = true;
     for (n, d) in names(&inner)? {
-        all &= remove(&inner, &n, d, one_file_system)?;
+        let mut child = path.to_vec();
+        child.push(b'/');
+        child.extend_from_slice(&n);
+        if remove(&inner, &n, &child, d, how, removed)? {
+            gone.push(child);
+        } else {
+            all = false;
+        }
     }
-    if all {
+    if !all {
+        eprintln!(
+            "rcp: cannot delete non-empty directory: {} (another file system is mounted \
+             inside it; -x does not go there)",
+            tree::show(path)
+        );
+        removed.extend(gone);
+        return Ok(false);
+    }
+    if !how.dry {
         rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::REMOVEDIR)?;
     }
-    Ok(all)
+    Ok(true)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unlisted_names_the_directory_read_last_whatever_came_between() {
+        let mut u = Unlisted::default();
+        u.entry(3, true);
+        // (An end of a file sent apart may come between: nothing here
+        // sees it.)
+        u.unlisted(3).unwrap();
+        assert!(u.holds(3));
+        u.entry(4, false);
+        assert!(u.unlisted(4).is_err(), "a file is not a directory");
+        assert!(u.unlisted(3).is_err(), "not the entry read last");
+        u.entry(5, true);
+        assert!(u.unlisted(6).is_err(), "an entry not read yet");
+        assert!(!u.holds(5) && !u.holds(4));
+        assert!(Unlisted::default().unlisted(0).is_err(), "before any entry");
+    }
+
+    #[test]
+    fn a_top_level_entry_is_its_own_first_component() {
+        assert_eq!(split_top(b"top/a/b"), b"top");
+        assert_eq!(split_top(b"top"), b"top");
+    }
 
     #[test]
     fn names_are_kept_by_their_directory() {

@@ -7,7 +7,7 @@
 //! checked, the data synced, and only then is it renamed into place: an
 //! interrupted or corrupted copy never shows up under the final name.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
@@ -240,8 +240,7 @@ pub async fn receive(
         progress,
         sent: opts.delete.then(delete::Sent::default),
         dirs: Vec::new(),
-        unlisted: HashSet::new(),
-        last_read: None,
+        unlisted: delete::Unlisted::default(),
         hard_links: Vec::new(),
         xattrs: XattrInbox::default(),
     };
@@ -444,7 +443,7 @@ pub async fn receive(
         let dirs = new
             .dirs
             .iter()
-            .filter(|(d, _)| !new.unlisted.contains(&d.index))
+            .filter(|(d, _)| !new.unlisted.holds(d.index))
             .map(|(d, _)| (d.index, d.path.clone()));
         // What the rules exclude is not the copy's to delete.
         let keep = |path: &[u8], is_dir| filter.excludes(path, is_dir);
@@ -659,10 +658,7 @@ struct Creator<'a> {
     dirs: Vec<(Entry, Vec<Xattr>)>,
     /// `-x`: directories whose contents the sender did not list (on
     /// another file system there): `--delete` leaves what they hold.
-    unlisted: HashSet<u32>,
-    /// The index and kind of the entry read last (an `Unlisted` follows
-    /// its directory's entry at once).
-    last_read: Option<(u32, EntryKind)>,
+    unlisted: delete::Unlisted,
     /// Other names of files, linked once every file is in place.
     hard_links: Vec<Entry>,
     /// Extended attributes arriving ahead of their entry.
@@ -677,7 +673,6 @@ impl Creator<'_> {
         let keep = self.opts.keep;
         let mut batch = Vec::with_capacity(messages.len());
         for m in messages {
-            let was = self.last_read.take();
             match m {
                 Msg::Entry(e) => batch.push(Next::Create(self.ready(e, None)?)),
                 Msg::Whole {
@@ -686,12 +681,7 @@ impl Creator<'_> {
                     digest,
                 } => batch.push(Next::Create(self.ready(entry, Some((chunks, digest)))?)),
                 Msg::Unlisted { index } if self.opts.one_file_system => {
-                    if was != Some((index, EntryKind::Dir)) {
-                        bail!(
-                            "Unlisted for entry {index}, which is not the directory just announced"
-                        );
-                    }
-                    self.unlisted.insert(index);
+                    self.unlisted.unlisted(index)?;
                 }
                 Msg::Xattr {
                     index,
@@ -737,7 +727,7 @@ impl Creator<'_> {
             bail!("entry {} is of a kind the request did not ask for", e.index);
         }
         let xattrs = self.xattrs.take(e.index, e.meta.map_or(0, |m| m.xattrs))?;
-        self.last_read = Some((e.index, e.kind));
+        self.unlisted.entry(e.index, e.kind == EntryKind::Dir);
         Ok(Ready {
             entry: e,
             xattrs,

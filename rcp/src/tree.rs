@@ -1056,12 +1056,6 @@ impl Base {
         Ok((dir, name))
     }
 
-    /// The file system the destination directory is on (`-x`: `--delete`
-    /// keeps to it).
-    pub fn device(&self) -> rustix::io::Result<u64> {
-        Ok(rustix::fs::fstat(&self.dir)?.st_dev)
-    }
-
     pub fn make_dir(&self, e: &Entry) -> anyhow::Result<()> {
         let (parent, name) = self.place(&e.path)?;
         match rustix::fs::mkdirat(&parent, name.as_c_str(), Mode::from_raw_mode(0o700)) {

@@ -129,31 +129,39 @@ fn one_file_system_copies_what_rsync_x_copies_in_every_mode() {
         }
     }
 
-    // With --delete, what the destination's copy of a mount point holds
-    // stays (the sender did not say what is in it); what is extraneous
-    // elsewhere goes. The same as rsync -x --delete leaves.
-    let oracle = t.path("oracle-delete");
-    for mode in ["local", "pushed", "pulled"] {
-        let into = t.path(&format!("{mode}-delete"));
-        for d in [&into, &oracle] {
-            write(&d.join("src/a/mnt/kept"), "the destination's own");
-            set_times(&d.join("src/a/mnt/kept"), 1_500_000_000, 3);
-            write(&d.join("src/a/gone"), "extraneous");
+    // With -x --delete, what the destination's copy of a mount point
+    // holds stays (the sender did not say what is in it); what is
+    // extraneous elsewhere goes. With -xx the mount point is not sent,
+    // so the destination's copy of it is extraneous and goes. The same as
+    // rsync leaves.
+    for flag in ["-x", "-xx"] {
+        let oracle = t.path(&format!("oracle{flag}-delete"));
+        for mode in ["local", "pushed", "pulled"] {
+            let into = t.path(&format!("{mode}{flag}-delete"));
+            for d in [&into, &oracle] {
+                write(&d.join("src/a/mnt/kept"), "the destination's own");
+                set_times(&d.join("src/a/mnt/kept"), 1_500_000_000, 3);
+                write(&d.join("src/a/gone"), "extraneous");
+            }
+            let (from, to) = match mode {
+                "local" => (s(&src).to_string(), s(&into).to_string()),
+                "pushed" => (s(&src).to_string(), format!("localhost:{}", into.display())),
+                _ => (format!("localhost:{}", src.display()), s(&into).to_string()),
+            };
+            let args = ["-q", "-a", flag, "--delete", "--rsh", s(&rsh), &from, &to].map(OsStr::new);
+            rcp_ok(&args, &path);
+            run(Command::new("rsync")
+                .args(["-a", flag, "--delete"])
+                .arg(&src)
+                .arg(format!("{}/", oracle.display())));
+            assert_eq!(
+                into.join("src/a/mnt/kept").exists(),
+                flag == "-x",
+                "{mode} {flag}"
+            );
+            assert!(!into.join("src/a/gone").exists(), "{mode} {flag}");
+            assert_same(&format!("{mode} {flag} --delete"), &oracle, &into);
         }
-        let (from, to) = match mode {
-            "local" => (s(&src).to_string(), s(&into).to_string()),
-            "pushed" => (s(&src).to_string(), format!("localhost:{}", into.display())),
-            _ => (format!("localhost:{}", src.display()), s(&into).to_string()),
-        };
-        let args = ["-q", "-a", "-x", "--delete", "--rsh", s(&rsh), &from, &to].map(OsStr::new);
-        rcp_ok(&args, &path);
-        run(Command::new("rsync")
-            .args(["-a", "-x", "--delete"])
-            .arg(&src)
-            .arg(format!("{}/", oracle.display())));
-        assert!(into.join("src/a/mnt/kept").exists(), "{mode}");
-        assert!(!into.join("src/a/gone").exists(), "{mode}");
-        assert_same(&format!("{mode} -x --delete"), &oracle, &into);
     }
     // Without -x the walk goes into the mount, as rsync's.
     let whole = t.path("whole");
@@ -195,6 +203,44 @@ fn delete_x_does_not_go_into_a_file_system_mounted_at_the_destination() {
         write(&into.join("src/b/other"), "the mount's own");
     }
     write(&src.join("b/new"), "sent");
+    // A dry run says what the run will do, as rsync's: the file beside
+    // the mount goes, the directory holding the mount stays (with the
+    // warning), and nothing is said of the mount point itself.
+    let dry = |cmd: &mut Command| {
+        let out = cmd.output().expect("runs");
+        assert!(out.status.success(), "{cmd:?}");
+        // (What is deleted and sent: directories' lines differ where
+        // rcp names a time rsync leaves out, `docs/rcp.md`; rsync's
+        // warning goes to its stdout, rcp's to stderr.)
+        let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("*deleting") || l.starts_with(">f"))
+            .map(str::to_string)
+            .collect();
+        lines.sort();
+        (lines, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ours, said) = dry(Command::new(RCP)
+        .args(["-a", "-x", "-n", "-i", "--delete"])
+        .arg(&src)
+        .arg(t.path("rcp-local")));
+    let (theirs, _) = dry(Command::new("rsync")
+        .args(["-a", "-x", "-n", "-i", "--delete"])
+        .arg(&src)
+        .arg(format!("{}/", t.path("rsync").display())));
+    assert_eq!(ours, theirs, "rcp -n -i against rsync -n -i");
+    assert!(
+        ours.iter().any(|l| l == "*deleting   src/a/gone/plain"),
+        "{ours:?}"
+    );
+    assert!(
+        said.contains("cannot delete non-empty directory: src/a/gone"),
+        "{said}"
+    );
+    assert!(
+        t.path("rcp-local/src/a/gone/plain").exists(),
+        "a dry run removed it"
+    );
     run(Command::new("rsync")
         .args(["-a", "-x", "--delete"])
         .arg(&src)
@@ -238,5 +284,48 @@ fn delete_x_does_not_go_into_a_file_system_mounted_at_the_destination() {
         .unwrap();
     assert!(!out.status.success());
     assert!(!t.path("rcp-local/src/a/gone/m/inmount").exists());
+    drop(mounts);
+}
+
+/// rsync keeps each top-level entry's cleaning to the file system the
+/// destination's copy of it is on, not the destination directory's: a
+/// top-level directory that is a mount point of its own is cleaned.
+#[test]
+fn delete_x_cleans_a_top_level_directory_that_is_a_mount_of_its_own() {
+    if !is_root() || !rsync_available() {
+        eprintln!("skipped: needs root (mounting tmpfs) and rsync");
+        return;
+    }
+    let t = Scratch::new("mounts-top");
+    let src = t.path("src");
+    write(&src.join("f"), "sent");
+    let (rsh, path) = fake_rsh(&t);
+    let mut mounts = Vec::new();
+    for who in ["rcp-local", "rcp-pushed", "rsync"] {
+        mounts.push(Mount::at(&t.path(who).join("src")));
+        write(&t.path(who).join("src/extra"), "extraneous");
+    }
+    run(Command::new("rsync")
+        .args(["-a", "-x", "--delete"])
+        .arg(&src)
+        .arg(format!("{}/", t.path("rsync").display())));
+    for who in ["rcp-local", "rcp-pushed"] {
+        let into = t.path(who);
+        let to = match who {
+            "rcp-local" => s(&into).to_string(),
+            _ => format!("localhost:{}", into.display()),
+        };
+        let args = ["-q", "-a", "-x", "--delete", "--rsh", s(&rsh), s(&src), &to].map(OsStr::new);
+        rcp_ok(&args, &path);
+    }
+    for who in ["rsync", "rcp-local", "rcp-pushed"] {
+        let into = t.path(who).join("src");
+        assert!(!into.join("extra").exists(), "{who}: cleaned");
+        assert_eq!(
+            std::fs::read_to_string(into.join("f")).unwrap(),
+            "sent",
+            "{who}"
+        );
+    }
     drop(mounts);
 }
