@@ -48,16 +48,6 @@ fn rsync_into(flags: &[&OsStr], src: &Path, into: &Path) {
     );
 }
 
-fn assert_same(what: &str, a: &Path, b: &Path) {
-    let diff = differences(a, b);
-    assert!(
-        diff.is_empty(),
-        "{what}: {} differences:\n{}",
-        diff.len(),
-        diff.join("\n")
-    );
-}
-
 fn write(p: &Path, data: &[u8], sec: i64) {
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
     std::fs::write(p, data).unwrap();

@@ -72,6 +72,40 @@ fn source(t: &Scratch) -> (PathBuf, Mount) {
     (src, mount)
 }
 
+/// Whether this run can mount tmpfs and has the oracle (else the test
+/// says why it is skipped).
+fn can_mount() -> bool {
+    let can = is_root() && rsync_available();
+    if !can {
+        eprintln!("skipped: needs root (mounting tmpfs) and rsync");
+    }
+    can
+}
+
+/// `rsync -a -x --delete` from `src` into the scratch directory's
+/// `rsync`, and `rcp -a -x --delete` into its `rcp-local` (a local copy)
+/// and `rcp-pushed` (pushed through a remote shell): what rcp said on
+/// stderr each time.
+fn delete_x_into_each(t: &Scratch, src: &Path) -> Vec<(&'static str, String)> {
+    run(Command::new("rsync")
+        .args(["-a", "-x", "--delete"])
+        .arg(src)
+        .arg(format!("{}/", t.path("rsync").display())));
+    let (rsh, path) = fake_rsh(t);
+    ["rcp-local", "rcp-pushed"]
+        .into_iter()
+        .map(|who| {
+            let into = t.path(who);
+            let to = match who {
+                "rcp-local" => s(&into).to_string(),
+                _ => format!("localhost:{}", into.display()),
+            };
+            let args = ["-a", "-x", "--delete", "--rsh", s(&rsh), s(src), &to].map(OsStr::new);
+            (who, rcp_ok(&args, &path))
+        })
+        .collect()
+}
+
 fn rcp_ok(args: &[&OsStr], path: &str) -> String {
     let out = Command::new(RCP)
         .args(args)
@@ -83,20 +117,9 @@ fn rcp_ok(args: &[&OsStr], path: &str) -> String {
     stderr
 }
 
-fn assert_same(what: &str, a: &Path, b: &Path) {
-    let diff = differences(a, b);
-    assert!(
-        diff.is_empty(),
-        "{what}: {} differences:\n{}",
-        diff.len(),
-        diff.join("\n")
-    );
-}
-
 #[test]
 fn one_file_system_copies_what_rsync_x_copies_in_every_mode() {
-    if !is_root() || !rsync_available() {
-        eprintln!("skipped: needs root (mounting tmpfs) and rsync");
+    if !can_mount() {
         return;
     }
     let t = Scratch::new("mounts-x");
@@ -183,14 +206,12 @@ fn one_file_system_copies_what_rsync_x_copies_in_every_mode() {
 
 #[test]
 fn delete_x_does_not_go_into_a_file_system_mounted_at_the_destination() {
-    if !is_root() || !rsync_available() {
-        eprintln!("skipped: needs root (mounting tmpfs) and rsync");
+    if !can_mount() {
         return;
     }
     let t = Scratch::new("mounts-delete");
     let src = t.path("src");
     write(&src.join("a/f"), "kept");
-    let (rsh, path) = fake_rsh(&t);
     let mut mounts = Vec::new();
     for who in ["rcp-local", "rcp-pushed", "rsync"] {
         let into = t.path(who);
@@ -241,18 +262,7 @@ fn delete_x_does_not_go_into_a_file_system_mounted_at_the_destination() {
         t.path("rcp-local/src/a/gone/plain").exists(),
         "a dry run removed it"
     );
-    run(Command::new("rsync")
-        .args(["-a", "-x", "--delete"])
-        .arg(&src)
-        .arg(format!("{}/", t.path("rsync").display())));
-    for who in ["rcp-local", "rcp-pushed"] {
-        let into = t.path(who);
-        let to = match who {
-            "rcp-local" => s(&into).to_string(),
-            _ => format!("localhost:{}", into.display()),
-        };
-        let args = ["-a", "-x", "--delete", "--rsh", s(&rsh), s(&src), &to].map(OsStr::new);
-        let said = rcp_ok(&args, &path);
+    for (who, said) in delete_x_into_each(&t, &src) {
         assert!(
             said.contains("cannot delete non-empty directory") && said.contains("src/a/gone"),
             "{who}: {said}"
@@ -292,32 +302,18 @@ fn delete_x_does_not_go_into_a_file_system_mounted_at_the_destination() {
 /// top-level directory that is a mount point of its own is cleaned.
 #[test]
 fn delete_x_cleans_a_top_level_directory_that_is_a_mount_of_its_own() {
-    if !is_root() || !rsync_available() {
-        eprintln!("skipped: needs root (mounting tmpfs) and rsync");
+    if !can_mount() {
         return;
     }
     let t = Scratch::new("mounts-top");
     let src = t.path("src");
     write(&src.join("f"), "sent");
-    let (rsh, path) = fake_rsh(&t);
     let mut mounts = Vec::new();
     for who in ["rcp-local", "rcp-pushed", "rsync"] {
         mounts.push(Mount::at(&t.path(who).join("src")));
         write(&t.path(who).join("src/extra"), "extraneous");
     }
-    run(Command::new("rsync")
-        .args(["-a", "-x", "--delete"])
-        .arg(&src)
-        .arg(format!("{}/", t.path("rsync").display())));
-    for who in ["rcp-local", "rcp-pushed"] {
-        let into = t.path(who);
-        let to = match who {
-            "rcp-local" => s(&into).to_string(),
-            _ => format!("localhost:{}", into.display()),
-        };
-        let args = ["-q", "-a", "-x", "--delete", "--rsh", s(&rsh), s(&src), &to].map(OsStr::new);
-        rcp_ok(&args, &path);
-    }
+    delete_x_into_each(&t, &src);
     for who in ["rsync", "rcp-local", "rcp-pushed"] {
         let into = t.path(who).join("src");
         assert!(!into.join("extra").exists(), "{who}: cleaned");

@@ -64,16 +64,6 @@ fn rsync_into(flags: &[&str], src: &Path, into: &Path) {
     );
 }
 
-fn assert_same(what: &str, a: &Path, b: &Path) {
-    let diff = differences(a, b);
-    assert!(
-        diff.is_empty(),
-        "{what}: {} differences:\n{}",
-        diff.len(),
-        diff.join("\n")
-    );
-}
-
 /// A plain tree of `n` files (sizes around the chunk size, some empty)
 /// in a few directories, times in the past: returns the files.
 fn plain_tree(root: &Path, n: usize, seed: u64) -> Vec<PathBuf> {

@@ -353,6 +353,17 @@ pub fn differences(a: &Path, b: &Path) -> Vec<String> {
     out
 }
 
+/// Fails with every difference between the trees, one a line.
+pub fn assert_same(what: &str, a: &Path, b: &Path) {
+    let diff = differences(a, b);
+    assert!(
+        diff.is_empty(),
+        "{what}: {} differences:\n{}",
+        diff.len(),
+        diff.join("\n")
+    );
+}
+
 pub fn run(cmd: &mut Command) {
     let out = cmd.output().expect("runs");
     assert!(
