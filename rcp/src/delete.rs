@@ -88,7 +88,9 @@ impl Unlisted {
 /// index) it could not clean, with why.
 #[derive(Debug, Default)]
 pub struct Deleted {
-    pub removed: Vec<Vec<u8>>,
+    /// Every entry removed, as rsync names them: what a directory held
+    /// before it (in name order), and whether each is a directory.
+    pub removed: Vec<(Vec<u8>, bool)>,
     pub failed: Vec<(u32, Vec<u8>, anyhow::Error)>,
 }
 
@@ -142,7 +144,7 @@ fn clean(
     dir_path: &[u8],
     how: &Clean<'_>,
     tops: &mut HashMap<Vec<u8>, u64>,
-    removed: &mut Vec<Vec<u8>>,
+    removed: &mut Vec<(Vec<u8>, bool)>,
 ) -> anyhow::Result<()> {
     let open = |path: &[u8]| {
         base.place(path)
@@ -178,11 +180,8 @@ fn clean(
         if (how.keep)(&path, is_dir) {
             continue;
         }
-        let gone = remove(&dir, &name, &path, is_dir, how, removed)
+        remove(&dir, &name, &path, is_dir, how, removed)
             .with_context(|| format!("cannot delete {}", tree::show(&path)))?;
-        if gone {
-            removed.push(path);
-        }
     }
     Ok(())
 }
@@ -213,44 +212,40 @@ fn names(dir: &OwnedFd) -> anyhow::Result<Vec<(Vec<u8>, bool)>> {
 }
 
 /// Removes `name` (entry path `path`) in `dir`, a directory with
-/// everything in it (a dry run removes nothing and answers as the run
-/// would); whether it is gone. With `-x` a directory on another file
-/// system than `dir` is not entered and stays, and so does each
-/// directory that holds one: what went from inside those is added to
-/// `removed`, and each says so.
+/// everything in it, adding each entry removed to `removed` as rsync
+/// names them: a directory's contents (in name order) before the
+/// directory. A dry run removes nothing and names what the run would.
+/// Whether it is gone: with `-x` a directory on another file system
+/// than `dir` is not entered and stays, and so does each directory that
+/// holds one, each saying so.
 fn remove(
     dir: &OwnedFd,
     name: &[u8],
     path: &[u8],
     is_dir: bool,
     how: &Clean<'_>,
-    removed: &mut Vec<Vec<u8>>,
+    removed: &mut Vec<(Vec<u8>, bool)>,
 ) -> anyhow::Result<bool> {
     let cname = std::ffi::CString::new(name)?;
     if !is_dir {
         if !how.dry {
             rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::empty())?;
         }
-        return Ok(true);
-    }
-    if how.dry && !how.one_file_system {
+        removed.push((path.to_vec(), false));
         return Ok(true);
     }
     let inner = tree::open_dir_beneath(dir.as_fd(), &[name])?;
     if how.one_file_system && rustix::fs::fstat(&inner)?.st_dev != rustix::fs::fstat(dir)?.st_dev {
         return Ok(false);
     }
-    let mut gone = Vec::new();
+    let mut inside = names(&inner)?;
+    inside.sort_unstable();
     let mut all = true;
-    for (n, d) in names(&inner)? {
+    for (n, d) in inside {
         let mut child = path.to_vec();
         child.push(b'/');
         child.extend_from_slice(&n);
-        if remove(&inner, &n, &child, d, how, removed)? {
-            gone.push(child);
-        } else {
-            all = false;
-        }
+        all &= remove(&inner, &n, &child, d, how, removed)?;
     }
     if !all {
         eprintln!(
@@ -258,12 +253,12 @@ fn remove(
              inside it; -x does not go there)",
             tree::show(path)
         );
-        removed.extend(gone);
         return Ok(false);
     }
     if !how.dry {
         rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::REMOVEDIR)?;
     }
+    removed.push((path.to_vec(), true));
     Ok(true)
 }
 

@@ -63,8 +63,8 @@ pub struct RecvOptions {
     /// `--delete`: once all arrived, remove what the sender did not send.
     pub delete: bool,
     /// `-x`: directories may come unlisted (`Unlisted`: `--delete` leaves
-    /// what they hold), and `--delete` removes nothing on another file
-    /// system than the directory it cleans.
+    /// what they hold), and `--delete` keeps to each top-level entry's
+    /// file system (see [`delete::extraneous`]).
     pub one_file_system: bool,
     /// `-n`: decide and report, change nothing.
     pub dry_run: bool,
@@ -450,9 +450,14 @@ pub async fn receive(
         let deleted =
             delete::extraneous(&base, sent, dirs, &keep, opts.dry_run, opts.one_file_system);
         stats.deleted = deleted.removed.len() as u64;
-        for path in deleted.removed {
+        for (path, is_dir) in deleted.removed {
             if opts.itemize != Itemize::Off {
-                answers.itemized(*b"*deleting  ", path.clone());
+                // (A directory with a `/` after it, as rsync names it.)
+                let mut name = path.clone();
+                if is_dir {
+                    name.push(b'/');
+                }
+                answers.itemized(*b"*deleting  ", name);
             }
             answers.removed(path);
         }

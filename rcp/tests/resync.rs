@@ -389,6 +389,20 @@ fn dry_run_and_itemize_say_what_rsync_says_and_change_nothing() {
     for d in ours.iter().chain([&theirs]) {
         std::fs::write(d.join("src/d1/extra"), b"x").unwrap();
         set_times(&d.join("src/d1/extra"), 1_650_000_000, 0);
+        // An extraneous directory with contents: rsync names each entry
+        // it removes, a directory's contents first, a directory with a
+        // `/` after it.
+        std::fs::create_dir_all(d.join("src/d1/extra-dir/sub")).unwrap();
+        std::fs::write(d.join("src/d1/extra-dir/sub/y"), b"y").unwrap();
+        std::fs::write(d.join("src/d1/extra-dir/x"), b"x").unwrap();
+        for p in [
+            "extra-dir/sub/y",
+            "extra-dir/x",
+            "extra-dir/sub",
+            "extra-dir",
+        ] {
+            set_times(&d.join("src/d1").join(p), 1_650_000_000, 0);
+        }
         // (In the past: rsync leaves a time of the current second alone.)
         set_times(&d.join("src/d1"), 1_500_000_000, 0);
     }
@@ -416,7 +430,14 @@ fn dry_run_and_itemize_say_what_rsync_says_and_change_nothing() {
         l
     };
     let rsyncs = lines(&rsync_lines.stdout);
-    for want in [">f.st", ".f...p", ">f+++++++++", "cd+++++++++", "*deleting"] {
+    for want in [
+        ">f.st",
+        ".f...p",
+        ">f+++++++++",
+        "cd+++++++++",
+        "*deleting   src/d1/extra-dir/sub/y",
+        "*deleting   src/d1/extra-dir/sub/",
+    ] {
         assert!(
             rsyncs.iter().any(|l| l.starts_with(want)),
             "the oracle has no {want} line: {rsyncs:?}"
