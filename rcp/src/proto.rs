@@ -89,8 +89,8 @@ pub mod flags {
     /// directory on another one (a mount point) is sent without its
     /// contents, its entry followed by an `Unlisted`: `--delete` leaves
     /// what the receiver's copy of it holds (it does not know what that
-    /// is), and removes nothing on another file system than the
-    /// directory it cleans.
+    /// is), and keeps to the file system each top-level entry's copy is
+    /// on (`delete::extraneous`).
     pub const ONE_FILE_SYSTEM: u32 = 1 << 23;
     /// `-xx`, with `ONE_FILE_SYSTEM`: such directories are left out
     /// altogether.
@@ -370,9 +370,10 @@ pub enum Msg {
     /// Receiver → sender, a broadcast's: how one node's copy ended (the
     /// receiver's own, then those it heard from the nodes after it).
     NodeDone(NodeResult),
-    /// Sender → receiver, with `ONE_FILE_SYSTEM`, right after the entry
-    /// of directory `index`: it is on another file system (a mount
-    /// point), and none of its contents are sent.
+    /// Sender → receiver, with `ONE_FILE_SYSTEM`, after the entry of
+    /// directory `index` and before any other entry (the ends of files
+    /// sent apart may come between): it is on another file system (a
+    /// mount point), and none of its contents are sent.
     Unlisted {
         index: u32,
     },

@@ -28,9 +28,7 @@ use rfabric::storage::{Engine, Kind};
 mod data;
 mod waiting;
 mod walk;
-use data::{
-    ChunkAt, ChunkRead, DataError, DataSender, DataStep, StreamsGone, stripe, why_streams_failed,
-};
+use data::{ChunkAt, ChunkRead, DataSender, DataStep, StreamsGone, stripe, why_streams_failed};
 use waiting::Waiting;
 pub use walk::Walk;
 
@@ -203,7 +201,7 @@ pub async fn send(
     // the loop's steps until it ends).
     let (data_queue, asked_data, mut asked_failed) = if asks {
         let (queue, mut asked) = mpsc::channel::<DataStep>(STEPS_QUEUED);
-        let (failed, asked_failed) = mpsc::channel::<DataError>(1);
+        let (failed, asked_failed) = mpsc::channel::<anyhow::Error>(1);
         let mut sender = data_sender();
         let hold = steps_tx.clone();
         let task = tokio::spawn(async move {
@@ -362,7 +360,7 @@ pub async fn send(
                 Some(step) => step,
                 None => tokio::select! {
                     biased;
-                    Some(e) = failed(&mut asked_failed) => return Err(e.into_error()),
+                    Some(e) = failed(&mut asked_failed) => return Err(e),
                     step = steps.recv() => match step {
                         Some(step) => step,
                         None => break,
@@ -420,12 +418,9 @@ pub async fn send(
                     let bytes = m.encode();
                     ledger.note(m);
                     link.send_message(&bytes).await?;
-                    inline
-                        .hand(at, buf, digest)
-                        .await
-                        .map_err(DataError::into_error)?;
+                    inline.hand(at, buf, digest).await?;
                 }
-                Step::Data(step) => inline.take(step).await.map_err(DataError::into_error)?,
+                Step::Data(step) => inline.take(step).await?,
             }
         }
         Ok(())
@@ -579,7 +574,7 @@ impl Drop for AbortOnDrop {
 
 /// The asked files' data loop's failure, once it fails (never, while
 /// it runs well or where there is none).
-async fn failed(asked: &mut Option<mpsc::Receiver<DataError>>) -> Option<DataError> {
+async fn failed(asked: &mut Option<mpsc::Receiver<anyhow::Error>>) -> Option<anyhow::Error> {
     match asked {
         Some(failed) => failed.recv().await,
         None => std::future::pending().await,
@@ -622,14 +617,13 @@ struct Planner {
     progress: Progress,
 }
 
-/// An item's entry, added to `messages`, and after a directory whose
-/// contents are not listed (`-x`), the `Unlisted` that says so.
-fn entry_messages(item: Item, messages: &mut Vec<Msg>) {
-    let index = item.entry.index;
-    messages.push(Msg::Entry(item.entry));
-    if item.unlisted {
-        messages.push(Msg::Unlisted { index });
-    }
+/// An item's entry, and for a directory whose contents are not listed
+/// (`-x`) the `Unlisted` that follows it.
+fn entry_messages(item: Item) -> (Msg, Option<Msg>) {
+    let unlisted = item.unlisted.then_some(Msg::Unlisted {
+        index: item.entry.index,
+    });
+    (Msg::Entry(item.entry), unlisted)
 }
 
 /// Where a planner's data steps go.
@@ -677,10 +671,8 @@ impl Planner {
     async fn plan(&self, mut item: Item) -> anyhow::Result<()> {
         self.send_xattrs(&item).await;
         let Some(at) = item.file.take() else {
-            let unlisted = item.unlisted.then_some(Msg::Unlisted {
-                index: item.entry.index,
-            });
-            let _ = self.steps.send(Step::Msg(Msg::Entry(item.entry))).await;
+            let (entry, unlisted) = entry_messages(item);
+            let _ = self.steps.send(Step::Msg(entry)).await;
             if let Some(m) = unlisted {
                 let _ = self.steps.send(Step::Msg(m)).await;
             }
@@ -758,7 +750,9 @@ impl Planner {
             file,
             dense: item.dense,
         });
-        entry_messages(item, messages);
+        let (entry, unlisted) = entry_messages(item);
+        messages.push(entry);
+        messages.extend(unlisted);
         file
     }
 

@@ -54,25 +54,8 @@ pub(super) enum DataStep {
     },
 }
 
-/// Why a data loop stopped.
-pub(super) enum DataError {
-    /// No stream takes data any more: ask [`why_streams_failed`].
-    Streams,
-    Failed(anyhow::Error),
-}
-
-impl DataError {
-    /// As the copy's error ([`StreamsGone`] where the streams failed).
-    pub fn into_error(self) -> anyhow::Error {
-        match self {
-            DataError::Streams => StreamsGone.into(),
-            DataError::Failed(e) => e,
-        }
-    }
-}
-
-/// No stream takes data any more; the stripers say why
-/// ([`why_streams_failed`]).
+/// A data loop's error where no stream takes data any more: the
+/// stripers say why ([`why_streams_failed`]).
 #[derive(Debug)]
 pub(super) struct StreamsGone;
 
@@ -83,12 +66,6 @@ impl std::fmt::Display for StreamsGone {
 }
 
 impl std::error::Error for StreamsGone {}
-
-impl<E: Into<anyhow::Error>> From<E> for DataError {
-    fn from(e: E) -> DataError {
-        DataError::Failed(e.into())
-    }
-}
 
 /// What a data loop sent, added to the session's totals at the end.
 #[derive(Debug, Default)]
@@ -145,7 +122,7 @@ impl DataSender {
         self.sent
     }
 
-    pub async fn take(&mut self, step: DataStep) -> Result<(), DataError> {
+    pub async fn take(&mut self, step: DataStep) -> anyhow::Result<()> {
         match step {
             DataStep::Chunk { at, read } => {
                 let (buf, digest) = read.await??;
@@ -176,7 +153,7 @@ impl DataSender {
         at: ChunkAt,
         mut buf: PoolBuf,
         digest: [u8; 32],
-    ) -> Result<(), DataError> {
+    ) -> anyhow::Result<()> {
         self.switch_to(at.index);
         let len = buf.len() as u64;
         let flags = if self.opts.verify {
@@ -207,7 +184,7 @@ impl DataSender {
             digest,
         };
         if self.stripers.send((meta, buf)).await.is_err() {
-            return Err(DataError::Streams);
+            return Err(StreamsGone.into());
         }
         self.file_chunks += 1;
         self.sent.bytes += len;
@@ -223,7 +200,7 @@ impl DataSender {
         chunk: u32,
         path: &[u8],
         compared: bool,
-    ) -> Result<(), DataError> {
+    ) -> anyhow::Result<()> {
         // (No chunk of it may have been read: empty, or all holes.)
         self.switch_to(index);
         if compared && self.file_chunks == 0 {
