@@ -21,6 +21,7 @@ use rcp::tuning;
 fn main() -> ExitCode {
     let cli = rcp::cli::parse();
     tuning::raise_open_file_limit();
+    tuning::size_file_table();
     tuning::no_huge_pages();
     let cores = tuning::cores();
     let workers = match &cli.command {

@@ -75,6 +75,39 @@ pub fn raise_open_file_limit() {
     }
 }
 
+/// Open files this process's table is sized for at start
+/// ([`size_file_table`]): more than a copy's window of files asked ahead
+/// ([`crate::send::ASK_AHEAD`]) holds open on both sides.
+const FILE_TABLE: u64 = 4096;
+
+/// Sizes the kernel's table of this process's open files for the copy
+/// ahead, while the process is still one thread: call it before the
+/// runtime starts.
+///
+/// The table starts with room for 64 and doubles when a new descriptor
+/// does not fit. In a process of several threads each doubling waits for
+/// an RCU grace period (`synchronize_rcu` in `expand_files`, in RHEL 8's
+/// kernel as in this one), and every thread that opens a file meanwhile
+/// waits behind it. On these machines that was 10-17 ms of both cores
+/// idle in each far side of a re-sync over ssh (`perf record -a`: the
+/// checking threads' `open` in `synchronize_rcu_normal`). A process of
+/// one thread grows its table without waiting. 4,096 descriptors take
+/// 32 KiB of table. Failing (the limit is lower, or `/` cannot be
+/// opened) only leaves the table to grow as before.
+pub fn size_file_table() {
+    use rustix::fs::{Mode, OFlags};
+    use rustix::process::{Resource, getrlimit};
+    let soft = getrlimit(Resource::Nofile).current.unwrap_or(FILE_TABLE);
+    let Ok(top) = i32::try_from(soft.min(FILE_TABLE).saturating_sub(1)) else {
+        return;
+    };
+    if let Ok(root) = rustix::fs::open("/", OFlags::PATH | OFlags::CLOEXEC, Mode::empty()) {
+        // The lowest free descriptor from `top` up: the table must reach
+        // it. Closed at once; the table keeps its size.
+        let _ = rustix::io::fcntl_dupfd_cloexec(&root, top);
+    }
+}
+
 /// Asks the kernel for no transparent huge pages in this process. Where
 /// THP is `always` (RHEL's default, and these machines'), the allocator's
 /// heap grows by 2 MiB pages, each zeroed whole at its first touch, and
