@@ -15,6 +15,10 @@
 //! - A file ends once (`EntryEnd`, or `Whole` at its announcement) with the
 //!   count of chunks sent; it is finished when that many have landed, and
 //!   more than that is a violation.
+//! - Or the sender abandons it (`Abandoned`: the source could not be
+//!   read), with the count of chunks it sent before: once that many have
+//!   landed it is dropped, not finished. An entry announced that is no
+//!   open file (a directory that could not be listed) is dropped at once.
 //! - Nothing but data for open files follows `Done`; the copy is over when
 //!   `Done` came, every file is finished and no held chunk is left.
 //! - A broadcast node may let a file pass: one it needs nothing of while a
@@ -67,6 +71,10 @@ pub enum Action<C> {
     /// Every chunk the sender sent of file `entry` has landed: once the
     /// writes are done, check the file's digest and commit it.
     Finish { entry: u32 },
+    /// The sender abandoned `entry` and every chunk it sent of it has
+    /// landed: once the writes are done, throw away what arrived (nothing
+    /// of it goes in place) and say why it failed.
+    Drop { entry: u32 },
 }
 
 /// A sender that broke the rules: the copy cannot go on.
@@ -98,6 +106,9 @@ struct OpenFile {
     sent: Option<u64>,
     /// Passing through: chunks are dropped, and nothing is finished.
     passing: bool,
+    /// The sender could not read it: dropped, not finished, once its
+    /// chunks sent have landed.
+    abandoned: bool,
 }
 
 impl OpenFile {
@@ -182,6 +193,7 @@ impl<C> Arrivals<C> {
                     landed: 0,
                     sent,
                     passing,
+                    abandoned: false,
                 },
             );
             for (place, c) in self.early.remove(&u64::from(index)).unwrap_or_default() {
@@ -231,6 +243,37 @@ impl<C> Arrivals<C> {
             return Err(Violation::EndedTwice(index));
         }
         file.sent = Some(sent);
+        self.finish_if_complete(index)
+    }
+
+    /// The sender abandoned entry `index` (it could not be read) after
+    /// sending `sent` chunks of it: a file is dropped once they have
+    /// landed; anything else announced has nothing open and is dropped
+    /// now.
+    pub fn abandon(&mut self, index: u32, sent: u64) -> Result<Option<Action<C>>, Violation> {
+        if self.done {
+            return Err(Violation::AfterDone {
+                what: "an entry's end",
+            });
+        }
+        let Some(file) = self.open.get_mut(&index) else {
+            if self.announced.is_none_or(|a| index > a) {
+                return Err(Violation::EndOfUnknown(index));
+            }
+            return if sent == 0 {
+                Ok(Some(Action::Drop { entry: index }))
+            } else {
+                Err(Violation::TooManyChunks {
+                    entry: index,
+                    sent: 0,
+                })
+            };
+        };
+        if file.sent.is_some() {
+            return Err(Violation::EndedTwice(index));
+        }
+        file.sent = Some(sent);
+        file.abandoned = true;
         self.finish_if_complete(index)
     }
 
@@ -295,9 +338,13 @@ impl<C> Arrivals<C> {
     fn finish_if_complete(&mut self, entry: u32) -> Result<Option<Action<C>>, Violation> {
         let file = self.open.get(&entry).expect("an open file");
         if file.complete(entry)? {
-            let passing = file.passing;
+            let (passing, abandoned) = (file.passing, file.abandoned);
             self.open.remove(&entry);
-            return Ok((!passing).then_some(Action::Finish { entry }));
+            return Ok(match (abandoned, passing) {
+                (true, _) => Some(Action::Drop { entry }),
+                (false, true) => None,
+                (false, false) => Some(Action::Finish { entry }),
+            });
         }
         Ok(None)
     }

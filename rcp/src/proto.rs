@@ -377,6 +377,18 @@ pub enum Msg {
     Unlisted {
         index: u32,
     },
+    /// Sender → receiver: entry `index` could not be read at the source
+    /// (a file that cannot be opened or read, a directory that cannot be
+    /// listed), after `chunks` of its chunks were sent. In place of a
+    /// file's `EntryEnd`; after a directory's entry and its `Unlisted`.
+    /// Nothing of it is put in place: a file there stays as it was, and
+    /// the receiver answers `EntryFailed` with `kind` and `reason`.
+    Abandoned {
+        index: u32,
+        chunks: u64,
+        kind: FailKind,
+        reason: String,
+    },
 }
 
 /// The most names one `Names` message holds.
@@ -431,7 +443,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 27] = [
+const TAGS: [&str; 28] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -459,6 +471,7 @@ const TAGS: [&str; 27] = [
     "Chain",
     "NodeDone",
     "Unlisted",
+    "Abandoned",
 ];
 
 impl Msg {
@@ -491,6 +504,7 @@ impl Msg {
             Msg::Chain { .. } => 25,
             Msg::NodeDone(_) => 26,
             Msg::Unlisted { .. } => 27,
+            Msg::Abandoned { .. } => 28,
         }
     }
 
@@ -621,6 +635,17 @@ impl Msg {
                 w.push(*kind as u8);
                 put_bytes(w, truncate(reason).as_bytes());
             }
+            Msg::Abandoned {
+                index,
+                chunks,
+                kind,
+                reason,
+            } => {
+                put_u32(w, *index);
+                w.extend_from_slice(&chunks.to_le_bytes());
+                w.push(*kind as u8);
+                put_bytes(w, truncate(reason).as_bytes());
+            }
             Msg::Have {
                 index,
                 first,
@@ -740,6 +765,12 @@ impl Msg {
             },
             9 => Msg::EntryOk { index: r.u32()? },
             27 => Msg::Unlisted { index: r.u32()? },
+            28 => Msg::Abandoned {
+                index: r.u32()?,
+                chunks: r.u64()?,
+                kind: FailKind::from_wire(r.u8()?)?,
+                reason: r.text()?,
+            },
             10 => Msg::EntryFailed {
                 index: r.u32()?,
                 kind: FailKind::from_wire(r.u8()?)?,
@@ -1436,6 +1467,12 @@ mod tests {
                 reason: "big: No space left on device".into(),
             }),
             Msg::Unlisted { index: 41 },
+            Msg::Abandoned {
+                index: 42,
+                chunks: 3,
+                kind: FailKind::Io,
+                reason: "cannot read top/f: Permission denied".into(),
+            },
         ]
     }
 

@@ -264,6 +264,9 @@ pub async fn receive(
         // waits for them (a chunk, or a link's end).
         let mut checking: VecDeque<Checking> = VecDeque::new();
         let mut held = None;
+        // Entries the sender abandoned, until they are dropped: why, and
+        // the path where it came with the entry.
+        let mut abandoned: HashMap<u32, Abandoned> = HashMap::new();
         // (Without checks, each batch is handled before the next item is
         // taken, as it comes.)
         let ahead = if prechecks.is_some() {
@@ -353,6 +356,15 @@ pub async fn receive(
                                 }
                                 finish.into_iter().collect()
                             }
+                            Next::Abandoned {
+                                index,
+                                chunks,
+                                why,
+                                path,
+                            } => {
+                                abandoned.insert(index, Abandoned { why, path });
+                                arrivals.abandon(index, chunks)?.into_iter().collect()
+                            }
                             Next::Done => {
                                 arrivals.done()?;
                                 Vec::new()
@@ -367,6 +379,29 @@ pub async fn receive(
                     Action::Land { entry, k, chunk } => {
                         let file = files.get_mut(&entry).expect("an open file");
                         land(file, chunk, k, &engine, opts, &mut stats, progress);
+                    }
+                    Action::Drop { entry } => {
+                        let Abandoned {
+                            why: (kind, reason),
+                            path,
+                        } = abandoned.remove(&entry).expect("a reason it was abandoned");
+                        let path = match files.remove(&entry) {
+                            // What arrived of it goes; what is there stays.
+                            Some(file) => {
+                                for w in file.writes {
+                                    let _ = w.wait().await;
+                                }
+                                if let Ok(out) = Arc::try_unwrap(file.out) {
+                                    out.discard();
+                                }
+                                Some(file.entry.path)
+                            }
+                            None => path.or_else(|| new.dir_path(entry)),
+                        };
+                        let path =
+                            path.map_or_else(|| format!("entry {entry}"), |p| tree::show(&p));
+                        answers.send(entry, Err((kind, reason.clone())));
+                        new.failed_here.push(Failure { path, kind, reason });
                     }
                     Action::Finish { entry } => {
                         let file = files.remove(&entry).expect("an open file");
@@ -633,7 +668,22 @@ enum Next {
         chunks: u64,
         digest: [u8; 32],
     },
+    /// The sender could not read entry `index` (`Msg::Abandoned`); its
+    /// path where the entry came in the same batch.
+    Abandoned {
+        index: u32,
+        chunks: u64,
+        why: (FailKind, String),
+        path: Option<Vec<u8>>,
+    },
     Done,
+}
+
+/// Why the sender abandoned an entry, and its path where it came with the
+/// entry: kept until the entry is dropped.
+struct Abandoned {
+    why: (FailKind, String),
+    path: Option<Vec<u8>>,
 }
 
 /// What creates the entries the rules accepted, and what it created.
@@ -685,8 +735,25 @@ impl Creator<'_> {
                     chunks,
                     digest,
                 } => batch.push(Next::Create(self.ready(entry, Some((chunks, digest)))?)),
-                Msg::Unlisted { index } if self.opts.one_file_system => {
-                    self.unlisted.unlisted(index)?;
+                // (`-x`'s mount points, and directories the sender could
+                // not list.)
+                Msg::Unlisted { index } => self.unlisted.unlisted(index)?,
+                Msg::Abandoned {
+                    index,
+                    chunks,
+                    kind,
+                    reason,
+                } => {
+                    let path = batch.iter().rev().find_map(|n| match n {
+                        Next::Create(r) if r.entry.index == index => Some(r.entry.path.clone()),
+                        _ => None,
+                    });
+                    batch.push(Next::Abandoned {
+                        index,
+                        chunks,
+                        why: (kind, reason),
+                        path,
+                    });
                 }
                 Msg::Xattr {
                     index,
@@ -901,6 +968,15 @@ impl Creator<'_> {
             Some(m) => m.own(index, said),
             None => self.answers.said(index, said),
         }
+    }
+
+    /// The path of directory `index`, if one was created.
+    fn dir_path(&self, index: u32) -> Option<Vec<u8>> {
+        self.dirs
+            .iter()
+            .rev()
+            .find(|(d, _)| d.index == index)
+            .map(|(d, _)| d.path.clone())
     }
 
     /// What `-i` compares.

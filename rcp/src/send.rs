@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::archive::{self, Keep};
 use crate::digest::Algorithm;
-use crate::proto::{BatchWriter, Entry, EntryKind, Msg, NodeResult};
+use crate::proto::{BatchWriter, Entry, EntryKind, FailKind, Msg, NodeResult};
 use crate::report::{Failure, Progress, Stats};
 use crate::resync::{Check, Policy};
 use crate::tree::{self, Item};
@@ -399,7 +399,18 @@ pub async fn send(
                     };
                 }
                 Step::Whole { entry, at, read } => {
-                    let (buf, digest) = read.await??;
+                    let (buf, digest) = match read.await? {
+                        Ok(read) => read,
+                        // Announced, and abandoned at once.
+                        Err(why) => {
+                            let index = entry.index;
+                            put(&mut batch, &mut ledger, link, Msg::Entry(entry)).await?;
+                            link.send_message(batch.bytes()).await?;
+                            batch.clear();
+                            inline.take(DataStep::Abandon { index, why }).await?;
+                            continue;
+                        }
+                    };
                     let file = if opts.verify {
                         // The one data chunk is chunk `k`: a sparse file's
                         // may be any (the others are holes).
@@ -617,13 +628,24 @@ struct Planner {
     progress: Progress,
 }
 
-/// An item's entry, and for a directory whose contents are not listed
-/// (`-x`) the `Unlisted` that follows it.
-fn entry_messages(item: Item) -> (Msg, Option<Msg>) {
-    let unlisted = item.unlisted.then_some(Msg::Unlisted {
-        index: item.entry.index,
-    });
-    (Msg::Entry(item.entry), unlisted)
+/// An item's entry, added to `out`; for a directory whose contents are
+/// not listed (`-x`, or it could not be listed) the `Unlisted` that
+/// follows it; for one the walk could not read, the `Abandoned` that says
+/// why.
+fn entry_messages(item: Item, out: &mut Vec<Msg>) {
+    let index = item.entry.index;
+    out.push(Msg::Entry(item.entry));
+    if item.unlisted {
+        out.push(Msg::Unlisted { index });
+    }
+    if let Some(reason) = item.failed {
+        out.push(Msg::Abandoned {
+            index,
+            chunks: 0,
+            kind: FailKind::Io,
+            reason,
+        });
+    }
 }
 
 /// Where a planner's data steps go.
@@ -671,26 +693,37 @@ impl Planner {
     async fn plan(&self, mut item: Item) -> anyhow::Result<()> {
         self.send_xattrs(&item).await;
         let Some(at) = item.file.take() else {
-            let (entry, unlisted) = entry_messages(item);
-            let _ = self.steps.send(Step::Msg(entry)).await;
-            if let Some(m) = unlisted {
-                let _ = self.steps.send(Step::Msg(m)).await;
-            }
+            let mut messages = Vec::with_capacity(1);
+            entry_messages(item, &mut messages);
+            let _ = self.steps.send(Step::Msgs(messages)).await;
             return Ok(());
         };
         let mut entry = item.entry;
         entry.chunk = self.chunk as u32;
         let chunk = self.chunk as u64;
+        let opened = at.open().and_then(|fd| {
+            let chunks = if item.dense {
+                (0..entry.size.div_ceil(chunk)).collect()
+            } else {
+                data_chunks(&fd, entry.size, chunk)?
+            };
+            Ok((fd, chunks))
+        });
+        let (fd, chunks) = match opened {
+            Ok(both) => both,
+            // Announced, and abandoned at once: the copy goes on without it.
+            Err(why) => {
+                let index = entry.index;
+                let _ = self.steps.send(Step::Msg(Msg::Entry(entry))).await;
+                let _ = self.data.send(DataStep::Abandon { index, why }).await;
+                return Ok(());
+            }
+        };
         let file = OpenFile {
             index: entry.index,
             size: entry.size,
             path: entry.path.clone(),
-            fd: at.open()?,
-        };
-        let chunks = if item.dense {
-            (0..entry.size.div_ceil(chunk)).collect()
-        } else {
-            data_chunks(&file.fd, entry.size, chunk)?
+            fd,
         };
         match chunks.len() {
             0 => {
@@ -711,9 +744,7 @@ impl Planner {
                 self.with_data.fetch_add(1, Ordering::Relaxed);
                 let k = chunks[0];
                 let fd = Arc::new(file.fd);
-                let read = self
-                    .read(&fd, &entry.path, entry.size, k, self.hashes(false))
-                    .await;
+                let read = self.read(&fd, entry.size, k, self.hashes(false)).await;
                 let at = ChunkAt {
                     index: entry.index,
                     k,
@@ -750,9 +781,7 @@ impl Planner {
             file,
             dense: item.dense,
         });
-        let (entry, unlisted) = entry_messages(item);
-        messages.push(entry);
-        messages.extend(unlisted);
+        entry_messages(item, messages);
         file
     }
 
@@ -786,14 +815,23 @@ impl Planner {
             file,
             dense,
         } = file;
-        let fd = file
-            .open()
-            .with_context(|| format!("cannot read {}", tree::show(&path)))?;
+        let opened = file.open();
         // Comparing means every chunk (a hole here may be data there).
-        let chunks = if there.is_some() || dense {
-            (0..count).collect()
-        } else {
-            data_chunks(&fd, size, chunk)?
+        let chunks = opened.and_then(|fd| {
+            let chunks = if there.is_some() || dense {
+                (0..count).collect()
+            } else {
+                data_chunks(&fd, size, chunk)?
+            };
+            Ok((fd, chunks))
+        });
+        let (fd, chunks) = match chunks {
+            Ok(both) => both,
+            // The copy goes on without it.
+            Err(why) => {
+                let _ = self.data.send(DataStep::Abandon { index, why }).await;
+                return Ok(());
+            }
         };
         let file = OpenFile {
             index,
@@ -830,7 +868,7 @@ impl Planner {
         let file = Arc::new(fd);
         let chunk = self.chunk as u64;
         for k in chunks {
-            let read = self.read(&file, &path, size, k, hash).await;
+            let read = self.read(&file, size, k, hash).await;
             let at = ChunkAt {
                 index,
                 k,
@@ -854,25 +892,21 @@ impl Planner {
 
     /// Starts reading (and hashing, if `hash`) chunk `k` of `file`, once
     /// a buffer is free.
-    async fn read(
-        &self,
-        file: &Arc<OwnedFd>,
-        path: &[u8],
-        size: u64,
-        k: u64,
-        hash: bool,
-    ) -> ChunkRead {
+    async fn read(&self, file: &Arc<OwnedFd>, size: u64, k: u64, hash: bool) -> ChunkRead {
         let chunk = self.chunk as u64;
         let offset = k * chunk;
         let len = (size - offset).min(chunk) as usize;
         let buf = self.pool.acquire().await;
         let (file, engine) = (Arc::clone(file), self.engine.clone());
-        let shown = tree::show(path);
         let alg = self.opts.digest;
+        let fails = read_fails_here();
         tokio::spawn(async move {
-            let buf = read_full(&engine, &file, offset, len, buf)
-                .await
-                .with_context(|| format!("reading {shown} at offset {offset}"))?;
+            let buf = if fails {
+                Err(std::io::Error::from_raw_os_error(libc::EIO).into())
+            } else {
+                read_full(&engine, &file, offset, len, buf).await
+            }
+            .with_context(|| format!("cannot read it at offset {offset}"))?;
             let digest = if hash && buf.len() <= crate::tuning::hash_in_place() {
                 let d = alg.chunk(buf.data());
                 (buf, d)
@@ -888,6 +922,29 @@ impl Planner {
             Ok(digest)
         })
     }
+}
+
+/// Fault injection for the integration tests: `RCP_TEST_FAIL_READ=N`
+/// makes the Nth chunk read of this process (from 0) fail with `EIO`, as
+/// a bad sector would, so that the file is abandoned part way. Only in
+/// builds with the `test-hooks` feature: a shipping binary reads no such
+/// variable.
+#[cfg(feature = "test-hooks")]
+fn read_fails_here() -> bool {
+    use std::sync::atomic::AtomicU64;
+    static READS: AtomicU64 = AtomicU64::new(0);
+    static FAIL_AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let fail_at = *FAIL_AT.get_or_init(|| {
+        std::env::var("RCP_TEST_FAIL_READ")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    fail_at.is_some_and(|n| READS.fetch_add(1, Ordering::Relaxed) == n)
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn read_fails_here() -> bool {
+    false
 }
 
 /// Reads exactly `len` bytes at `offset` (a file that shrank meanwhile is

@@ -125,9 +125,12 @@ pub struct Item {
     /// Extended attributes carried (`-X`, `-A`), sent ahead of the entry.
     pub xattrs: Vec<Xattr>,
     /// A directory on another file system than its operand's, walked
-    /// with `-x`: its contents are not listed (see
-    /// [`Walker::one_file_system`]).
+    /// with `-x`, or one that could not be listed: its contents are not
+    /// listed (see [`Walker::one_file_system`]).
     pub unlisted: bool,
+    /// Why the walk could not read it (a directory that could not be
+    /// listed): it goes, and fails.
+    pub failed: Option<String>,
 }
 
 /// A walked file, by its directory and name: opened when its data is
@@ -510,7 +513,6 @@ impl Walker {
         if mount_point && self.one_file_system > 1 {
             return Ok(());
         }
-        let name = cname.to_bytes();
         let (target, xattrs_looked) = match looked {
             Some(looked) => (looked.target, looked.xattrs),
             None => (None, None),
@@ -551,6 +553,7 @@ impl Walker {
                     dense: true,
                     xattrs: Vec::new(),
                     unlisted: false,
+                    failed: None,
                 });
             }
             self.first_names.insert(id, entry.path.clone());
@@ -565,8 +568,22 @@ impl Walker {
             EntryKind::File if attributes && !by_name => self.disk_path(&entry.path),
             _ => None,
         };
+        // (A directory that cannot be opened is sent without its
+        // contents, and fails: below.)
+        let mut unopened = None;
         let open = match entry.kind {
-            EntryKind::Dir => Some(open_dir_beneath(&**parent, &[name])?),
+            EntryKind::Dir => match rustix::fs::openat(
+                &**parent,
+                cname,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    unopened = Some(e);
+                    None
+                }
+            },
             EntryKind::File if attributes && disk.is_none() && !by_name => rustix::fs::openat(
                 &**parent,
                 cname,
@@ -611,25 +628,45 @@ impl Walker {
                     dense,
                     xattrs,
                     unlisted: false,
+                    failed: None,
                 })
             }
             EntryKind::Dir => {
-                // (Its entry goes before its contents, named beneath it.)
                 let path = entry.path.clone();
+                let inside = match how.depth {
+                    _ if mount_point => None,
+                    Depth::Itself => None,
+                    Depth::Contents => Some(Depth::Itself),
+                    Depth::All => Some(Depth::All),
+                };
+                // Its names are read before its entry goes: one that
+                // cannot be opened or listed (no permission) goes without
+                // its contents, which the receiver's copy keeps (`--delete`
+                // leaves them, as a mount point's with `-x`), and fails,
+                // saying why; the walk goes on.
+                let listed = match (inside, open) {
+                    (None, _) => Ok(None),
+                    (Some(_), Some(fd)) => {
+                        let dir = Arc::new(fd);
+                        names_in(&dir).map(|names| Some((dir, names)))
+                    }
+                    (Some(_), None) => Err(unopened.expect("why it did not open")),
+                };
+                let (listed, failed) = match listed {
+                    Ok(listed) => (listed, None),
+                    Err(e) => (None, Some(format!("cannot list the directory: {e}"))),
+                };
+                // (Its entry goes before its contents, named beneath it.)
                 emit(Item {
                     entry,
                     file: None,
                     dense: true,
                     xattrs,
-                    unlisted: mount_point,
+                    unlisted: mount_point || failed.is_some(),
+                    failed,
                 })?;
-                if mount_point {
+                let (Some(inside), Some((dir, names))) = (inside, listed) else {
                     return Ok(());
-                }
-                let inside = match how.depth {
-                    Depth::Itself => return Ok(()),
-                    Depth::Contents => Depth::Itself,
-                    Depth::All => Depth::All,
                 };
                 let how = Visit {
                     depth: inside,
@@ -638,20 +675,6 @@ impl Walker {
                     device: Some(how.device.unwrap_or(stat.st_dev)),
                     ..how
                 };
-                let dir = Arc::new(open.expect("a directory is open"));
-                let mut names: Vec<CString> = Vec::new();
-                for d in rustix::fs::Dir::read_from(&*dir)
-                    .with_context(|| format!("cannot list {}", shown()))?
-                {
-                    let d = d.with_context(|| format!("cannot list {}", shown()))?;
-                    let n = d.file_name();
-                    if !matches!(n.to_bytes(), b"." | b"..") {
-                        names.push(n.to_owned());
-                    }
-                }
-                // A stable order: same tree, same entry numbers. (Names in
-                // a directory are unique: no order among equals to keep.)
-                names.sort_unstable();
                 // In a large directory the helper looks up the second half
                 // of each block of names while this thread does the first.
                 // (The system calls are most of a walk of unchanged files,
@@ -680,7 +703,18 @@ impl Walker {
                                 None,
                             ),
                         };
-                        let st = st.with_context(|| format!("cannot stat {}", named()))?;
+                        let st = match st {
+                            Ok(st) => st,
+                            // Gone since the directory was read: as rsync,
+                            // said and passed over.
+                            Err(rustix::io::Errno::NOENT) => {
+                                eprintln!("rcp: file has vanished: {}", named());
+                                continue;
+                            }
+                            Err(e) => {
+                                return Err(e).with_context(|| format!("cannot stat {}", named()));
+                            }
+                        };
                         let mut child = Vec::with_capacity(path.len() + 1 + n.as_bytes().len());
                         child.extend_from_slice(&path);
                         child.push(b'/');
@@ -696,9 +730,26 @@ impl Walker {
                 dense: true,
                 xattrs,
                 unlisted: false,
+                failed: None,
             }),
         }
     }
+}
+
+/// The names in directory `dir` (not `.` and `..`), sorted: a stable
+/// order, so the same tree gets the same entry numbers. (Names in a
+/// directory are unique: no order among equals to keep.)
+fn names_in(dir: &OwnedFd) -> rustix::io::Result<Vec<CString>> {
+    let mut names: Vec<CString> = Vec::new();
+    for d in rustix::fs::Dir::read_from(dir)? {
+        let d = d?;
+        let n = d.file_name();
+        if !matches!(n.to_bytes(), b"." | b"..") {
+            names.push(n.to_owned());
+        }
+    }
+    names.sort_unstable();
+    Ok(names)
 }
 
 /// How [`Walker::visit`] treats one name.
@@ -1070,8 +1121,19 @@ impl Base {
                 Ok(())
             }
             Err(rustix::io::Errno::EXIST) => {
-                // Fine if it is a directory (not a symlink to one).
-                open_dir_beneath(&parent, &[name.as_bytes()]).map(|_| ())
+                // Fine if it is a directory (not a symlink to one), even
+                // one this user may not open (a copy of a directory of
+                // mode 000, say): what goes inside opens it, and fails
+                // there if it must.
+                let st = rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+                    .with_context(|| format!("cannot create directory {}", show(&e.path)))?;
+                if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+                    bail!(
+                        "cannot create directory {}: something else has its name",
+                        show(&e.path)
+                    );
+                }
+                Ok(())
             }
             Err(err) => {
                 Err(err).with_context(|| format!("cannot create directory {}", show(&e.path)))

@@ -2,8 +2,10 @@
 //!
 //! Each schedule draws a tree of entries (files of random sizes and chunk
 //! sizes, some sent only in part as a resume or a sparse file would, some
-//! announced whole; files a broadcast node lets pass, with data for the
-//! nodes after it or none; directories; symlinks) and lets a model sender put its
+//! announced whole, some abandoned part way (the source could not be
+//! read); files a broadcast node lets pass, with data for the nodes after
+//! it or none; directories, some that could not be listed; symlinks) and
+//! lets a model sender put its
 //! messages and chunks on a random number of streams, as rcp does: stream
 //! 0 carries the messages in order and data too, the others data only.
 //! Each stream is FIFO; the receiver sees a random merge of them, so chunks
@@ -11,12 +13,14 @@
 //!
 //! An honest schedule must never be called a violation, must land every
 //! chunk sent exactly once at its own chunk number, must finish every file
-//! exactly once and only after all its chunks and its end, must land and
-//! finish nothing of a passing file, and must be over
+//! exactly once and only after all its chunks and its end, must drop
+//! every abandoned entry exactly once (a file only after the chunks sent
+//! of it) and finish none, must land and finish nothing of a passing
+//! file, and must be over
 //! exactly when its last item is taken. A schedule with one planted fault
 //! the rules can see (an announcement out of order, an end said twice, one
 //! chunk too many, data for a directory, a chunk outside its file, a
-//! missing `Done`) must be refused, or, for the missing `Done`, never be
+//! missing `Done`, an end after an entry was abandoned) must be refused, or, for the missing `Done`, never be
 //! over.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -31,6 +35,9 @@ const SCHEDULES: u64 = 10_000;
 enum Item {
     Announce(u32, Shape),
     End(u32, u64),
+    /// The sender could not read the entry, after sending that many of
+    /// its chunks.
+    Abandon(u32, u64),
     Done,
     /// A chunk, with its id (the index into the model's chunk list).
     Data(Place, usize),
@@ -46,8 +53,11 @@ struct ModelChunk {
 struct Model {
     streams: Vec<VecDeque<Item>>,
     chunks: Vec<ModelChunk>,
-    /// Per file: how many chunks were sent.
+    /// Per file finished: how many chunks were sent.
     files: HashMap<u32, u64>,
+    /// Per entry abandoned (files and directories): how many chunks were
+    /// sent before.
+    abandoned: HashMap<u32, u64>,
     /// Files passing through (not in `files`), and their chunks' ids.
     passing: HashSet<u32>,
     passing_chunks: HashSet<usize>,
@@ -59,6 +69,7 @@ fn draw(rng: &mut SmallRng) -> Model {
     let mut streams = vec![VecDeque::new(); nstreams];
     let mut chunks = Vec::new();
     let mut files = HashMap::new();
+    let mut abandoned = HashMap::new();
     let mut passing = HashSet::new();
     let mut passing_chunks = HashSet::new();
     let mut dirs = Vec::new();
@@ -70,6 +81,11 @@ fn draw(rng: &mut SmallRng) -> Model {
         if rng.random_bool(0.3) {
             dirs.push(index);
             streams[0].push_back(Item::Announce(index, Shape::Other));
+            // A directory that could not be listed.
+            if rng.random_bool(0.2) {
+                abandoned.insert(index, 0);
+                streams[0].push_back(Item::Abandon(index, 0));
+            }
             continue;
         }
         let chunk = rng.random_range(1..=64u32);
@@ -85,11 +101,22 @@ fn draw(rng: &mut SmallRng) -> Model {
             .filter(|_| needed && (!partial || rng.random_bool(0.6)))
             .collect();
         let whole = !passes && sent.len() <= 1 && rng.random_bool(0.7);
+        // A file the sender could not read to its end: what it read of
+        // it before went out.
+        let mut sent = sent;
+        let abandon = !passes && !whole && rng.random_bool(0.2);
+        if abandon {
+            sent.truncate(rng.random_range(0..=sent.len()));
+        }
         let shape = if passes {
             passing.insert(index);
             Shape::Passing { size, chunk }
         } else {
-            files.insert(index, sent.len() as u64);
+            if abandon {
+                abandoned.insert(index, sent.len() as u64);
+            } else {
+                files.insert(index, sent.len() as u64);
+            }
             Shape::File {
                 size,
                 chunk,
@@ -113,7 +140,9 @@ fn draw(rng: &mut SmallRng) -> Model {
             };
             streams[s].push_back(Item::Data(place, id));
         }
-        if !whole && needed {
+        if abandon {
+            streams[0].push_back(Item::Abandon(index, sent.len() as u64));
+        } else if !whole && needed {
             streams[0].push_back(Item::End(index, sent.len() as u64));
         }
     }
@@ -122,6 +151,7 @@ fn draw(rng: &mut SmallRng) -> Model {
         streams,
         chunks,
         files,
+        abandoned,
         passing,
         passing_chunks,
         dirs,
@@ -157,6 +187,7 @@ fn run(items: &[Item]) -> Result<Run, (usize, String)> {
         let r = match item.clone() {
             Item::Announce(i, shape) => a.announce(i, shape),
             Item::End(i, sent) => a.end(i, sent).map(|x| x.into_iter().collect()),
+            Item::Abandon(i, sent) => a.abandon(i, sent).map(|x| x.into_iter().collect()),
             Item::Done => a.done().map(|()| Vec::new()),
             Item::Data(place, id) => a.chunk(place, id),
         };
@@ -184,6 +215,7 @@ fn honest_schedules_land_every_chunk_once_and_finish_every_file_once() {
         let mut landed = HashSet::new();
         let mut landed_per_file: HashMap<u32, u64> = HashMap::new();
         let mut finished = HashSet::new();
+        let mut dropped = HashSet::new();
         for act in actions {
             match act {
                 Action::Land { entry, k, chunk } => {
@@ -209,8 +241,23 @@ fn honest_schedules_land_every_chunk_once_and_finish_every_file_once() {
                     );
                     assert!(finished.insert(entry), "seed {seed}: finished twice");
                 }
+                Action::Drop { entry } => {
+                    let sent = model.abandoned.get(&entry).copied();
+                    assert!(sent.is_some(), "seed {seed}: entry {entry} dropped");
+                    assert_eq!(
+                        landed_per_file.get(&entry).copied().unwrap_or(0),
+                        sent.unwrap(),
+                        "seed {seed}: entry {entry} dropped early"
+                    );
+                    assert!(dropped.insert(entry), "seed {seed}: dropped twice");
+                }
             }
         }
+        assert_eq!(
+            dropped.len(),
+            model.abandoned.len(),
+            "seed {seed}: abandoned entries left"
+        );
         assert_eq!(
             landed.len(),
             model.chunks.len() - model.passing_chunks.len(),
@@ -229,15 +276,17 @@ enum Fault {
     DataForDirectory,
     Outside,
     NoDone,
+    EndAfterAbandon,
 }
 
-const FAULTS: [Fault; 6] = [
+const FAULTS: [Fault; 7] = [
     Fault::SwapAnnouncements,
     Fault::EndTwice,
     Fault::ChunkTooMany,
     Fault::DataForDirectory,
     Fault::Outside,
     Fault::NoDone,
+    Fault::EndAfterAbandon,
 ];
 
 /// Plants `fault` in the model's streams; false if this model has no room
@@ -310,6 +359,16 @@ fn plant(rng: &mut SmallRng, model: &mut Model, fault: Fault) -> bool {
         }
         Fault::NoDone => {
             s0.pop_back();
+        }
+        Fault::EndAfterAbandon => {
+            // An entry abandoned, then ended as if it had not been.
+            let Some(at) = (0..s0.len()).find(|&i| matches!(s0[i], Item::Abandon(..))) else {
+                return false;
+            };
+            let Item::Abandon(index, sent) = s0[at] else {
+                unreachable!()
+            };
+            s0.insert(at + 1, Item::End(index, sent));
         }
     }
     true

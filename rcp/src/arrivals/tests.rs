@@ -17,7 +17,7 @@ fn landed(actions: &[Action<u8>]) -> Vec<(u32, u64, u8)> {
         .iter()
         .filter_map(|a| match a {
             Action::Land { entry, k, chunk } => Some((*entry, *k, *chunk)),
-            Action::Finish { .. } => None,
+            Action::Finish { .. } | Action::Drop { .. } => None,
         })
         .collect()
 }
@@ -309,4 +309,62 @@ fn a_passing_file_with_data_and_no_end_at_done_is_a_violation() {
         a.chunk(at(0, 100, 100), 2),
         Err(Violation::StrayData(0))
     ));
+}
+
+#[test]
+fn an_abandoned_file_is_dropped_once_the_chunks_sent_have_landed() {
+    let mut a = Arrivals::new();
+    a.announce(0, file(300, 100)).unwrap();
+    a.chunk(at(0, 0, 100), 1).unwrap();
+    // Two of its chunks went before the source failed; one is still on
+    // its way.
+    assert_eq!(a.abandon(0, 2).unwrap(), None);
+    let acts = a.chunk(at(0, 100, 100), 2).unwrap();
+    assert_eq!(landed(&acts), vec![(0, 1, 2)]);
+    assert_eq!(acts.last(), Some(&Action::Drop { entry: 0 }));
+    // Nothing of it may come after: it is no open file any more.
+    assert!(matches!(
+        a.chunk(at(0, 200, 100), 3),
+        Err(Violation::StrayData(0))
+    ));
+    a.done().unwrap();
+    assert!(a.is_over());
+}
+
+#[test]
+fn an_abandoned_file_with_nothing_sent_or_landed_is_dropped_at_once() {
+    let mut a: Arrivals<u8> = Arrivals::new();
+    a.announce(0, file(300, 100)).unwrap();
+    assert_eq!(a.abandon(0, 0).unwrap(), Some(Action::Drop { entry: 0 }));
+    // A directory that could not be listed: nothing open, dropped at once.
+    a.announce(1, Shape::Other).unwrap();
+    assert_eq!(a.abandon(1, 0).unwrap(), Some(Action::Drop { entry: 1 }));
+    a.done().unwrap();
+    assert!(a.is_over());
+}
+
+#[test]
+fn an_abandon_the_rules_do_not_allow_is_a_violation() {
+    // Of an entry never announced.
+    let mut a: Arrivals<u8> = Arrivals::new();
+    a.announce(0, file(100, 100)).unwrap();
+    assert_eq!(a.abandon(1, 0), Err(Violation::EndOfUnknown(1)));
+    // Of a file ended already, or abandoned twice.
+    assert_eq!(a.end(0, 1).unwrap(), None);
+    assert_eq!(a.abandon(0, 0), Err(Violation::EndedTwice(0)));
+    let mut a: Arrivals<u8> = Arrivals::new();
+    a.announce(0, file(100, 100)).unwrap();
+    a.abandon(0, 1).unwrap();
+    assert_eq!(a.abandon(0, 1), Err(Violation::EndedTwice(0)));
+    // Chunks sent of an entry that holds no data.
+    a.announce(1, Shape::Other).unwrap();
+    assert!(matches!(
+        a.abandon(1, 2),
+        Err(Violation::TooManyChunks { entry: 1, .. })
+    ));
+    // After the sender's Done.
+    let mut a: Arrivals<u8> = Arrivals::new();
+    a.announce(0, file(100, 100)).unwrap();
+    a.done().unwrap();
+    assert!(matches!(a.abandon(0, 0), Err(Violation::AfterDone { .. })));
 }

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 
 use super::SendOptions;
 use crate::exit::PeerLost;
-use crate::proto::Msg;
+use crate::proto::{FailKind, Msg};
 use crate::report::Progress;
 
 /// A chunk's read (and hash) under way.
@@ -51,6 +51,12 @@ pub(super) enum DataStep {
         /// Its chunks were compared with the receiver's: none sent means
         /// it was there already.
         compared: bool,
+    },
+    /// The file could not be opened or read (`why`): it is abandoned, with
+    /// the chunks sent of it so far.
+    Abandon {
+        index: u32,
+        why: anyhow::Error,
     },
 }
 
@@ -92,6 +98,9 @@ pub(super) struct DataSender {
     digests: Vec<Option<[u8; 32]>>,
     /// The current file's chunks handed to the stripers.
     file_chunks: u64,
+    /// A file abandoned (its source could not be read): its steps still
+    /// queued are passed over.
+    abandoned: Option<u32>,
     sent: Sent,
 }
 
@@ -112,6 +121,7 @@ impl DataSender {
             current: None,
             digests: Vec::new(),
             file_chunks: 0,
+            abandoned: None,
             sent: Sent::default(),
         }
     }
@@ -122,12 +132,23 @@ impl DataSender {
         self.sent
     }
 
+    /// Takes a file's next step. A read that failed abandons the file
+    /// (its source could not be read): the copy goes on without it.
     pub async fn take(&mut self, step: DataStep) -> anyhow::Result<()> {
         match step {
             DataStep::Chunk { at, read } => {
-                let (buf, digest) = read.await??;
-                self.hand(at, buf, digest).await
+                let read = read.await?;
+                if self.abandoned == Some(at.index) {
+                    // (Read ahead before the file failed: its buffer goes
+                    // back.)
+                    return Ok(());
+                }
+                match read {
+                    Ok((buf, digest)) => self.hand(at, buf, digest).await,
+                    Err(why) => self.abandon(at.index, why).await,
+                }
             }
+            DataStep::End { index, .. } if self.abandoned == Some(index) => Ok(()),
             DataStep::End {
                 index,
                 size,
@@ -135,7 +156,23 @@ impl DataSender {
                 path,
                 compared,
             } => self.end(index, size, chunk, &path, compared).await,
+            DataStep::Abandon { index, why } => self.abandon(index, why).await,
         }
+    }
+
+    /// Tells the receiver that file `index` could not be read, with how
+    /// many of its chunks went before: nothing of it is put in place.
+    async fn abandon(&mut self, index: u32, why: anyhow::Error) -> anyhow::Result<()> {
+        self.switch_to(index);
+        self.abandoned = Some(index);
+        let m = Msg::Abandoned {
+            index,
+            chunks: self.file_chunks,
+            kind: FailKind::Io,
+            reason: format!("{why:#}"),
+        };
+        self.link.send_message(&m.encode()).await?;
+        Ok(())
     }
 
     fn switch_to(&mut self, index: u32) {

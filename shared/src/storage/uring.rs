@@ -74,15 +74,33 @@ fn fd_of(file: &Held) -> types::Fd {
 }
 
 impl Uring {
-    /// Sets up a ring; `pool`'s buffers become its fixed buffers.
+    /// Sets up a ring; `pool`'s buffers become its fixed buffers where the
+    /// kernel takes them.
+    ///
+    /// Fixed buffers are pinned, and the pages are counted against the
+    /// user's `RLIMIT_MEMLOCK` unless the process has `CAP_IPC_LOCK`: an
+    /// unprivileged user's limit (8 MiB on Debian 12, 64 KiB on RHEL 8
+    /// and 9) is below a copy's pool (up to 64 MiB), and the kernel says
+    /// `ENOMEM`. Reads into an unregistered buffer are as correct (the
+    /// kernel pins the pages of each read for its length instead), so the
+    /// ring then runs without them rather than fail the copy.
     pub(crate) fn start(pool: Option<&Arc<BufferPool>>) -> std::io::Result<Uring> {
         let ring = IoUring::new(DEPTH)?;
-        if let Some(pool) = pool {
+        let fixed = pool.filter(|pool| {
             // SAFETY: the pool's memory lives as long as the ring (`fixed`
             // holds the `Arc`), and buffers are handed to the kernel only
             // with an exclusive lease kept until completion.
-            unsafe { ring.submitter().register_buffers(&pool.iovecs())? };
-        }
+            let registered = unsafe { ring.submitter().register_buffers(&pool.iovecs()) };
+            match registered {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::debug!(
+                        "io_uring: fixed buffers refused ({e}); reading into unregistered ones"
+                    );
+                    false
+                }
+            }
+        });
         let eventfd = rustix::event::eventfd(
             0,
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
@@ -102,7 +120,7 @@ impl Uring {
             }),
             room: Semaphore::new(DEPTH as usize),
             eventfd,
-            fixed: pool.cloned(),
+            fixed: fixed.cloned(),
         });
         tokio::spawn(reap_announced(watch, Arc::downgrade(&shared)));
         Ok(Uring { shared })
