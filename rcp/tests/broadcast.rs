@@ -447,6 +447,57 @@ fn a_re_broadcast_sends_what_any_node_lacks_once_and_the_others_let_it_pass() {
 }
 
 #[test]
+fn a_source_file_whose_read_fails_fails_on_every_node_and_the_rest_arrives() {
+    let t = Scratch::new("bcast-unread");
+    let Some(c) = Cluster::new(&t, "rbcu", 3, 206, None) else {
+        return;
+    };
+    let tree = t.path("tree");
+    std::fs::create_dir(&tree).unwrap();
+    // Files of several 256 KiB chunks, read in turn: the sixth read is
+    // the second chunk of `f1` (`f0` has five), which fails as a bad
+    // sector would (the test hook): f1 is abandoned with a chunk on its
+    // way down the chain.
+    random_file(&tree.join("f0"), 5 * (256 << 10), 20);
+    random_file(&tree.join("f1"), 3 * (256 << 10) + 9, 21);
+    random_file(&tree.join("f2"), 2 * (256 << 10), 22);
+    let out = c
+        .rcp(&["-r", "--chunk-size", "256K"])
+        .env("RCP_TEST_FAIL_READ", "6")
+        .arg(&tree)
+        .arg(c.operand(""))
+        .output()
+        .unwrap();
+    some_failed(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("tree/f1"), "the file is named: {stderr}");
+    let v = summary(&out);
+    let all = nodes(&v);
+    assert_eq!(all.len(), 3, "{v}");
+    for (k, (name, good, why)) in all.iter().enumerate() {
+        let disk = c.disk(k + 1).join("tree");
+        assert!(!good, "{name}: f1 failed there too");
+        assert!(
+            why.contains("f1") || why.contains("Input/output"),
+            "{name}: {why}"
+        );
+        assert!(!disk.join("f1").exists(), "{name}: nothing of f1 in place");
+        for f in ["f0", "f2"] {
+            assert!(
+                std::fs::read(disk.join(f)).unwrap() == std::fs::read(tree.join(f)).unwrap(),
+                "{name}: {f} differs"
+            );
+        }
+        let left: Vec<_> = std::fs::read_dir(&disk)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with(".rcp-"))
+            .collect();
+        assert!(left.is_empty(), "{name}: temporary files left: {left:?}");
+    }
+}
+
+#[test]
 fn a_full_disk_and_a_wrong_token_fail_only_their_own_node() {
     let t = Scratch::new("bcast-faults");
     let Some(mut c) = Cluster::new(&t, "rbcf", 5, 203, None) else {
