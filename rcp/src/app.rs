@@ -234,6 +234,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         policy: a.policy(),
         delete: a.delete,
         one_file_system: a.one_file_system.min(2),
+        symlinks: a.symlinks(),
         dry_run: a.dry_run,
         itemize: a.itemize_changes,
         filter: Arc::new(filter_of(&a.rules)?),

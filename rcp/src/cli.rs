@@ -207,6 +207,21 @@ pub struct CopyArgs {
     /// such directories out altogether.
     #[arg(short = 'x', long, action = clap::ArgAction::Count)]
     pub one_file_system: u8,
+    /// Copy what each symlink points to (a file, or a directory and what
+    /// is in it) in place of the symlink, under its name. A symlink whose
+    /// target is missing, or that leads to a directory it is in, fails
+    /// and is left out. Not from `rcp serve`, which keeps to its roots.
+    #[arg(short = 'L', long)]
+    pub copy_links: bool,
+    /// Copy what a symlink points to where it leads outside the copied
+    /// tree (an absolute target, or one whose `..` climb above the
+    /// directory copied); symlinks inside it stay symlinks.
+    #[arg(long)]
+    pub copy_unsafe_links: bool,
+    /// Leave out the symlinks that lead outside the copied tree (with
+    /// --copy-unsafe-links, what they point to is copied instead).
+    #[arg(long)]
+    pub safe_links: bool,
     /// Show what would be done and do nothing: no data is sent and the
     /// destination is not touched (with -i, each change is named).
     #[arg(short = 'n', long)]
@@ -321,6 +336,20 @@ impl CopyArgs {
             xattrs: self.xattrs,
             acls: self.acls,
             hard_links: self.hard_links,
+        }
+    }
+
+    /// What the walk does with symlinks (`-L` over the others, as rsync).
+    pub fn symlinks(&self) -> crate::tree::Symlinks {
+        use crate::tree::Symlinks;
+        if self.copy_links {
+            Symlinks::Follow
+        } else if self.copy_unsafe_links {
+            Symlinks::FollowUnsafe
+        } else if self.safe_links {
+            Symlinks::SkipUnsafe
+        } else {
+            Symlinks::Keep
         }
     }
 

@@ -95,6 +95,15 @@ pub mod flags {
     /// `-xx`, with `ONE_FILE_SYSTEM`: such directories are left out
     /// altogether.
     pub const NO_MOUNT_POINTS: u32 = 1 << 24;
+    /// `-L`: the sender follows every symlink (what it points to goes in
+    /// its place).
+    pub const COPY_LINKS: u32 = 1 << 25;
+    /// `--copy-unsafe-links`: the sender follows the symlinks that lead
+    /// outside the copied tree.
+    pub const COPY_UNSAFE_LINKS: u32 = 1 << 26;
+    /// `--safe-links`: the sender leaves out the symlinks that lead
+    /// outside the copied tree (with `COPY_UNSAFE_LINKS`, those follow).
+    pub const SAFE_LINKS: u32 = 1 << 27;
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
         | RESUME
@@ -110,7 +119,10 @@ pub mod flags {
         | CHAIN
         | MERGED_ANSWERS
         | ONE_FILE_SYSTEM
-        | NO_MOUNT_POINTS;
+        | NO_MOUNT_POINTS
+        | COPY_LINKS
+        | COPY_UNSAFE_LINKS
+        | SAFE_LINKS;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -389,6 +401,15 @@ pub enum Msg {
         kind: FailKind,
         reason: String,
     },
+    /// Sender → receiver: what the walk found at `path` is not sent, and
+    /// fails (a symlink whose referent is missing, with `-L`): the copy
+    /// fails for it, and `--delete` deletes nothing. No entry index is
+    /// spent on it.
+    Unsent {
+        path: Vec<u8>,
+        kind: FailKind,
+        reason: String,
+    },
 }
 
 /// The most names one `Names` message holds.
@@ -443,7 +464,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 28] = [
+const TAGS: [&str; 29] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -472,6 +493,7 @@ const TAGS: [&str; 28] = [
     "NodeDone",
     "Unlisted",
     "Abandoned",
+    "Unsent",
 ];
 
 impl Msg {
@@ -505,6 +527,7 @@ impl Msg {
             Msg::NodeDone(_) => 26,
             Msg::Unlisted { .. } => 27,
             Msg::Abandoned { .. } => 28,
+            Msg::Unsent { .. } => 29,
         }
     }
 
@@ -646,6 +669,11 @@ impl Msg {
                 w.push(*kind as u8);
                 put_bytes(w, truncate(reason).as_bytes());
             }
+            Msg::Unsent { path, kind, reason } => {
+                put_bytes(w, path);
+                w.push(*kind as u8);
+                put_bytes(w, truncate(reason).as_bytes());
+            }
             Msg::Have {
                 index,
                 first,
@@ -768,6 +796,11 @@ impl Msg {
             28 => Msg::Abandoned {
                 index: r.u32()?,
                 chunks: r.u64()?,
+                kind: FailKind::from_wire(r.u8()?)?,
+                reason: r.text()?,
+            },
+            29 => Msg::Unsent {
+                path: r.bytes(MAX_PATH, "unsent.path")?,
                 kind: FailKind::from_wire(r.u8()?)?,
                 reason: r.text()?,
             },
@@ -1473,6 +1506,11 @@ mod tests {
                 kind: FailKind::Io,
                 reason: "cannot read top/f: Permission denied".into(),
             },
+            Msg::Unsent {
+                path: b"top/link".to_vec(),
+                kind: FailKind::Io,
+                reason: "symlink has no referent".into(),
+            },
         ]
     }
 
@@ -1614,8 +1652,9 @@ mod tests {
             }
             .encode()
         };
+        // A flag from after this build.
         assert_eq!(
-            Msg::decode(&push(1 << 25, 1)),
+            Msg::decode(&push(1 << 28, 1)),
             Err(ProtoError::BadField("flags"))
         );
         // Mount points left out only where the walk keeps to one file

@@ -738,6 +738,12 @@ impl Creator<'_> {
                 // (`-x`'s mount points, and directories the sender could
                 // not list.)
                 Msg::Unlisted { index } => self.unlisted.unlisted(index)?,
+                // (Said by the side the user started: here in a pull.)
+                Msg::Unsent { path, kind, reason } => self.failed_here.push(Failure {
+                    path: tree::show(&path),
+                    kind,
+                    reason,
+                }),
                 Msg::Abandoned {
                     index,
                     chunks,

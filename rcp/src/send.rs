@@ -544,6 +544,12 @@ impl Ledger {
         match m {
             Msg::Whole { entry, digest, .. } => self.whole_file(entry, digest),
             Msg::Entry(e) => self.announce(e),
+            // (No entry, so no answer: it fails here.)
+            Msg::Unsent { path, kind, reason } => self.outcome.failed.push(Failure {
+                path: tree::show(&path),
+                kind,
+                reason,
+            }),
             _ => {}
         }
     }
@@ -633,6 +639,14 @@ struct Planner {
 /// follows it; for one the walk could not read, the `Abandoned` that says
 /// why.
 fn entry_messages(item: Item, out: &mut Vec<Msg>) {
+    if item.unsent {
+        out.push(Msg::Unsent {
+            path: item.entry.path,
+            kind: FailKind::Io,
+            reason: item.failed.unwrap_or_default(),
+        });
+        return;
+    }
     let index = item.entry.index;
     out.push(Msg::Entry(item.entry));
     if item.unlisted {

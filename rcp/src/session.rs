@@ -26,7 +26,7 @@ use crate::report::{Progress, Report, Stats};
 use crate::resync::Policy;
 use crate::send::{self, SendOptions, Source, Sources};
 use crate::streams::{self, Sessions};
-use crate::tree::{self, Base};
+use crate::tree::{self, Base, Scope, Symlinks};
 use rfabric::auth;
 use rfabric::endpoint::{self, Listener, Transport};
 use rfabric::link::seal::{Before, EncryptChoice, Protection};
@@ -51,6 +51,9 @@ pub struct Params {
     /// `-x` (1), `-xx` (2): the walk keeps to each operand's file system
     /// (the client's choice; see [`crate::tree::Walker::one_file_system`]).
     pub one_file_system: u8,
+    /// `-L`, `--copy-unsafe-links`, `--safe-links` (the client's choice;
+    /// see [`crate::tree::Symlinks`]).
+    pub symlinks: Symlinks,
     /// `-n`, `-i` (the client's choice).
     pub dry_run: bool,
     pub itemize: bool,
@@ -124,6 +127,12 @@ impl Params {
         if self.one_file_system > 1 {
             f |= flags::NO_MOUNT_POINTS;
         }
+        f |= match self.symlinks {
+            Symlinks::Keep => 0,
+            Symlinks::Follow => flags::COPY_LINKS,
+            Symlinks::FollowUnsafe => flags::COPY_UNSAFE_LINKS,
+            Symlinks::SkipUnsafe => flags::SAFE_LINKS,
+        };
         f | self.keep.flags() | self.policy.flags()
     }
 
@@ -148,6 +157,15 @@ impl Params {
                 (false, _) => 0,
                 (true, false) => 1,
                 (true, true) => 2,
+            },
+            symlinks: if f & flags::COPY_LINKS != 0 {
+                Symlinks::Follow
+            } else if f & flags::COPY_UNSAFE_LINKS != 0 {
+                Symlinks::FollowUnsafe
+            } else if f & flags::SAFE_LINKS != 0 {
+                Symlinks::SkipUnsafe
+            } else {
+                Symlinks::Keep
             },
             dry_run: f & flags::DRY_RUN != 0,
             itemize: f & flags::ITEMIZE != 0,
@@ -702,7 +720,10 @@ fn start_walk(local: Sources, params: &Params) -> send::Walk {
         options.keep,
         &params.filter,
         params.owners.clone(),
-        params.one_file_system,
+        Scope {
+            one_file_system: params.one_file_system,
+            symlinks: params.symlinks,
+        },
         params.walk_helper,
     )
 }
@@ -956,6 +977,16 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
         } => {
             let filter = receive_rules(&link, flags).await?;
             let params = config.params.with_request(flags, streams, filter)?;
+            // A symlink followed could lead anywhere: a daemon keeps to
+            // its roots. (A remote shell's server is the user's own.)
+            if !config.own_files
+                && matches!(params.symlinks, Symlinks::Follow | Symlinks::FollowUnsafe)
+            {
+                bail!(
+                    "rcp serve follows no symlinks (-L, --copy-unsafe-links): one could lead \
+                     outside its roots"
+                );
+            }
             let local = if params.listed.is_some() {
                 let names = receive_names(&link).await?;
                 let [dir] = &sources[..] else {

@@ -28,8 +28,10 @@ use crate::listed;
 use crate::proto::{ACL_ACCESS, Entry, EntryKind, Meta};
 use crate::staying::{Job, Staying};
 
+mod symlinks;
 mod together;
 mod unnamed;
+pub use symlinks::{Symlinks, leads_outside};
 use together::Together;
 use unnamed::Linking;
 
@@ -131,6 +133,47 @@ pub struct Item {
     /// Why the walk could not read it (a directory that could not be
     /// listed): it goes, and fails.
     pub failed: Option<String>,
+    /// Not sent at all, only its failure (`failed`): a symlink whose
+    /// referent is missing or above it (`-L`), or whose referent's
+    /// attributes cannot be read through it. Its entry index is left
+    /// unused.
+    pub unsent: bool,
+}
+
+impl Item {
+    /// An item not sent, named `path`, failed for `why` (of its entry
+    /// only the path is read).
+    fn unsent(path: Vec<u8>, why: String) -> Item {
+        let entry = Entry {
+            index: 0,
+            kind: EntryKind::Symlink,
+            mode: 0,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            size: 0,
+            path,
+            target: Vec::new(),
+            chunk: 0,
+            meta: None,
+        };
+        Item {
+            entry,
+            file: None,
+            dense: true,
+            xattrs: Vec::new(),
+            unlisted: false,
+            failed: Some(why),
+            unsent: true,
+        }
+    }
+}
+
+/// How far a walk goes: `-x`'s file systems ([`Walker::one_file_system`])
+/// and the symlinks it follows ([`Symlinks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scope {
+    pub one_file_system: u8,
+    pub symlinks: Symlinks,
 }
 
 /// A walked file, by its directory and name: opened when its data is
@@ -237,6 +280,11 @@ pub struct Walker {
     may_help: bool,
     /// `-x` (1) and `-xx` (2): see [`Walker::one_file_system`].
     one_file_system: u8,
+    /// `-L`, `--copy-unsafe-links`, `--safe-links`: see [`Symlinks`].
+    symlinks: Symlinks,
+    /// The directories being walked, from the operand down (device and
+    /// inode): a symlink followed to one of them is a loop.
+    walking: Vec<(u64, u64)>,
     /// The thread that looks up the second half of a large directory's
     /// names (of each block of them) while the walk does the first
     /// (started at the first such directory; `None` until then, or where
@@ -304,7 +352,14 @@ impl Walker {
             may_help: false,
             helper: None,
             one_file_system: 0,
+            symlinks: Symlinks::Keep,
+            walking: Vec::new(),
         }
+    }
+
+    /// What the walk does with symlinks ([`Symlinks`]).
+    pub fn symlinks(&mut self, rule: Symlinks) {
+        self.symlinks = rule;
     }
 
     /// `-x` (`level` 1): the walk keeps to each operand's file system (a
@@ -504,20 +559,11 @@ impl Walker {
         // What the helper looked up of it already.
         looked: Option<LookedMore>,
     ) -> anyhow::Result<()> {
-        let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
-        if how.filtered && self.filter.excludes(&path, is_dir) {
-            return Ok(());
-        }
-        let mount_point =
-            is_dir && self.one_file_system > 0 && how.device.is_some_and(|dev| dev != stat.st_dev);
-        if mount_point && self.one_file_system > 1 {
-            return Ok(());
-        }
-        let (target, xattrs_looked) = match looked {
+        let (target, mut xattrs_looked) = match looked {
             Some(looked) => (looked.target, looked.xattrs),
             None => (None, None),
         };
-        let target = if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink {
+        let mut target = if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink {
             target
                 .unwrap_or_else(|| rustix::fs::readlinkat(parent, cname, Vec::new()))
                 .with_context(|| format!("cannot read symlink {}", shown()))?
@@ -525,6 +571,55 @@ impl Walker {
         } else {
             Vec::new()
         };
+        // `-L`, `--copy-unsafe-links`: a symlink followed is its referent
+        // under its name, from here on; `--safe-links` leaves one out.
+        let followed = match self.symlinks {
+            _ if FileType::from_raw_mode(stat.st_mode) != FileType::Symlink => None,
+            Symlinks::Keep => None,
+            Symlinks::Follow => Some(()),
+            Symlinks::FollowUnsafe => leads_outside(&path, &target).then_some(()),
+            Symlinks::SkipUnsafe if leads_outside(&path, &target) => return Ok(()),
+            Symlinks::SkipUnsafe => None,
+        };
+        let referent;
+        let stat = match followed {
+            None => stat,
+            Some(()) => match rustix::fs::statat(&**parent, cname, AtFlags::empty()) {
+                Ok(st) => {
+                    referent = st;
+                    &referent
+                }
+                // (Unless the rules leave it out, as rsync's do.)
+                Err(_) if how.filtered && self.filter.excludes(&path, false) => return Ok(()),
+                Err(e) => return emit(Item::unsent(path, format!("symlink has no referent: {e}"))),
+            },
+        };
+        let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
+        if how.filtered && self.filter.excludes(&path, is_dir) {
+            return Ok(());
+        }
+        if followed.is_some() {
+            // (What the helper read by name was the symlink's.)
+            target = Vec::new();
+            xattrs_looked = None;
+            let kind = FileType::from_raw_mode(stat.st_mode);
+            if kind == FileType::Directory && self.walking.contains(&(stat.st_dev, stat.st_ino)) {
+                let why = "symlink loop: it leads to a directory this one is in".to_string();
+                return emit(Item::unsent(path, why));
+            }
+            let special = !matches!(kind, FileType::RegularFile | FileType::Directory);
+            if special && (self.keep.xattrs || self.keep.acls) {
+                let why = "symlink to a special file: its attributes cannot be read through \
+                           the link"
+                    .to_string();
+                return emit(Item::unsent(path, why));
+            }
+        }
+        let mount_point =
+            is_dir && self.one_file_system > 0 && how.device.is_some_and(|dev| dev != stat.st_dev);
+        if mount_point && self.one_file_system > 1 {
+            return Ok(());
+        }
         let Some(mut entry) = entry_for(stat, self.keep, self.next_index, path, target) else {
             eprintln!(
                 "rcp: skipping {}: not a regular file, directory or symlink (-D copies \
@@ -554,6 +649,7 @@ impl Walker {
                     xattrs: Vec::new(),
                     unlisted: false,
                     failed: None,
+                    unsent: false,
                 });
             }
             self.first_names.insert(id, entry.path.clone());
@@ -565,8 +661,17 @@ impl Walker {
         // else through the file opened already (no path walk).
         let by_name = rfabric::thread_dir::available();
         let disk = match entry.kind {
-            EntryKind::File if attributes && !by_name => self.disk_path(&entry.path),
+            EntryKind::File if attributes && !by_name && followed.is_none() => {
+                self.disk_path(&entry.path)
+            }
             _ => None,
+        };
+        // (A symlink followed is opened through it, and read through the
+        // file opened: the calls by name act on the symlink.)
+        let nofollow = if followed.is_some() {
+            OFlags::empty()
+        } else {
+            OFlags::NOFOLLOW
         };
         // (A directory that cannot be opened is sent without its
         // contents, and fails: below.)
@@ -575,15 +680,37 @@ impl Walker {
             EntryKind::Dir => match rustix::fs::openat(
                 &**parent,
                 cname,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                OFlags::RDONLY | OFlags::DIRECTORY | nofollow | OFlags::CLOEXEC,
                 Mode::empty(),
             ) {
                 Ok(fd) => Some(fd),
+                // (A directory followed is read through its descriptor:
+                // without one, none of it goes.)
+                Err(e) if followed.is_some() => {
+                    let why = format!("cannot list the directory: {e}");
+                    return emit(Item::unsent(entry.path, why));
+                }
                 Err(e) => {
                     unopened = Some(e);
                     None
                 }
             },
+            EntryKind::File if followed.is_some() => {
+                // (The one it is now: a file swapped in since is not
+                // read.)
+                let fd = rustix::fs::openat(
+                    &**parent,
+                    cname,
+                    OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .with_context(|| format!("cannot open {}", shown()))?;
+                let st = rustix::fs::fstat(&fd)?;
+                if (st.st_dev, st.st_ino) != (stat.st_dev, stat.st_ino) {
+                    bail!("{} was replaced while it was being walked", shown());
+                }
+                Some(fd)
+            }
             EntryKind::File if attributes && disk.is_none() && !by_name => rustix::fs::openat(
                 &**parent,
                 cname,
@@ -629,6 +756,7 @@ impl Walker {
                     xattrs,
                     unlisted: false,
                     failed: None,
+                    unsent: false,
                 })
             }
             EntryKind::Dir => {
@@ -664,6 +792,7 @@ impl Walker {
                     xattrs,
                     unlisted: mount_point || failed.is_some(),
                     failed,
+                    unsent: false,
                 })?;
                 let (Some(inside), Some((dir, names))) = (inside, listed) else {
                     return Ok(());
@@ -681,6 +810,7 @@ impl Walker {
                 // and on a network filesystem each is a round trip. In
                 // blocks, so that what the helper found of a directory of
                 // millions of names is held a block at a time.)
+                self.walking.push((stat.st_dev, stat.st_ino));
                 for block in names.chunks(LOOK_AHEAD_BLOCK) {
                     let half = block.len() / 2;
                     let mut ahead = (self.may_help && block.len() >= LOOK_AHEAD_FROM)
@@ -722,6 +852,7 @@ impl Walker {
                         self.visit(&dir, n, child, &st, emit, &named, how, more)?;
                     }
                 }
+                self.walking.pop();
                 Ok(())
             }
             _ => emit(Item {
@@ -731,6 +862,7 @@ impl Walker {
                 xattrs,
                 unlisted: false,
                 failed: None,
+                unsent: false,
             }),
         }
     }

@@ -151,6 +151,7 @@ pub fn params(
         policy: crate::resync::Policy::default(),
         delete: false,
         one_file_system: 0,
+        symlinks: crate::tree::Symlinks::Keep,
         dry_run: false,
         itemize: false,
         filter: std::sync::Arc::default(),

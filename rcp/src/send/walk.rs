@@ -38,7 +38,7 @@ use crate::archive::Keep;
 use crate::filter::Filter;
 use crate::idmap::Owners;
 use crate::proto::EntryKind;
-use crate::tree::{Item, Walker};
+use crate::tree::{Item, Scope, Walker};
 
 /// Walked items per batch at most while file data moves, and batches
 /// ahead of the planner once the session is sending: together they bound
@@ -261,8 +261,8 @@ impl Drop for Items {
 
 impl Walk {
     /// Starts walking `sources` (with `recursive`, the archive metadata
-    /// of `keep`, `filter`'s rules, `owners`' maps and `-x`'s
-    /// `one_file_system` level) on a blocking thread; its items wait for
+    /// of `keep`, `filter`'s rules, `owners`' maps, and `scope`: `-x` and
+    /// the symlinks followed) on a blocking thread; its items wait for
     /// the session (`Walk::settle`).
     pub fn start(
         sources: Sources,
@@ -270,7 +270,7 @@ impl Walk {
         keep: Keep,
         filter: &Arc<Filter>,
         owners: Option<Arc<Owners>>,
-        one_file_system: u8,
+        scope: Scope,
         helper: bool,
     ) -> Walk {
         let window = super::ask_ahead();
@@ -287,7 +287,8 @@ impl Walk {
         let with_data = Arc::new(AtomicU64::new(0));
         let mut walk = Walker::new(recursive, keep, Arc::clone(filter));
         walk.map_owners(owners);
-        walk.one_file_system(one_file_system);
+        walk.one_file_system(scope.one_file_system);
+        walk.symlinks(scope.symlinks);
         walk.with_helper(helper);
         let (walked_with_data, room) = (Arc::clone(&with_data), Arc::clone(&shared));
         let thread = tokio::task::spawn_blocking(move || {
