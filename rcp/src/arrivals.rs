@@ -17,8 +17,10 @@
 //!   more than that is a violation.
 //! - Or the sender abandons it (`Abandoned`: the source could not be
 //!   read), with the count of chunks it sent before: once that many have
-//!   landed it is dropped, not finished. An entry announced that is no
-//!   open file (a directory that could not be listed) is dropped at once.
+//!   landed it is dropped, not finished (a passing file without a word).
+//!   An entry with nothing open (a directory that could not be listed)
+//!   may be abandoned only right after its announcement, and once: it is
+//!   dropped at once.
 //! - Nothing but data for open files follows `Done`; the copy is over when
 //!   `Done` came, every file is finished and no held chunk is left.
 //! - A broadcast node may let a file pass: one it needs nothing of while a
@@ -149,6 +151,8 @@ pub struct Arrivals<C> {
     /// Chunks that overtook their entry's announcement, by entry.
     early: BTreeMap<u64, Vec<(Place, C)>>,
     done: bool,
+    /// The last entry abandoned with nothing open (a directory).
+    dropped: Option<u32>,
 }
 
 impl<C> Default for Arrivals<C> {
@@ -158,6 +162,7 @@ impl<C> Default for Arrivals<C> {
             open: HashMap::new(),
             early: BTreeMap::new(),
             done: false,
+            dropped: None,
         }
     }
 }
@@ -257,17 +262,21 @@ impl<C> Arrivals<C> {
             });
         }
         let Some(file) = self.open.get_mut(&index) else {
-            if self.announced.is_none_or(|a| index > a) {
+            // (Nothing open: only the entry announced last, once.)
+            if self.announced != Some(index) {
                 return Err(Violation::EndOfUnknown(index));
             }
-            return if sent == 0 {
-                Ok(Some(Action::Drop { entry: index }))
-            } else {
-                Err(Violation::TooManyChunks {
+            if self.dropped == Some(index) {
+                return Err(Violation::EndedTwice(index));
+            }
+            if sent != 0 {
+                return Err(Violation::TooManyChunks {
                     entry: index,
                     sent: 0,
-                })
-            };
+                });
+            }
+            self.dropped = Some(index);
+            return Ok(Some(Action::Drop { entry: index }));
         };
         if file.sent.is_some() {
             return Err(Violation::EndedTwice(index));
@@ -340,9 +349,12 @@ impl<C> Arrivals<C> {
         if file.complete(entry)? {
             let (passing, abandoned) = (file.passing, file.abandoned);
             self.open.remove(&entry);
+            // (A file passing through that the sender abandoned is
+            // dropped without a word: this node has it already, and the
+            // nodes that wanted it say it failed.)
             return Ok(match (abandoned, passing) {
-                (true, _) => Some(Action::Drop { entry }),
-                (false, true) => None,
+                (_, true) => None,
+                (true, false) => Some(Action::Drop { entry }),
                 (false, false) => Some(Action::Finish { entry }),
             });
         }

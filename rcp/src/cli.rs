@@ -209,8 +209,9 @@ pub struct CopyArgs {
     pub one_file_system: u8,
     /// Copy what each symlink points to (a file, or a directory and what
     /// is in it) in place of the symlink, under its name. A symlink whose
-    /// target is missing, or that leads to a directory it is in, fails
-    /// and is left out. Not from `rcp serve`, which keeps to its roots.
+    /// target is missing or cannot be read, or that leads to a directory
+    /// it is in, fails alone and is left out. Not from `rcp serve`, which
+    /// keeps to its roots.
     #[arg(short = 'L', long)]
     pub copy_links: bool,
     /// Copy what a symlink points to where it leads outside the copied
@@ -218,8 +219,10 @@ pub struct CopyArgs {
     /// directory copied); symlinks inside it stay symlinks.
     #[arg(long)]
     pub copy_unsafe_links: bool,
-    /// Leave out the symlinks that lead outside the copied tree (with
-    /// --copy-unsafe-links, what they point to is copied instead).
+    /// Leave out the symlinks that lead outside the copied tree: nothing
+    /// is made of them, and what the destination holds under their names
+    /// stays, even with --delete (with --copy-unsafe-links, what they
+    /// point to is copied instead).
     #[arg(long)]
     pub safe_links: bool,
     /// Show what would be done and do nothing: no data is sent and the

@@ -7,7 +7,7 @@
 //! checked, the data synced, and only then is it renamed into place: an
 //! interrupted or corrupted copy never shows up under the final name.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
@@ -66,6 +66,12 @@ pub struct RecvOptions {
     /// what they hold), and `--delete` keeps to each top-level entry's
     /// file system (see [`delete::extraneous`]).
     pub one_file_system: bool,
+    /// `--safe-links`: a symlink that leads outside the copied tree is not
+    /// made (its name stays, as rsync's receiver keeps it).
+    pub safe_links: bool,
+    /// `--files-from`: entry paths start below the copied tree's top
+    /// ([`tree::leads_outside`]).
+    pub files_from: bool,
     /// `-n`: decide and report, change nothing.
     pub dry_run: bool,
     /// `-i`: name what changes.
@@ -242,6 +248,8 @@ pub async fn receive(
         dirs: Vec::new(),
         unlisted: delete::Unlisted::default(),
         hard_links: Vec::new(),
+        unread: HashSet::new(),
+        unread_paths: HashSet::new(),
         xattrs: XattrInbox::default(),
     };
     // Entries found unchanged on threads of their own, where a batch's
@@ -398,10 +406,17 @@ pub async fn receive(
                             }
                             None => path.or_else(|| new.dir_path(entry)),
                         };
-                        let path =
-                            path.map_or_else(|| format!("entry {entry}"), |p| tree::show(&p));
+                        new.unread.insert(entry);
+                        let shown = path
+                            .as_ref()
+                            .map_or_else(|| format!("entry {entry}"), |p| tree::show(p));
+                        new.unread_paths.extend(path);
                         answers.send(entry, Err((kind, reason.clone())));
-                        new.failed_here.push(Failure { path, kind, reason });
+                        new.failed_here.push(Failure {
+                            path: shown,
+                            kind,
+                            reason,
+                        });
                     }
                     Action::Finish { entry } => {
                         let file = files.remove(&entry).expect("an open file");
@@ -453,6 +468,22 @@ pub async fn receive(
     stats.skipped = new.skipped;
     // Other names of files once all files are in place (`-H`).
     for e in &new.hard_links {
+        // (A name of a file the sender could not read is not linked: to
+        // nothing new, or to what was there before.)
+        if new.unread_paths.contains(&e.target) {
+            let reason = format!(
+                "not linked: {} could not be read at the source",
+                tree::show(&e.target)
+            );
+            answers.send(e.index, Err((FailKind::Io, reason.clone())));
+            failed.push(Failure {
+                path: tree::show(&e.path),
+                kind: FailKind::Io,
+                reason,
+            });
+            ok = false;
+            continue;
+        }
         // (Into nothing, the names are most likely free.)
         match base.make_hard_link(e, opts.policy.check == resync::Check::Never) {
             Ok(dir) => {
@@ -513,7 +544,11 @@ pub async fn receive(
     // dry run made none.)
     let finishing = if opts.dry_run { &[][..] } else { &new.dirs[..] };
     for (d, xattrs) in finishing.iter().rev() {
-        if let Err(e) = base.finish_dir(d, xattrs, how) {
+        // (One the sender could not list failed already: its metadata is
+        // set where it can be, and not said failed twice.)
+        if let Err(e) = base.finish_dir(d, xattrs, how)
+            && !new.unread.contains(&d.index)
+        {
             let (kind, reason) = self::failed(&e);
             // (A second answer for it: the sender counts the failure.)
             answers.send(d.index, Err((kind, reason.clone())));
@@ -716,6 +751,11 @@ struct Creator<'a> {
     unlisted: delete::Unlisted,
     /// Other names of files, linked once every file is in place.
     hard_links: Vec<Entry>,
+    /// What the sender could not read (`Abandoned`, `Unsent`): entries by
+    /// index (a directory's metadata failing too is not said again) and
+    /// paths (no other name is linked to one, there or from before).
+    unread: HashSet<u32>,
+    unread_paths: HashSet<Vec<u8>>,
     /// Extended attributes arriving ahead of their entry.
     xattrs: XattrInbox,
 }
@@ -739,11 +779,14 @@ impl Creator<'_> {
                 // not list.)
                 Msg::Unlisted { index } => self.unlisted.unlisted(index)?,
                 // (Said by the side the user started: here in a pull.)
-                Msg::Unsent { path, kind, reason } => self.failed_here.push(Failure {
-                    path: tree::show(&path),
-                    kind,
-                    reason,
-                }),
+                Msg::Unsent { path, kind, reason } => {
+                    self.failed_here.push(Failure {
+                        path: tree::show(&path),
+                        kind,
+                        reason,
+                    });
+                    self.unread_paths.insert(path);
+                }
                 Msg::Abandoned {
                     index,
                     chunks,
@@ -843,6 +886,16 @@ impl Creator<'_> {
                 "entry {} came with its data before it was answered",
                 e.index
             );
+        }
+        if e.kind == EntryKind::Symlink
+            && self.opts.safe_links
+            && tree::leads_outside(&e.path, &e.target, !self.opts.files_from)
+        {
+            // `--safe-links`, as rsync's receiver ("ignoring unsafe
+            // symlink"): nothing is made, and what is there under its name
+            // stays (the name was noted for `--delete` above).
+            self.answers.send(e.index, Ok(()));
+            return Ok(arrivals.announce(e.index, Shape::Other)?);
         }
         if self.opts.dry_run {
             return self.dry(arrivals, e);

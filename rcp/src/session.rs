@@ -210,6 +210,8 @@ impl Params {
             policy: self.policy,
             delete: self.delete,
             one_file_system: self.one_file_system > 0,
+            safe_links: self.symlinks == Symlinks::SkipUnsafe,
+            files_from: self.listed.is_some(),
             dry_run: self.dry_run,
             itemize: match (self.itemize, client) {
                 (false, _) => Itemize::Off,

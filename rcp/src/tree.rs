@@ -285,6 +285,9 @@ pub struct Walker {
     /// The directories being walked, from the operand down (device and
     /// inode): a symlink followed to one of them is a loop.
     walking: Vec<(u64, u64)>,
+    /// Entry paths start with the operand's name (not in a `--files-from`
+    /// walk): see [`leads_outside`].
+    under_top: bool,
     /// The thread that looks up the second half of a large directory's
     /// names (of each block of them) while the walk does the first
     /// (started at the first such directory; `None` until then, or where
@@ -354,6 +357,7 @@ impl Walker {
             one_file_system: 0,
             symlinks: Symlinks::Keep,
             walking: Vec::new(),
+            under_top: true,
         }
     }
 
@@ -441,6 +445,7 @@ impl Walker {
         emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
         let shown = || String::from_utf8_lossy(name).into_owned();
+        self.under_top = true;
         let stat = rustix::fs::statat(parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
             .with_context(|| format!("cannot stat {}", shown()))?;
         let parent = Arc::new(rustix::io::dup(parent)?);
@@ -475,6 +480,7 @@ impl Walker {
         names: &[Vec<u8>],
         emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
+        self.under_top = false;
         let mut made: std::collections::HashSet<Vec<u8>> = Default::default();
         let mut walked: Option<&[u8]> = None;
         for listed in names {
@@ -572,14 +578,13 @@ impl Walker {
             Vec::new()
         };
         // `-L`, `--copy-unsafe-links`: a symlink followed is its referent
-        // under its name, from here on; `--safe-links` leaves one out.
+        // under its name, from here on.
+        // (`--safe-links` is the receiver's: it keeps the name.)
         let followed = match self.symlinks {
             _ if FileType::from_raw_mode(stat.st_mode) != FileType::Symlink => None,
-            Symlinks::Keep => None,
+            Symlinks::Keep | Symlinks::SkipUnsafe => None,
             Symlinks::Follow => Some(()),
-            Symlinks::FollowUnsafe => leads_outside(&path, &target).then_some(()),
-            Symlinks::SkipUnsafe if leads_outside(&path, &target) => return Ok(()),
-            Symlinks::SkipUnsafe => None,
+            Symlinks::FollowUnsafe => leads_outside(&path, &target, self.under_top).then_some(()),
         };
         let referent;
         let stat = match followed {
@@ -683,6 +688,17 @@ impl Walker {
                 OFlags::RDONLY | OFlags::DIRECTORY | nofollow | OFlags::CLOEXEC,
                 Mode::empty(),
             ) {
+                // (A directory followed: the one it was when looked at, as
+                // the loop check saw it.)
+                Ok(fd)
+                    if followed.is_some()
+                        && rustix::fs::fstat(&fd).is_ok_and(|st| {
+                            (st.st_dev, st.st_ino) != (stat.st_dev, stat.st_ino)
+                        }) =>
+                {
+                    let why = "replaced while it was being walked".to_string();
+                    return emit(Item::unsent(entry.path, why));
+                }
                 Ok(fd) => Some(fd),
                 // (A directory followed is read through its descriptor:
                 // without one, none of it goes.)
@@ -697,19 +713,23 @@ impl Walker {
             },
             EntryKind::File if followed.is_some() => {
                 // (The one it is now: a file swapped in since is not
-                // read.)
-                let fd = rustix::fs::openat(
+                // read.) One that cannot be opened fails alone.
+                let opened = rustix::fs::openat(
                     &**parent,
                     cname,
                     OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
                     Mode::empty(),
                 )
-                .with_context(|| format!("cannot open {}", shown()))?;
-                let st = rustix::fs::fstat(&fd)?;
-                if (st.st_dev, st.st_ino) != (stat.st_dev, stat.st_ino) {
-                    bail!("{} was replaced while it was being walked", shown());
+                .map_err(|e| format!("cannot open it through the symlink: {e}"))
+                .and_then(|fd| match rustix::fs::fstat(&fd) {
+                    Ok(st) if (st.st_dev, st.st_ino) == (stat.st_dev, stat.st_ino) => Ok(fd),
+                    Ok(_) => Err("replaced while it was being walked".to_string()),
+                    Err(e) => Err(format!("cannot open it through the symlink: {e}")),
+                });
+                match opened {
+                    Ok(fd) => Some(fd),
+                    Err(why) => return emit(Item::unsent(entry.path, why)),
                 }
-                Some(fd)
             }
             EntryKind::File if attributes && disk.is_none() && !by_name => rustix::fs::openat(
                 &**parent,
@@ -727,14 +747,21 @@ impl Walker {
         // (Held only where it is used: a reference more per entry otherwise.)
         let held: rfabric::thread_dir::HeldDir;
         let xattrs = match (&open, &disk, xattrs_looked) {
-            (Some(fd), _, _) => archive::read_xattrs(Node::Fd(fd.as_fd()), self.keep)?,
-            (None, Some(disk), _) => archive::read_xattrs(Node::Path(disk.as_c_str()), self.keep)?,
+            (Some(fd), _, _) => archive::read_xattrs(Node::Fd(fd.as_fd()), self.keep),
+            (None, Some(disk), _) => archive::read_xattrs(Node::Path(disk.as_c_str()), self.keep),
             // (Read by name in the directory, as here.)
-            (None, None, Some(looked)) => looked?,
+            (None, None, Some(looked)) => looked,
             (None, None, None) => {
                 held = parent.clone();
-                archive::read_xattrs(Node::Held(&held, cname), self.keep)?
+                archive::read_xattrs(Node::Held(&held, cname), self.keep)
             }
+        };
+        // Attributes that cannot be read (a file of mode 000 with `user.`
+        // ones): sent without them, it would lose them there, so it is
+        // not sent, and fails.
+        let xattrs = match xattrs {
+            Ok(xattrs) => xattrs,
+            Err(e) => return emit(Item::unsent(entry.path, format!("{e:#}"))),
         };
         if let Some(meta) = &mut entry.meta {
             meta.xattrs = xattrs.len() as u16;
@@ -834,21 +861,27 @@ impl Walker {
                             ),
                         };
                         let st = match st {
-                            Ok(st) => st,
                             // Gone since the directory was read: as rsync,
                             // said and passed over.
                             Err(rustix::io::Errno::NOENT) => {
                                 eprintln!("rcp: file has vanished: {}", named());
                                 continue;
                             }
-                            Err(e) => {
-                                return Err(e).with_context(|| format!("cannot stat {}", named()));
-                            }
+                            st => st,
                         };
                         let mut child = Vec::with_capacity(path.len() + 1 + n.as_bytes().len());
                         child.extend_from_slice(&path);
                         child.push(b'/');
                         child.extend_from_slice(n.as_bytes());
+                        // (A directory that can be listed and not searched:
+                        // each name in it fails alone.)
+                        let st = match st {
+                            Ok(st) => st,
+                            Err(e) => {
+                                emit(Item::unsent(child, format!("cannot look at it: {e}")))?;
+                                continue;
+                            }
+                        };
                         self.visit(&dir, n, child, &st, emit, &named, how, more)?;
                     }
                 }

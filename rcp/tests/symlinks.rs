@@ -1,6 +1,7 @@
 //! Symlink choices against the oracle: `-L`, `--copy-unsafe-links` and
-//! `--safe-links` copy what rsync with the same flag copies, locally and
-//! pushed and pulled through a remote shell. rcp copies the directory
+//! `--safe-links` copy what rsync with the same flag copies (and with
+//! `--delete` keep and delete what it does), locally and pushed and
+//! pulled through a remote shell, and with `--files-from`. rcp copies the directory
 //! named, so its tree is rsync's `SRC/` (a link's `..` may climb to the
 //! directory copied, not above it). Where rsync loops or gives up, rcp
 //! says why for each symlink and copies the rest: a symlink with no
@@ -120,18 +121,34 @@ fn symlink_choices_copy_what_rsync_copies_in_every_mode() {
         // (rsync gives up on a symlink to nothing: -L without it.)
         &["-L", "--exclude", "dangling"],
     ];
+    // Both destinations hold a file under the name of a symlink that
+    // leads outside, and one the source does not have: with --delete,
+    // --safe-links keeps the first (rsync's receiver ignores the symlink
+    // and keeps the name), the others replace it, and the second goes.
+    let from_before = |dest: &Path| {
+        std::fs::create_dir_all(dest.join("src")).unwrap();
+        std::fs::write(dest.join("src/abs-out"), b"from before").unwrap();
+        std::fs::write(dest.join("src/gone"), b"not in the source").unwrap();
+        let then = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_500_000_000);
+        let f = std::fs::File::options()
+            .write(true)
+            .open(dest.join("src/abs-out"))
+            .unwrap();
+        f.set_modified(then).unwrap();
+    };
     for (n, flags) in choices.iter().enumerate() {
         let oracle = t.path(&format!("rsync-{n}"));
-        std::fs::create_dir_all(oracle.join("src")).unwrap();
+        from_before(&oracle);
         run(Command::new("rsync")
-            .arg("-a")
+            .args(["-a", "--delete"])
             .args(*flags)
             .arg(format!("{}/", src.display()))
             .arg(format!("{}/", oracle.join("src").display())));
+        assert!(!oracle.join("src/gone").exists());
         for how in ["local", "pushed", "pulled"] {
             let dest = t.path(&format!("rcp-{n}-{how}"));
-            std::fs::create_dir(&dest).unwrap();
-            let mut args = vec!["-a"];
+            from_before(&dest);
+            let mut args = vec!["-a", "--delete"];
             args.extend(*flags);
             let (from, to) = match how {
                 "local" => (s(&src).to_string(), format!("{}/", dest.display())),
@@ -152,6 +169,40 @@ fn symlink_choices_copy_what_rsync_copies_in_every_mode() {
             succeeded(&format!("{flags:?} {how}"), &out);
             assert_same(&format!("{flags:?} {how}"), &oracle, &dest);
         }
+    }
+}
+
+/// A `--files-from` walk's names are below the directory copied: a
+/// symlink in `sub` may climb once and stay inside.
+#[test]
+fn symlinks_listed_with_files_from_are_judged_from_the_directory_copied() {
+    let t = Scratch::new("rcp-symlinks-listed");
+    let src = tree(t.dir(), false);
+    let list = t.path("list");
+    std::fs::write(&list, "in.txt\nsub/up-in\nsub/climbs\nrel-out\ndir-in\n").unwrap();
+    for (n, flag) in ["--copy-unsafe-links", "--safe-links"].iter().enumerate() {
+        let oracle = t.path(&format!("rsync-{n}"));
+        let dest = t.path(&format!("rcp-{n}"));
+        for d in [&oracle, &dest] {
+            std::fs::create_dir(d).unwrap();
+        }
+        run(Command::new("rsync")
+            .args(["-a", flag, "--files-from", s(&list)])
+            .arg(format!("{}/", src.display()))
+            .arg(format!("{}/", oracle.display())));
+        let out = rcp(
+            &[
+                "-a",
+                flag,
+                "--files-from",
+                s(&list),
+                s(&src),
+                &format!("{}/", dest.display()),
+            ],
+            None,
+        );
+        succeeded(flag, &out);
+        assert_same(flag, &oracle, &dest);
     }
 }
 

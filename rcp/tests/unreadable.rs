@@ -77,12 +77,17 @@ fn set_mode(p: &Path, mode: u32) {
 }
 
 /// A source `src` with files `nobody` can read (`a`, `c`, `d/e`), a
-/// root-owned file of mode 000 (`b`) and a root-owned directory of mode
-/// 000 (`locked`, holding `x`).
+/// root-owned file of mode 000 (`b`, and `lb`, a symlink to it), a
+/// root-owned directory of mode 000 (`locked`, holding `x`) and one
+/// `nobody` may read and not search (`unsearchable`, mode 444, holding
+/// `y`).
 fn source(t: &Scratch) -> PathBuf {
     let src = t.path("src");
     std::fs::create_dir_all(src.join("d")).unwrap();
     std::fs::create_dir_all(src.join("locked")).unwrap();
+    std::fs::create_dir_all(src.join("unsearchable")).unwrap();
+    std::fs::write(src.join("unsearchable/y"), pattern(10, 6)).unwrap();
+    std::os::unix::fs::symlink("b", src.join("lb")).unwrap();
     std::fs::write(src.join("a"), pattern(100_000, 1)).unwrap();
     std::fs::write(src.join("c"), pattern(3, 3)).unwrap();
     std::fs::write(src.join("d/e"), pattern(70_000, 5)).unwrap();
@@ -96,6 +101,7 @@ fn source(t: &Scratch) -> PathBuf {
             .unwrap();
         set_mode(&src.join(p), 0);
     }
+    set_mode(&src.join("unsearchable"), 0o444);
     src
 }
 
@@ -123,11 +129,18 @@ fn check_failed_copy(how: &str, out: &Output, dest: &Path, src: &Path) {
         stderr.contains("src/locked: cannot list the directory: Permission denied"),
         "{how}: the unlistable directory is named: {stderr}"
     );
-    assert_eq!(
-        stderr.matches("src/b:").count(),
-        1,
-        "{how}: each failure is said once: {stderr}"
+    // (Listing it reopens it, which takes the search permission.)
+    assert!(
+        stderr.contains("src/unsearchable: cannot list the directory: Permission denied"),
+        "{how}: a directory that cannot be searched is named: {stderr}"
     );
+    for name in ["src/b:", "src/locked:", "src/unsearchable:"] {
+        assert_eq!(
+            stderr.matches(name).count(),
+            1,
+            "{how}: each failure is said once: {stderr}"
+        );
+    }
     for f in ["a", "c", "d/e"] {
         assert_eq!(
             std::fs::read(dest.join("src").join(f)).unwrap(),
@@ -212,7 +225,20 @@ fn sources_that_cannot_be_read_fail_alone_and_everything_else_arrives() {
         );
         assert!(dest.join("src/extra").exists(), "{how}: nothing deleted");
     }
-    for p in ["b", "locked"] {
+    // With -L, the symlink to the file that cannot be read fails alone
+    // too.
+    let dest = t.path("followed");
+    std::fs::create_dir(&dest).unwrap();
+    give(&dest);
+    let to = format!("{}/", dest.display());
+    let out = as_nobody(&rcp, &["-rL", s(&src), &to], &[]);
+    check_failed_copy("-L", &out, &dest, &src);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("src/lb: cannot open it through the symlink: Permission denied"),
+        "-L: {stderr}"
+    );
+    for p in ["b", "locked", "unsearchable"] {
         set_mode(&src.join(p), 0o755);
     }
 }
@@ -228,18 +254,21 @@ fn a_file_whose_read_fails_part_way_is_abandoned_and_the_copy_goes_on() {
     std::fs::write(src.join("f0"), pattern(5 * 65536, 10)).unwrap();
     std::fs::write(src.join("f1"), pattern(4 * 65536 + 7, 11)).unwrap();
     std::fs::write(src.join("f2"), pattern(3 * 65536, 12)).unwrap();
+    // Another name of f1 (-H): not linked to what f1 was before.
+    std::fs::hard_link(src.join("f1"), src.join("g1")).unwrap();
     let (rsh, path) = common::fake_rsh(&t);
     for (how, remote) in [("local", false), ("pushed", true)] {
         let dest = t.path(&format!("dest-{how}"));
         std::fs::create_dir_all(dest.join("src")).unwrap();
         std::fs::write(dest.join("src/f1"), b"f1 from before").unwrap();
+        std::fs::write(dest.join("src/g1"), b"g1 from before").unwrap();
         let to = if remote {
             format!("localhost:{}/", dest.display())
         } else {
             format!("{}/", dest.display())
         };
         let mut cmd = Command::new(RCP);
-        cmd.args(["-r", "--chunk-size", "64K", "--streams", "2"]);
+        cmd.args(["-rH", "--chunk-size", "64K", "--streams", "2"]);
         if remote {
             cmd.args(["--rsh", s(&rsh)]).env("PATH", &path);
         }
@@ -260,6 +289,15 @@ fn a_file_whose_read_fails_part_way_is_abandoned_and_the_copy_goes_on() {
             std::fs::read(dest.join("src/f1")).unwrap(),
             b"f1 from before",
             "{how}: f1 as it was"
+        );
+        assert!(
+            stderr.contains("src/g1: not linked: src/f1 could not be read at the source"),
+            "{how}: the other name fails too: {stderr}"
+        );
+        assert_eq!(
+            std::fs::read(dest.join("src/g1")).unwrap(),
+            b"g1 from before",
+            "{how}: g1 as it was, not linked to f1 from before"
         );
         for f in ["f0", "f2"] {
             assert_eq!(

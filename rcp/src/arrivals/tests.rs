@@ -362,6 +362,26 @@ fn an_abandon_the_rules_do_not_allow_is_a_violation() {
         a.abandon(1, 2),
         Err(Violation::TooManyChunks { entry: 1, .. })
     ));
+    // With nothing open, only the entry announced last, and once.
+    a.announce(2, Shape::Other).unwrap();
+    assert_eq!(a.abandon(1, 0), Err(Violation::EndOfUnknown(1)));
+    assert_eq!(a.abandon(2, 0).unwrap(), Some(Action::Drop { entry: 2 }));
+    assert_eq!(a.abandon(2, 0), Err(Violation::EndedTwice(2)));
+    // A passing file abandoned: closed without a word once its chunks
+    // landed (the nodes that wanted it say it failed).
+    let mut a = Arrivals::new();
+    a.announce(
+        0,
+        Shape::Passing {
+            size: 200,
+            chunk: 100,
+        },
+    )
+    .unwrap();
+    assert_eq!(a.abandon(0, 1).unwrap(), None);
+    assert_eq!(a.chunk(at(0, 0, 100), 1).unwrap(), vec![]);
+    a.done().unwrap();
+    assert!(a.is_over());
     // After the sender's Done.
     let mut a: Arrivals<u8> = Arrivals::new();
     a.announce(0, file(100, 100)).unwrap();

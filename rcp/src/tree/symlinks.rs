@@ -15,21 +15,29 @@ pub enum Symlinks {
     /// tree ([`leads_outside`]), kept where it stays inside.
     FollowUnsafe,
     /// `--safe-links`: left out where it leads outside the copied tree.
+    /// As rsync's, on the receiving side: the sender sends it as a
+    /// symlink, the receiver makes nothing of it and keeps its name
+    /// (`--delete` leaves what is there).
     SkipUnsafe,
 }
 
-/// Whether a symlink at entry path `path` (the operand's name first)
-/// whose target is `target` leads outside the copied tree, by rsync's
-/// rule, read from the text and never resolved: an absolute or empty
-/// target does, and so does one whose `..` climb above the operand (the
-/// top of the tree: a link at `top/a/l` may climb one level, to `top`).
-/// A link that is the operand itself stays where it is named.
-pub fn leads_outside(path: &[u8], target: &[u8]) -> bool {
+/// Whether a symlink at entry path `path` whose target is `target` leads
+/// outside the copied tree, by rsync's rule, read from the text and never
+/// resolved: an absolute or empty target does, and so does one whose `..`
+/// climb above the tree's top. `under_top`: the path starts with the name
+/// of the directory copied, the top (an operand's walk: a link at
+/// `top/a/l` may climb one level, to `top`; a link that is the operand
+/// itself stays where it is named); else it is relative to the top (a
+/// `--files-from` walk: `a/l` may climb one level).
+pub fn leads_outside(path: &[u8], target: &[u8], under_top: bool) -> bool {
     if target.first().is_none_or(|&b| b == b'/') {
         return true;
     }
     // Directories between the top and the link.
-    let mut depth = path.split(|&b| b == b'/').count().saturating_sub(2) as i64;
+    let mut depth = path
+        .split(|&b| b == b'/')
+        .count()
+        .saturating_sub(1 + usize::from(under_top)) as i64;
     for part in target.split(|&b| b == b'/') {
         match part {
             b"" | b"." => {}
@@ -53,7 +61,8 @@ mod tests {
     /// top: what its `..` may climb to, from where the link is.
     #[test]
     fn a_symlink_leads_outside_by_rsyncs_rule() {
-        let outside = |path: &str, target: &str| leads_outside(path.as_bytes(), target.as_bytes());
+        let outside =
+            |path: &str, target: &str| leads_outside(path.as_bytes(), target.as_bytes(), true);
         // Absolute or empty: always.
         assert!(outside("top/a", "/etc/passwd"));
         assert!(outside("top/a/b", "/top/a"));
@@ -72,5 +81,11 @@ mod tests {
         // The operand itself: where it is named.
         assert!(!outside("link", "b"));
         assert!(outside("link", "../b"));
+        // A `--files-from` walk's paths start below the top.
+        let listed =
+            |path: &str, target: &str| leads_outside(path.as_bytes(), target.as_bytes(), false);
+        assert!(!listed("a/l", "../x"));
+        assert!(listed("a/l", "../../x"));
+        assert!(listed("l", "../x"));
     }
 }
