@@ -488,11 +488,7 @@ fn a_source_file_whose_read_fails_fails_on_every_node_and_the_rest_arrives() {
                 "{name}: {f} differs"
             );
         }
-        let left: Vec<_> = std::fs::read_dir(&disk)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| n.starts_with(".rcp-"))
-            .collect();
+        let left = common::temporaries_in(&disk);
         assert!(left.is_empty(), "{name}: temporary files left: {left:?}");
     }
 }

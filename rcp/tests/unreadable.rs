@@ -18,7 +18,7 @@ use std::process::{Command, Output};
 use test_support::{Scratch, pattern};
 
 mod common;
-use common::{RCP, s};
+use common::{RCP, s, temporaries_in};
 
 /// The uid and gid the copies run as.
 const NOBODY: u32 = 65534;
@@ -149,12 +149,8 @@ fn check_failed_copy(how: &str, out: &Output, dest: &Path, src: &Path) {
         );
     }
     assert!(dest.join("src/locked").is_dir(), "{how}: locked is there");
-    let names: Vec<_> = std::fs::read_dir(dest.join("src"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with(".rcp-"))
-        .collect();
-    assert!(names.is_empty(), "{how}: temporary files left: {names:?}");
+    let left = temporaries_in(&dest.join("src"));
+    assert!(left.is_empty(), "{how}: temporary files left: {left:?}");
 }
 
 #[test]
@@ -306,11 +302,7 @@ fn a_file_whose_read_fails_part_way_is_abandoned_and_the_copy_goes_on() {
                 "{how}: {f} arrived"
             );
         }
-        let left: Vec<_> = std::fs::read_dir(dest.join("src"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| n.starts_with(".rcp-"))
-            .collect();
+        let left = temporaries_in(&dest.join("src"));
         assert!(left.is_empty(), "{how}: temporary files left: {left:?}");
     }
 }

@@ -19,6 +19,15 @@ pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// The temporary files (`.rcp-*`) rcp left in directory `dir` itself.
+pub fn temporaries_in(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".rcp-"))
+        .collect()
+}
+
 /// `rcp serve` on loopback, stopped on drop.
 pub struct Daemon {
     pub child: Child,
