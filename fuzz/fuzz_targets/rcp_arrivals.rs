@@ -1,9 +1,10 @@
 //! rcp's receiver rules ([`rcp::arrivals`]) driven by whatever sequence of
-//! announcements, chunks, ends and `Done` a sender could send: never a
-//! panic; every chunk handed in is landed at most once, at the chunk
-//! number its offset names, only in an announced file, never after that
-//! file finished; each file finishes at most once; after a violation the
-//! copy is over for good (the receiver stops there).
+//! announcements, chunks, ends, abandons and `Done` a sender could send:
+//! never a panic; every chunk handed in is landed at most once, at the
+//! chunk number its offset names, only in an announced file, never after
+//! that file finished or was dropped; each file finishes or is dropped
+//! at most once, never both; after a violation the copy is over for good
+//! (the receiver stops there).
 #![no_main]
 
 use std::collections::HashSet;
@@ -33,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
     let mut finished = HashSet::new();
     let mut next_id = 0u64;
     while let Some(op) = input.u8() {
-        let result = match op % 4 {
+        let result = match op % 5 {
             0 => {
                 let (Some(index), Some(kind), Some(size), Some(chunk), Some(whole)) = (
                     input.small(),
@@ -79,6 +80,13 @@ fuzz_target!(|data: &[u8]| {
                 a.end(index as u32, sent % 8)
                     .map(|f| f.into_iter().collect())
             }
+            3 => {
+                let (Some(index), Some(sent)) = (input.small(), input.small()) else {
+                    break;
+                };
+                a.abandon(index as u32, sent % 8)
+                    .map(|f| f.into_iter().collect())
+            }
             _ => a.done().map(|()| Vec::new()),
         };
         let Ok(actions) = result else {
@@ -95,13 +103,16 @@ fuzz_target!(|data: &[u8]| {
                     assert!(landed.insert(id), "chunk {id} landed twice");
                     assert!(
                         !finished.contains(&entry),
-                        "data after entry {entry} finished"
+                        "data after entry {entry} finished or dropped"
                     );
                     let c = chunk_sizes[&entry];
                     assert_eq!(k * c, offset, "chunk number and offset disagree");
                 }
-                Action::Finish { entry } => {
-                    assert!(finished.insert(entry), "entry {entry} finished twice");
+                Action::Finish { entry } | Action::Drop { entry } => {
+                    assert!(
+                        finished.insert(entry),
+                        "entry {entry} finished or dropped twice"
+                    );
                 }
             }
         }
