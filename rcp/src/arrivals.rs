@@ -18,7 +18,7 @@
 //! - Or the sender abandons it (`Abandoned`: the source could not be
 //!   read), with the count of chunks it sent before: once that many have
 //!   landed it is dropped, not finished (a passing file without a word).
-//!   An entry with nothing open (a directory that could not be listed)
+//!   An entry that holds no data (a directory that could not be listed)
 //!   may be abandoned only right after its announcement, and once: it is
 //!   dropped at once.
 //! - Nothing but data for open files follows `Done`; the copy is over when
@@ -153,6 +153,11 @@ pub struct Arrivals<C> {
     done: bool,
     /// The last entry abandoned with nothing open (a directory).
     dropped: Option<u32>,
+    /// The entry announced last holds no data (a directory, a symlink): it
+    /// may be abandoned with nothing open. (A file announced whole may
+    /// have finished at once: nothing is open of it either, and it may
+    /// not.)
+    last_holds_no_data: bool,
 }
 
 impl<C> Default for Arrivals<C> {
@@ -163,6 +168,7 @@ impl<C> Default for Arrivals<C> {
             early: BTreeMap::new(),
             done: false,
             dropped: None,
+            last_holds_no_data: false,
         }
     }
 }
@@ -183,6 +189,7 @@ impl<C> Arrivals<C> {
             return Err(Violation::OutOfOrder { index, after });
         }
         self.announced = Some(index);
+        self.last_holds_no_data = shape == Shape::Other;
         let mut actions = Vec::new();
         let file = match shape {
             Shape::File { size, chunk, sent } => Some((size, chunk, sent, false)),
@@ -262,8 +269,9 @@ impl<C> Arrivals<C> {
             });
         }
         let Some(file) = self.open.get_mut(&index) else {
-            // (Nothing open: only the entry announced last, once.)
-            if self.announced != Some(index) {
+            // (Nothing open: only the entry announced last, one that
+            // holds no data, once.)
+            if self.announced != Some(index) || !self.last_holds_no_data {
                 return Err(Violation::EndOfUnknown(index));
             }
             if self.dropped == Some(index) {

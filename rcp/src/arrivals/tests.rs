@@ -367,6 +367,18 @@ fn an_abandon_the_rules_do_not_allow_is_a_violation() {
     assert_eq!(a.abandon(1, 0), Err(Violation::EndOfUnknown(1)));
     assert_eq!(a.abandon(2, 0).unwrap(), Some(Action::Drop { entry: 2 }));
     assert_eq!(a.abandon(2, 0), Err(Violation::EndedTwice(2)));
+    // Not a file that finished at its announcement (found by fuzzing:
+    // it was finished, then dropped).
+    let whole = Shape::File {
+        size: 0,
+        chunk: 100,
+        sent: Some(0),
+    };
+    assert_eq!(
+        a.announce(3, whole).unwrap(),
+        vec![Action::Finish { entry: 3 }]
+    );
+    assert_eq!(a.abandon(3, 0), Err(Violation::EndOfUnknown(3)));
     // A passing file abandoned: closed without a word once its chunks
     // landed (the nodes that wanted it say it failed).
     let mut a = Arrivals::new();
