@@ -250,6 +250,7 @@ pub async fn receive(
         hard_links: Vec::new(),
         unread: HashSet::new(),
         unread_paths: HashSet::new(),
+        last_dir: None,
         xattrs: XattrInbox::default(),
     };
     // Entries found unchanged on threads of their own, where a batch's
@@ -272,8 +273,8 @@ pub async fn receive(
         // waits for them (a chunk, or a link's end).
         let mut checking: VecDeque<Checking> = VecDeque::new();
         let mut held = None;
-        // Entries the sender abandoned, until they are dropped: why, and
-        // the path where it came with the entry.
+        // Entries the sender abandoned, until they are dropped: why, and a
+        // directory's path.
         let mut abandoned: HashMap<u32, Abandoned> = HashMap::new();
         // (Without checks, each batch is handled before the next item is
         // taken, as it comes.)
@@ -404,7 +405,7 @@ pub async fn receive(
                                 }
                                 Some(file.entry.path)
                             }
-                            None => path.or_else(|| new.dir_path(entry)),
+                            None => path,
                         };
                         new.unread.insert(entry);
                         let shown = path
@@ -704,7 +705,7 @@ enum Next {
         digest: [u8; 32],
     },
     /// The sender could not read entry `index` (`Msg::Abandoned`); its
-    /// path where the entry came in the same batch.
+    /// path where it is a directory (a file's is its open file's).
     Abandoned {
         index: u32,
         chunks: u64,
@@ -714,8 +715,8 @@ enum Next {
     Done,
 }
 
-/// Why the sender abandoned an entry, and its path where it came with the
-/// entry: kept until the entry is dropped.
+/// Why the sender abandoned an entry, and a directory's path: kept until
+/// the entry is dropped.
 struct Abandoned {
     why: (FailKind, String),
     path: Option<Vec<u8>>,
@@ -756,6 +757,9 @@ struct Creator<'a> {
     /// paths (no other name is linked to one, there or from before).
     unread: HashSet<u32>,
     unread_paths: HashSet<Vec<u8>>,
+    /// The directory read last, by index and path: the one an
+    /// `Abandoned` with nothing open names.
+    last_dir: Option<(u32, Vec<u8>)>,
     /// Extended attributes arriving ahead of their entry.
     xattrs: XattrInbox,
 }
@@ -793,10 +797,13 @@ impl Creator<'_> {
                     kind,
                     reason,
                 } => {
-                    let path = batch.iter().rev().find_map(|n| match n {
-                        Next::Create(r) if r.entry.index == index => Some(r.entry.path.clone()),
-                        _ => None,
-                    });
+                    // (A directory's comes right after its entry; a
+                    // file's path is its open file's.)
+                    let path = self
+                        .last_dir
+                        .as_ref()
+                        .filter(|(i, _)| *i == index)
+                        .map(|(_, p)| p.clone());
                     batch.push(Next::Abandoned {
                         index,
                         chunks,
@@ -849,6 +856,9 @@ impl Creator<'_> {
         }
         let xattrs = self.xattrs.take(e.index, e.meta.map_or(0, |m| m.xattrs))?;
         self.unlisted.entry(e.index, e.kind == EntryKind::Dir);
+        if e.kind == EntryKind::Dir {
+            self.last_dir = Some((e.index, e.path.clone()));
+        }
         Ok(Ready {
             entry: e,
             xattrs,
@@ -1027,15 +1037,6 @@ impl Creator<'_> {
             Some(m) => m.own(index, said),
             None => self.answers.said(index, said),
         }
-    }
-
-    /// The path of directory `index`, if one was created.
-    fn dir_path(&self, index: u32) -> Option<Vec<u8>> {
-        self.dirs
-            .iter()
-            .rev()
-            .find(|(d, _)| d.index == index)
-            .map(|(d, _)| d.path.clone())
     }
 
     /// What `-i` compares.

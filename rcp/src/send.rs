@@ -715,15 +715,7 @@ impl Planner {
         let mut entry = item.entry;
         entry.chunk = self.chunk as u32;
         let chunk = self.chunk as u64;
-        let opened = at.open().and_then(|fd| {
-            let chunks = if item.dense {
-                (0..entry.size.div_ceil(chunk)).collect()
-            } else {
-                data_chunks(&fd, entry.size, chunk)?
-            };
-            Ok((fd, chunks))
-        });
-        let (fd, chunks) = match opened {
+        let (fd, chunks) = match open_with_chunks(at, entry.size, chunk, item.dense) {
             Ok(both) => both,
             // Announced, and abandoned at once: the copy goes on without it.
             Err(why) => {
@@ -810,7 +802,6 @@ impl Planner {
     /// The data of an announced file, as the receiver wants it.
     async fn data(&self, file: FileToSend, wanted: Wanted) -> anyhow::Result<()> {
         let chunk = self.chunk as u64;
-        let count = file.size.div_ceil(chunk);
         let there = match wanted {
             Wanted::Nothing => {
                 // (Only counted, not a step: an unchanged tree's answers
@@ -829,17 +820,8 @@ impl Planner {
             file,
             dense,
         } = file;
-        let opened = file.open();
         // Comparing means every chunk (a hole here may be data there).
-        let chunks = opened.and_then(|fd| {
-            let chunks = if there.is_some() || dense {
-                (0..count).collect()
-            } else {
-                data_chunks(&fd, size, chunk)?
-            };
-            Ok((fd, chunks))
-        });
-        let (fd, chunks) = match chunks {
+        let (fd, chunks) = match open_with_chunks(file, size, chunk, there.is_some() || dense) {
             Ok(both) => both,
             // The copy goes on without it.
             Err(why) => {
@@ -983,6 +965,23 @@ async fn read_full(
     }
     buf.set_len(len);
     Ok(buf)
+}
+
+/// `file` opened, and the indices of its chunks to read: every one with
+/// `every`, else those holding data ([`data_chunks`]).
+fn open_with_chunks(
+    file: tree::FileAt,
+    size: u64,
+    chunk: u64,
+    every: bool,
+) -> anyhow::Result<(OwnedFd, Vec<u64>)> {
+    let fd = file.open()?;
+    let chunks = if every {
+        (0..size.div_ceil(chunk)).collect()
+    } else {
+        data_chunks(&fd, size, chunk)?
+    };
+    Ok((fd, chunks))
 }
 
 /// Indices of the chunks of `[0, size)` that hold data (SEEK_DATA/SEEK_HOLE);

@@ -133,9 +133,10 @@ pub struct Item {
     /// Why the walk could not read it (a directory that could not be
     /// listed): it goes, and fails.
     pub failed: Option<String>,
-    /// Not sent at all, only its failure (`failed`): a symlink whose
-    /// referent is missing or above it (`-L`), or whose referent's
-    /// attributes cannot be read through it. Its entry index is left
+    /// Not sent at all, only its failure (`failed`): a name that cannot
+    /// be looked at or whose attributes cannot be read, and with `-L` a
+    /// symlink with no referent, one that loops, or one whose referent
+    /// cannot be opened or read through it. Its entry index is left
     /// unused.
     pub unsent: bool,
 }
@@ -581,15 +582,15 @@ impl Walker {
         // under its name, from here on.
         // (`--safe-links` is the receiver's: it keeps the name.)
         let followed = match self.symlinks {
-            _ if FileType::from_raw_mode(stat.st_mode) != FileType::Symlink => None,
-            Symlinks::Keep | Symlinks::SkipUnsafe => None,
-            Symlinks::Follow => Some(()),
-            Symlinks::FollowUnsafe => leads_outside(&path, &target, self.under_top).then_some(()),
+            _ if FileType::from_raw_mode(stat.st_mode) != FileType::Symlink => false,
+            Symlinks::Keep | Symlinks::SkipUnsafe => false,
+            Symlinks::Follow => true,
+            Symlinks::FollowUnsafe => leads_outside(&path, &target, self.under_top),
         };
         let referent;
         let stat = match followed {
-            None => stat,
-            Some(()) => match rustix::fs::statat(&**parent, cname, AtFlags::empty()) {
+            false => stat,
+            true => match rustix::fs::statat(&**parent, cname, AtFlags::empty()) {
                 Ok(st) => {
                     referent = st;
                     &referent
@@ -603,7 +604,7 @@ impl Walker {
         if how.filtered && self.filter.excludes(&path, is_dir) {
             return Ok(());
         }
-        if followed.is_some() {
+        if followed {
             // (What the helper read by name was the symlink's.)
             target = Vec::new();
             xattrs_looked = None;
@@ -666,14 +667,12 @@ impl Walker {
         // else through the file opened already (no path walk).
         let by_name = rfabric::thread_dir::available();
         let disk = match entry.kind {
-            EntryKind::File if attributes && !by_name && followed.is_none() => {
-                self.disk_path(&entry.path)
-            }
+            EntryKind::File if attributes && !by_name && !followed => self.disk_path(&entry.path),
             _ => None,
         };
         // (A symlink followed is opened through it, and read through the
         // file opened: the calls by name act on the symlink.)
-        let nofollow = if followed.is_some() {
+        let nofollow = if followed {
             OFlags::empty()
         } else {
             OFlags::NOFOLLOW
@@ -691,7 +690,7 @@ impl Walker {
                 // (A directory followed: the one it was when looked at, as
                 // the loop check saw it.)
                 Ok(fd)
-                    if followed.is_some()
+                    if followed
                         && rustix::fs::fstat(&fd).is_ok_and(|st| {
                             (st.st_dev, st.st_ino) != (stat.st_dev, stat.st_ino)
                         }) =>
@@ -702,7 +701,7 @@ impl Walker {
                 Ok(fd) => Some(fd),
                 // (A directory followed is read through its descriptor:
                 // without one, none of it goes.)
-                Err(e) if followed.is_some() => {
+                Err(e) if followed => {
                     let why = format!("cannot list the directory: {e}");
                     return emit(Item::unsent(entry.path, why));
                 }
@@ -711,7 +710,7 @@ impl Walker {
                     None
                 }
             },
-            EntryKind::File if followed.is_some() => {
+            EntryKind::File if followed => {
                 // (The one it is now: a file swapped in since is not
                 // read.) One that cannot be opened fails alone.
                 let opened = rustix::fs::openat(
@@ -860,23 +859,20 @@ impl Walker {
                                 None,
                             ),
                         };
+                        let mut child = Vec::with_capacity(path.len() + 1 + n.as_bytes().len());
+                        child.extend_from_slice(&path);
+                        child.push(b'/');
+                        child.extend_from_slice(n.as_bytes());
                         let st = match st {
+                            Ok(st) => st,
                             // Gone since the directory was read: as rsync,
                             // said and passed over.
                             Err(rustix::io::Errno::NOENT) => {
                                 eprintln!("rcp: file has vanished: {}", named());
                                 continue;
                             }
-                            st => st,
-                        };
-                        let mut child = Vec::with_capacity(path.len() + 1 + n.as_bytes().len());
-                        child.extend_from_slice(&path);
-                        child.push(b'/');
-                        child.extend_from_slice(n.as_bytes());
-                        // (A directory that can be listed and not searched:
-                        // each name in it fails alone.)
-                        let st = match st {
-                            Ok(st) => st,
+                            // (A name in a directory that can be listed and
+                            // not searched: each fails alone.)
                             Err(e) => {
                                 emit(Item::unsent(child, format!("cannot look at it: {e}")))?;
                                 continue;
