@@ -233,7 +233,11 @@ pub async fn run(
         .collect();
     let mut report = report.unwrap_or_else(|| Report::nothing(p.io_engine));
     report.seconds = started.elapsed().as_secs_f64();
-    report.failed.clear();
+    // (Each node's failures are its own, in `nodes`; what vanished from
+    // the source is said once.)
+    report.failed.retain(|f| !f.kind.is_failure());
+    report.failed.sort_by(|a, b| a.path.cmp(&b.path));
+    report.failed.dedup_by(|a, b| a.path == b.path);
     report.nodes = nodes;
     report.rounds = rounds;
     Ok(report)

@@ -395,7 +395,8 @@ pub async fn answer(
 
 /// How this node's own part of a broadcast ended.
 fn own_result(name: &str, got: &Received, started: Instant) -> NodeResult {
-    let reason = match got.failed.first() {
+    let failures = || got.failed.iter().filter(|f| f.kind.is_failure());
+    let reason = match failures().next() {
         Some(f) => format!("{}: {}", f.path, f.reason),
         None if got.stats.failed => "an entry failed".into(),
         None => String::new(),
@@ -406,7 +407,7 @@ fn own_result(name: &str, got: &Received, started: Instant) -> NodeResult {
         files: got.stats.files,
         bytes: got.stats.bytes,
         micros: started.elapsed().as_micros() as u64,
-        failed: got.failed.len() as u32,
+        failed: failures().count() as u32,
         reason,
     }
 }

@@ -4,7 +4,7 @@
 //! | status | meaning |
 //! |---|---|
 //! | 0 | every file arrived and was verified (unless `--no-verify`) |
-//! | 1 | the copy ran, and some files failed (each is named on stderr) |
+//! | 1 | the copy ran, and some files failed (each is named on stderr; a source file gone since the walk found it is named as vanished, and is no failure) |
 //! | 2 | bad usage (the command line; `--digest blake3` on a FIPS-mode host) |
 //! | 3 | refused: authentication failed, or the server turned the request down (outside its roots, busy) |
 //! | 4 | verification failed: data arrived corrupted (a chunk or file digest differed); nothing corrupted is under its final name |
@@ -44,6 +44,8 @@ impl Exit {
             match k {
                 FailKind::Corrupted => return Exit::Corrupted,
                 FailKind::Io | FailKind::Other => exit = Exit::Partial,
+                // (Said, as rsync says it; the copy of the rest stands.)
+                FailKind::Vanished => {}
             }
         }
         exit

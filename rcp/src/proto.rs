@@ -135,22 +135,48 @@ pub enum FailKind {
     Io = 1,
     /// A chunk or the file digest differed: the data arrived corrupted.
     Corrupted = 2,
+    /// Gone from the source since the walk found it (a file deleted
+    /// before it was opened, a name before it was looked at). As rsync,
+    /// said (`file has vanished`) and not a failure: a live tree changes
+    /// under a copy, and `--delete` still runs.
+    Vanished = 3,
 }
 
-/// The receiver's verdict on one entry: in place, or why not
-/// (`EntryOk`/`EntriesOk` or `EntryFailed`).
-pub type Verdict = Result<(), (FailKind, String)>;
-
 impl FailKind {
+    /// Whether the entry failed (all but [`FailKind::Vanished`]).
+    pub fn is_failure(self) -> bool {
+        self != FailKind::Vanished
+    }
+
+    /// The kind of a source that could not be read for `e`: vanished
+    /// where it is no longer there.
+    pub fn of_unread(e: &anyhow::Error) -> FailKind {
+        let gone = e.chain().any(|c| {
+            c.downcast_ref::<rustix::io::Errno>() == Some(&rustix::io::Errno::NOENT)
+                || c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        });
+        if gone {
+            FailKind::Vanished
+        } else {
+            FailKind::Io
+        }
+    }
+
     fn from_wire(b: u8) -> Result<FailKind, ProtoError> {
         Ok(match b {
             0 => FailKind::Other,
             1 => FailKind::Io,
             2 => FailKind::Corrupted,
+            3 => FailKind::Vanished,
             _ => return Err(ProtoError::BadField("entry_failed.kind")),
         })
     }
 }
+
+/// The receiver's verdict on one entry: in place, or why not
+/// (`EntryOk`/`EntriesOk` or `EntryFailed`).
+pub type Verdict = Result<(), (FailKind, String)>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {

@@ -218,6 +218,9 @@ pub struct Summary {
     pub stream_bytes: Vec<u64>,
     pub streams: usize,
     pub transport: &'static str,
+    /// Source entries gone since the walk found them (named on stderr
+    /// as vanished; not failures).
+    pub vanished: u64,
 }
 
 impl Summary {
@@ -247,6 +250,7 @@ impl Summary {
             stream_bytes: r.stats.stream_bytes.clone(),
             streams: r.streams,
             transport: r.transport,
+            vanished: r.failed.iter().filter(|f| !f.kind.is_failure()).count() as u64,
         }
     }
 
@@ -285,7 +289,7 @@ impl NodeSummary {
 }
 
 fn failed(r: &Report) -> bool {
-    !r.failed.is_empty() || r.stats.failed || r.nodes.iter().any(|n| !n.ok)
+    r.failed.iter().any(|f| f.kind.is_failure()) || r.stats.failed || r.nodes.iter().any(|n| !n.ok)
 }
 
 fn rate(r: &Report) -> f64 {
@@ -364,7 +368,11 @@ fn broadcast_line(r: &Report) -> String {
 /// `quiet`).
 pub fn summarize(r: &Report, json: bool, quiet: bool) -> Exit {
     for f in &r.failed {
-        eprintln!("rcp: {}: {}", f.path, f.reason);
+        if f.kind.is_failure() {
+            eprintln!("rcp: {}: {}", f.path, f.reason);
+        } else {
+            eprintln!("rcp: file has vanished: {}", f.path);
+        }
     }
     for n in r.nodes.iter().filter(|n| !n.ok) {
         eprintln!("rcp: {}: FAILED: {}", n.name, n.reason);
@@ -520,7 +528,7 @@ mod tests {
                 r#"{{"bytes":300000,"bytes_per_second":600000.0,"deleted":0,"digest":"sha256","encrypted":true,"#,
                 r#""files":1,"#,
                 r#""io_engine":"threads","ok":true,"seconds":0.5,"sha256":"{}","skipped":0,"#,
-                r#""stream_bytes":[200000,100000],"streams":2,"transport":"tcp"}}"#
+                r#""stream_bytes":[200000,100000],"streams":2,"transport":"tcp","vanished":0}}"#
             ),
             "ab".repeat(32)
         );
@@ -559,9 +567,27 @@ mod tests {
                 "skipped",
                 "stream_bytes",
                 "streams",
-                "transport"
+                "transport",
+                "vanished"
             ]
         );
+    }
+
+    #[test]
+    fn a_source_that_vanished_is_counted_and_fails_nothing() {
+        let gone = Failure {
+            kind: FailKind::Vanished,
+            ..failure()
+        };
+        let r = report(Some(Algorithm::Blake3), Some([1; 32]), vec![gone.clone()]);
+        let v: serde_json::Value = serde_json::from_str(&Summary::new(&r).to_json()).unwrap();
+        assert_eq!(
+            (v["ok"].clone(), v["vanished"].clone()),
+            (true.into(), 1.into())
+        );
+        assert_eq!(summarize(&r, false, true), Exit::Complete);
+        let both = report(None, None, vec![gone, failure()]);
+        assert_eq!(summarize(&both, false, true), Exit::Partial);
     }
 
     #[test]

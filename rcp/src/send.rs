@@ -640,10 +640,11 @@ struct Planner {
 /// why.
 fn entry_messages(item: Item, out: &mut Vec<Msg>) {
     if item.unsent {
+        let (kind, reason) = item.failed.unwrap_or((FailKind::Io, String::new()));
         out.push(Msg::Unsent {
             path: item.entry.path,
-            kind: FailKind::Io,
-            reason: item.failed.unwrap_or_default(),
+            kind,
+            reason,
         });
         return;
     }
@@ -652,11 +653,11 @@ fn entry_messages(item: Item, out: &mut Vec<Msg>) {
     if item.unlisted {
         out.push(Msg::Unlisted { index });
     }
-    if let Some(reason) = item.failed {
+    if let Some((kind, reason)) = item.failed {
         out.push(Msg::Abandoned {
             index,
             chunks: 0,
-            kind: FailKind::Io,
+            kind,
             reason,
         });
     }

@@ -25,7 +25,7 @@ use crate::digest;
 use crate::filter::Filter;
 use crate::idmap::Owners;
 use crate::listed;
-use crate::proto::{ACL_ACCESS, Entry, EntryKind, Meta};
+use crate::proto::{ACL_ACCESS, Entry, EntryKind, FailKind, Meta};
 use crate::staying::{Job, Staying};
 
 mod symlinks;
@@ -131,8 +131,9 @@ pub struct Item {
     /// listed (see [`Walker::one_file_system`]).
     pub unlisted: bool,
     /// Why the walk could not read it (a directory that could not be
-    /// listed): it goes, and fails.
-    pub failed: Option<String>,
+    /// listed): it goes, and fails (or, gone since it was looked at, is
+    /// said to have vanished).
+    pub failed: Option<(FailKind, String)>,
     /// Not sent at all, only its failure (`failed`): a name that cannot
     /// be looked at or whose attributes cannot be read, and with `-L` a
     /// symlink with no referent, one that loops, or one whose referent
@@ -145,6 +146,16 @@ impl Item {
     /// An item not sent, named `path`, failed for `why` (of its entry
     /// only the path is read).
     fn unsent(path: Vec<u8>, why: String) -> Item {
+        Item::not_sent(path, FailKind::Io, why)
+    }
+
+    /// A name gone since its directory was listed: not sent, and said to
+    /// have vanished, as rsync says it (not a failure).
+    fn vanished(path: Vec<u8>, e: rustix::io::Errno) -> Item {
+        Item::not_sent(path, FailKind::Vanished, e.to_string())
+    }
+
+    fn not_sent(path: Vec<u8>, kind: FailKind, why: String) -> Item {
         let entry = Entry {
             index: 0,
             kind: EntryKind::Symlink,
@@ -163,7 +174,7 @@ impl Item {
             dense: true,
             xattrs: Vec::new(),
             unlisted: false,
-            failed: Some(why),
+            failed: Some((kind, why)),
             unsent: true,
         }
     }
@@ -202,6 +213,7 @@ impl FileAt {
             return Ok(fd);
         }
         let shown = || self.name.to_string_lossy().into_owned();
+        vanish_here(&self.dir, &self.name, false);
         let fd = rustix::fs::openat(
             &*self.dir,
             self.name.as_c_str(),
@@ -216,6 +228,31 @@ impl FileAt {
         Ok(fd)
     }
 }
+
+/// Fault injection for the integration tests: `RCP_TEST_VANISH=NAME`
+/// removes the file (or empty directory) named NAME just before the
+/// sender opens it, as another program deleting it between the walk and
+/// the read would. Only in builds with the `test-hooks` feature: a
+/// shipping binary reads no such variable.
+#[cfg(feature = "test-hooks")]
+fn vanish_here(dir: impl AsFd, name: &CStr, is_dir: bool) {
+    static NAME: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+    let doomed = NAME.get_or_init(|| std::env::var_os("RCP_TEST_VANISH"));
+    if doomed
+        .as_ref()
+        .is_some_and(|d| d.as_bytes() == name.to_bytes())
+    {
+        let how = if is_dir {
+            AtFlags::REMOVEDIR
+        } else {
+            AtFlags::empty()
+        };
+        let _ = rustix::fs::unlinkat(dir, name, how);
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn vanish_here(_: impl AsFd, _: &CStr, _: bool) {}
 
 /// The entry for what `stat` describes, or `None` for what is not copied
 /// (device nodes, FIFOs and sockets without `-D`).
@@ -680,6 +717,9 @@ impl Walker {
         // (A directory that cannot be opened is sent without its
         // contents, and fails: below.)
         let mut unopened = None;
+        if entry.kind == EntryKind::Dir {
+            vanish_here(&**parent, cname, true);
+        }
         let open = match entry.kind {
             EntryKind::Dir => match rustix::fs::openat(
                 &**parent,
@@ -808,7 +848,14 @@ impl Walker {
                 };
                 let (listed, failed) = match listed {
                     Ok(listed) => (listed, None),
-                    Err(e) => (None, Some(format!("cannot list the directory: {e}"))),
+                    // (Gone since it was looked at: vanished.)
+                    Err(e) if e == rustix::io::Errno::NOENT => {
+                        (None, Some((FailKind::Vanished, e.to_string())))
+                    }
+                    Err(e) => (
+                        None,
+                        Some((FailKind::Io, format!("cannot list the directory: {e}"))),
+                    ),
                 };
                 // (Its entry goes before its contents, named beneath it.)
                 emit(Item {
@@ -866,9 +913,10 @@ impl Walker {
                         let st = match st {
                             Ok(st) => st,
                             // Gone since the directory was read: as rsync,
-                            // said and passed over.
-                            Err(rustix::io::Errno::NOENT) => {
-                                eprintln!("rcp: file has vanished: {}", named());
+                            // said (by the side the user started) and
+                            // passed over.
+                            Err(e @ rustix::io::Errno::NOENT) => {
+                                emit(Item::vanished(child, e))?;
                                 continue;
                             }
                             // (A name in a directory that can be listed and

@@ -494,6 +494,43 @@ fn a_source_file_whose_read_fails_fails_on_every_node_and_the_rest_arrives() {
 }
 
 #[test]
+fn a_source_file_that_vanishes_is_said_once_and_every_node_is_ok() {
+    let t = Scratch::new("bcast-vanish");
+    let Some(c) = Cluster::new(&t, "rbcv", 2, 207, None) else {
+        return;
+    };
+    let tree = t.path("tree");
+    std::fs::create_dir(&tree).unwrap();
+    random_file(&tree.join("f0"), 300_000, 30);
+    random_file(&tree.join("gone"), 1000, 31);
+    // (The test hook deletes `gone` just before the sender opens it.)
+    let out = c
+        .rcp(&["-r"])
+        .env("RCP_TEST_VANISH", "gone")
+        .arg(&tree)
+        .arg(c.operand(""))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        stderr.matches("file has vanished: tree/gone").count(),
+        1,
+        "said once: {stderr}"
+    );
+    let v = summary(&out);
+    for (k, (name, good, why)) in nodes(&v).iter().enumerate() {
+        let disk = c.disk(k + 1).join("tree");
+        assert!(good, "{name}: {why}");
+        assert!(!disk.join("gone").exists(), "{name}: nothing of it");
+        assert!(
+            std::fs::read(disk.join("f0")).unwrap() == std::fs::read(tree.join("f0")).unwrap(),
+            "{name}: f0 differs"
+        );
+    }
+}
+
+#[test]
 fn a_full_disk_and_a_wrong_token_fail_only_their_own_node() {
     let t = Scratch::new("bcast-faults");
     let Some(mut c) = Cluster::new(&t, "rbcf", 5, 203, None) else {

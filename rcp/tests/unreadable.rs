@@ -306,3 +306,84 @@ fn a_file_whose_read_fails_part_way_is_abandoned_and_the_copy_goes_on() {
         assert!(left.is_empty(), "{how}: temporary files left: {left:?}");
     }
 }
+
+#[test]
+fn a_source_gone_since_the_walk_is_said_to_have_vanished_and_delete_still_runs() {
+    // A live tree changes under a copy: a file deleted between the walk
+    // and its read, a directory between its entry and its listing. As
+    // rsync's "file has vanished", each is named once and fails nothing:
+    // the exit status is 0 and `--delete` runs. What the destination
+    // holds under those names stays (they were sent, so they are not
+    // extraneous).
+    let t = Scratch::new("rcp-vanished");
+    let src = t.path("src");
+    std::fs::create_dir_all(src.join("d/gone")).unwrap();
+    std::fs::write(src.join("a"), pattern(100_000, 1)).unwrap();
+    std::fs::write(src.join("d/e"), pattern(3, 2)).unwrap();
+    let (rsh, path) = common::fake_rsh(&t);
+    for how in ["local", "pushed", "pulled"] {
+        // (The hook removes each `gone` as the sender comes to it.)
+        std::fs::create_dir_all(src.join("d/gone")).unwrap();
+        std::fs::write(src.join("gone"), pattern(5000, 3)).unwrap();
+        let dest = t.path(&format!("dest-{how}"));
+        std::fs::create_dir_all(dest.join("src/d/gone")).unwrap();
+        std::fs::write(dest.join("src/gone"), b"gone, from before").unwrap();
+        std::fs::write(dest.join("src/d/gone/old"), b"old").unwrap();
+        std::fs::write(dest.join("src/extra"), b"only here").unwrap();
+        let (from, to) = match how {
+            "local" => (s(&src).to_string(), format!("{}/", dest.display())),
+            "pushed" => (
+                s(&src).to_string(),
+                format!("localhost:{}/", dest.display()),
+            ),
+            _ => (
+                format!("localhost:{}", src.display()),
+                format!("{}/", dest.display()),
+            ),
+        };
+        let out = Command::new(RCP)
+            .args(["-a", "--delete", "--json", "--rsh", s(&rsh)])
+            .arg(&from)
+            .arg(&to)
+            .env("PATH", &path)
+            .env("RCP_TEST_VANISH", "gone")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{how}: exit status; {stderr}");
+        for name in ["src/gone", "src/d/gone"] {
+            let said = format!("rcp: file has vanished: {name}\n");
+            assert_eq!(
+                stderr.matches(&said).count(),
+                1,
+                "{how}: {name} said once: {stderr}"
+            );
+        }
+        assert!(
+            stdout.contains("\"ok\":true") && stdout.contains("\"vanished\":2"),
+            "{how}: the summary: {stdout}"
+        );
+        assert!(!src.join("gone").exists(), "{how}: the hook removed it");
+        assert!(!dest.join("src/extra").exists(), "{how}: --delete ran");
+        assert_eq!(
+            std::fs::read(dest.join("src/gone")).unwrap(),
+            b"gone, from before",
+            "{how}: what was there stays"
+        );
+        assert_eq!(
+            std::fs::read(dest.join("src/d/gone/old")).unwrap(),
+            b"old",
+            "{how}: what the directory held stays"
+        );
+        for f in ["a", "d/e"] {
+            assert_eq!(
+                std::fs::read(dest.join("src").join(f)).unwrap(),
+                std::fs::read(src.join(f)).unwrap(),
+                "{how}: {f} arrived"
+            );
+        }
+        let left = temporaries_in(&dest.join("src"));
+        assert!(left.is_empty(), "{how}: temporary files left: {left:?}");
+    }
+}

@@ -168,7 +168,7 @@ impl DataSender {
         let m = Msg::Abandoned {
             index,
             chunks: self.file_chunks,
-            kind: FailKind::Io,
+            kind: FailKind::of_unread(&why),
             reason: format!("{why:#}"),
         };
         self.link.send_message(&m.encode()).await?;
