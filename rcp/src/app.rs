@@ -235,6 +235,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         delete: a.delete,
         one_file_system: a.one_file_system.min(2),
         symlinks: a.symlinks(),
+        remove_sources: a.remove_source_files,
         dry_run: a.dry_run,
         itemize: a.itemize_changes,
         filter: Arc::new(filter_of(&a.rules)?),
@@ -306,6 +307,14 @@ fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
             "{flag} is not supported with a broadcast yet: it would act on each node's \
              destination on its own"
         ))
+        .into());
+    }
+    if a.remove_source_files {
+        return Err(broadcast::Usage(
+            "--remove-source-files is not supported with a broadcast: a source may go only \
+             once every node holds it, and a broadcast does not tell that file by file"
+                .into(),
+        )
         .into());
     }
     Ok(p)

@@ -225,6 +225,13 @@ pub struct CopyArgs {
     /// point to is copied instead).
     #[arg(long)]
     pub safe_links: bool,
+    /// Remove from the source each file (not directory) that was copied or
+    /// found unchanged at the destination, once the whole copy is over,
+    /// verified and on disk there. A file that changed since it was sent
+    /// (size or time), that failed, or that --ignore-existing or --update
+    /// left alone stays. Not from `rcp serve`, nor in a broadcast.
+    #[arg(long)]
+    pub remove_source_files: bool,
     /// Show what would be done and do nothing: no data is sent and the
     /// destination is not touched (with -i, each change is named).
     #[arg(short = 'n', long)]

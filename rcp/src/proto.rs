@@ -104,6 +104,10 @@ pub mod flags {
     /// `--safe-links`: the sender leaves out the symlinks that lead
     /// outside the copied tree (with `COPY_UNSAFE_LINKS`, those follow).
     pub const SAFE_LINKS: u32 = 1 << 27;
+    /// `--remove-source-files`: the sender removes what it sent once the
+    /// receiver's last answer says it is in place (see `send::remove`).
+    /// The receiver needs nothing of it; a pull's sender is told.
+    pub const REMOVE_SOURCE_FILES: u32 = 1 << 28;
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
         | RESUME
@@ -122,7 +126,8 @@ pub mod flags {
         | NO_MOUNT_POINTS
         | COPY_LINKS
         | COPY_UNSAFE_LINKS
-        | SAFE_LINKS;
+        | SAFE_LINKS
+        | REMOVE_SOURCE_FILES;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -1680,7 +1685,7 @@ mod tests {
         };
         // A flag from after this build.
         assert_eq!(
-            Msg::decode(&push(1 << 28, 1)),
+            Msg::decode(&push(1 << 29, 1)),
             Err(ProtoError::BadField("flags"))
         );
         // Mount points left out only where the walk keeps to one file

@@ -26,9 +26,11 @@ use crate::tree::{self, Item};
 use rfabric::storage::{Engine, Kind};
 
 mod data;
+mod remove;
 mod waiting;
 mod walk;
 use data::{ChunkAt, ChunkRead, DataSender, DataStep, StreamsGone, stripe, why_streams_failed};
+pub use remove::Origins;
 use waiting::Waiting;
 pub use walk::Walk;
 
@@ -72,6 +74,8 @@ pub struct SendOptions {
     pub policy: Policy,
     /// `-n`: the receiver answers every file, and sends for none.
     pub dry_run: bool,
+    /// `--remove-source-files` (see [`remove`]).
+    pub remove_sources: bool,
     pub chunk: usize,
     /// Buffers read ahead.
     pub buffers: usize,
@@ -186,7 +190,12 @@ pub async fn send(
         items: mut walked,
         thread: walker,
         with_data,
+        origins,
     } = walk;
+    // `--remove-source-files`: what went, and where it came from.
+    let removals = origins
+        .filter(|_| opts.remove_sources)
+        .map(|o| (Arc::new(remove::Removals::new(opts.policy)), o));
     let window = ask_ahead();
 
     // Plan steps in order, starting reads as buffers allow.
@@ -326,6 +335,7 @@ pub async fn send(
     let mut ledger = Ledger {
         verify: opts.verify,
         progress: progress.clone(),
+        removals: removals.as_ref().map(|(r, _)| Arc::clone(r)),
         ..Ledger::default()
     };
     // Answers from the receiver, concurrently.
@@ -333,10 +343,11 @@ pub async fn send(
         let link = link.clone();
         let asking = asking.clone();
         let names = Arc::clone(&ledger.names);
+        let removals = ledger.removals.clone();
         // (Weak: the sending loop ends when the planner's steps end.)
         let steps = steps_for_answers;
         tokio::spawn(async move {
-            let r = collect_answers(&link, &asking, &names).await;
+            let r = collect_answers(&link, &asking, &names, removals.as_deref()).await;
             // No answer comes any more: nothing waits for one.
             asking.close();
             if let (Err(_), Some(steps)) = (&r, steps.upgrade()) {
@@ -473,6 +484,15 @@ pub async fn send(
     stats.deleted = removed.len() as u64;
     outcome.failed.extend(failed);
     outcome.nodes = nodes;
+    // The receiver's last answer came once every file was in place and
+    // its directory synced: what it has may go from here.
+    if let Some((removals, origins)) = removals {
+        let dry_run = opts.dry_run;
+        let failed =
+            tokio::task::spawn_blocking(move || remove::remove(&removals, &origins, dry_run))
+                .await?;
+        outcome.failed.extend(failed);
+    }
     Ok((stats, outcome))
 }
 
@@ -536,6 +556,8 @@ struct Ledger {
     names: Names,
     stats: Stats,
     outcome: Outcome,
+    /// `--remove-source-files`: each entry announced is noted.
+    removals: Option<Arc<remove::Removals>>,
 }
 
 impl Ledger {
@@ -555,6 +577,9 @@ impl Ledger {
     }
 
     fn announce(&mut self, e: Entry) {
+        if let Some(r) = &self.removals {
+            r.announced(&e);
+        }
         self.entries += 1;
         if e.kind == EntryKind::File {
             self.stats.files += 1;
@@ -1067,7 +1092,12 @@ type Said = (Vec<Failure>, Vec<Vec<u8>>, Vec<NodeResult>);
 
 /// Reads the receiver's answers until it says goodbye; every entry gets
 /// one. An entry answered in place is forgotten.
-async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow::Result<Said> {
+async fn collect_answers(
+    link: &Link,
+    asking: &Asking,
+    names: &Names,
+    removals: Option<&remove::Removals>,
+) -> anyhow::Result<Said> {
     let mut failed = Vec::new();
     let mut removed = Vec::new();
     let mut nodes = Vec::new();
@@ -1115,6 +1145,9 @@ async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow:
                 drop(a);
                 asking.given();
                 done(&indices);
+                if let Some(r) = removals {
+                    r.skipped(&indices);
+                }
             }
             Msg::Removed { path } => removed.push(path),
             Msg::NodeDone(r) if nodes.len() < crate::hostlist::MAX_HOSTS => nodes.push(r),
@@ -1122,13 +1155,26 @@ async fn collect_answers(link: &Link, asking: &Asking, names: &Names) -> anyhow:
             Msg::Itemized { code, path } => {
                 crate::recv::print_itemized(&code, &path);
             }
-            Msg::EntryOk { index } => done(&[index]),
-            Msg::EntriesOk { indices } => done(&indices),
+            Msg::EntryOk { index } => {
+                done(&[index]);
+                if let Some(r) = removals {
+                    r.in_place(&[index]);
+                }
+            }
+            Msg::EntriesOk { indices } => {
+                done(&indices);
+                if let Some(r) = removals {
+                    r.in_place(&indices);
+                }
+            }
             Msg::EntryFailed {
                 index,
                 kind,
                 reason,
             } => {
+                if let Some(r) = removals {
+                    r.failed(index);
+                }
                 // A file that failed before its data: none is sent.
                 let _ = asking.lock().answer(index, Wanted::Nothing);
                 asking.given();

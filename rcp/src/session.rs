@@ -54,6 +54,8 @@ pub struct Params {
     /// `-L`, `--copy-unsafe-links`, `--safe-links` (the client's choice;
     /// see [`crate::tree::Symlinks`]).
     pub symlinks: Symlinks,
+    /// `--remove-source-files` (the client's choice; the sender's to do).
+    pub remove_sources: bool,
     /// `-n`, `-i` (the client's choice).
     pub dry_run: bool,
     pub itemize: bool,
@@ -127,6 +129,9 @@ impl Params {
         if self.one_file_system > 1 {
             f |= flags::NO_MOUNT_POINTS;
         }
+        if self.remove_sources {
+            f |= flags::REMOVE_SOURCE_FILES;
+        }
         f |= match self.symlinks {
             Symlinks::Keep => 0,
             Symlinks::Follow => flags::COPY_LINKS,
@@ -167,6 +172,7 @@ impl Params {
             } else {
                 Symlinks::Keep
             },
+            remove_sources: f & flags::REMOVE_SOURCE_FILES != 0,
             dry_run: f & flags::DRY_RUN != 0,
             itemize: f & flags::ITEMIZE != 0,
             digest: if f & flags::BLAKE3 != 0 {
@@ -191,6 +197,7 @@ impl Params {
             resume: self.resume,
             policy: self.policy,
             dry_run: self.dry_run,
+            remove_sources: self.remove_sources,
             chunk: self.chunk,
             buffers: (self.window as usize * self.streams as usize).clamp(4, 64),
             engine: self.io_engine,
@@ -709,14 +716,18 @@ pub fn walk_sources(sources: &[PathBuf], params: &Params) -> anyhow::Result<send
         },
         None => Sources::Operands(local_sources(sources)?),
     };
-    Ok(start_walk(local, params))
+    start_walk(local, params)
 }
 
 /// Starts walking `local` as `params` ask (a server's `params` map no
 /// owners: the side the user started does).
-fn start_walk(local: Sources, params: &Params) -> send::Walk {
+fn start_walk(local: Sources, params: &Params) -> anyhow::Result<send::Walk> {
     let options = params.send_options();
-    send::Walk::start(
+    let origins = match params.remove_sources {
+        true => Some(send::Origins::of(&local).context("--remove-source-files")?),
+        false => None,
+    };
+    let walk = send::Walk::start(
         local,
         options.recursive,
         options.keep,
@@ -727,7 +738,11 @@ fn start_walk(local: Sources, params: &Params) -> send::Walk {
             symlinks: params.symlinks,
         },
         params.walk_helper,
-    )
+    );
+    Ok(match origins {
+        Some(origins) => walk.removing(origins),
+        None => walk,
+    })
 }
 
 /// Local source operands.
@@ -989,6 +1004,10 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                      outside its roots"
                 );
             }
+            // (A daemon serves its files; it does not give them away.)
+            if !config.own_files && params.remove_sources {
+                bail!("rcp serve removes nothing it serves (--remove-source-files)");
+            }
             let local = if params.listed.is_some() {
                 let names = receive_names(&link).await?;
                 let [dir] = &sources[..] else {
@@ -1008,7 +1027,7 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 )
             };
             *links = ready(&link, config, false, streams).await?;
-            let walk = start_walk(local, &params);
+            let walk = start_walk(local, &params)?;
             let (stats, _) = send::send(links, walk, params.send_options(), &progress).await?;
             streams::finish_all(links).await?;
             stats

@@ -152,6 +152,7 @@ pub fn params(
         delete: false,
         one_file_system: 0,
         symlinks: crate::tree::Symlinks::Keep,
+        remove_sources: false,
         dry_run: false,
         itemize: false,
         filter: std::sync::Arc::default(),

@@ -229,6 +229,9 @@ pub struct Walk {
     /// Files whose data is read so far (the planner counts them): the
     /// walk's batches grow while few are.
     pub(super) with_data: Arc<AtomicU64>,
+    /// `--remove-source-files`: where the sources are, to remove them
+    /// once copied.
+    pub(super) origins: Option<super::Origins>,
 }
 
 impl std::fmt::Debug for Walk {
@@ -349,6 +352,16 @@ impl Walk {
             items: Items { rx, shared },
             thread,
             with_data,
+            origins: None,
+        }
+    }
+
+    /// `--remove-source-files`: the walk's sources are where `origins`
+    /// says, to be removed from there once copied.
+    pub fn removing(self, origins: super::Origins) -> Walk {
+        Walk {
+            origins: Some(origins),
+            ..self
         }
     }
 
