@@ -73,6 +73,8 @@ pub enum PlanError {
     NoLocalSide,
     #[error("a host list names several nodes: it can only be a destination (a broadcast)")]
     ListedSource,
+    #[error("--min-size ({0} bytes) is above --max-size ({1} bytes): no file would be sent")]
+    SizesCrossed(u64, u64),
 }
 
 /// Push, pull, local or broadcast: the destination is remote and every
@@ -229,9 +231,13 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         a.tuning.chunk_size = broadcast::CHUNK;
     }
     let engine = io_engine(&a.tuning, "rcp")?;
+    let policy = a.policy();
+    if policy.sizes.min > policy.sizes.max {
+        return Err(PlanError::SizesCrossed(policy.sizes.min, policy.sizes.max).into());
+    }
     let p = Params {
         resume: a.resume,
-        policy: a.policy(),
+        policy,
         delete: a.delete,
         one_file_system: a.one_file_system.min(2),
         symlinks: a.symlinks(),

@@ -194,6 +194,15 @@ pub struct CopyArgs {
     /// Leave a file that is newer at the destination as it is.
     #[arg(short = 'u', long)]
     pub update: bool,
+    /// Leave out files larger than SIZE (rsync's units: 500K and 1.5G are
+    /// powers of 1024, 500KB of 1000, and +1 or -1 after one adds or
+    /// takes a byte). What the destination holds under their names stays,
+    /// even with --delete.
+    #[arg(long, value_name = "SIZE", value_parser = parse_file_size)]
+    pub max_size: Option<u64>,
+    /// Leave out files smaller than SIZE (as --max-size).
+    #[arg(long, value_name = "SIZE", value_parser = parse_file_size)]
+    pub min_size: Option<u64>,
     /// Remove what the destination directories hold that the source does
     /// not: only inside the directories copied, never through a symlink,
     /// and only once the whole copy succeeded (a failed copy deletes
@@ -380,6 +389,10 @@ impl CopyArgs {
             check,
             ignore_existing: self.ignore_existing,
             update: self.update,
+            sizes: crate::resync::Sizes {
+                min: self.min_size.unwrap_or(0),
+                max: self.max_size.unwrap_or(u64::MAX),
+            },
         }
     }
 
@@ -491,6 +504,50 @@ pub fn parse_from(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -
     cli
 }
 
+/// A file size as rsync reads one (`--max-size`, `--min-size`): a number,
+/// perhaps with a fraction; a unit `b`, `k`, `m`, `g`, `t` or `p` in either
+/// case, powers of 1024, or of 1000 with `b` after it (`kb`), or of 1024
+/// with `ib` (`kib`); then perhaps `+1` or `-1`.
+pub fn parse_file_size(s: &str) -> Result<u64, String> {
+    let bad = |why: &str| format!("{s:?}: {why} (sizes are as 1.5G, 500K, 500KB, 10M-1)");
+    let (body, adjust) = match s.strip_suffix("+1").or(s.strip_suffix("-1")) {
+        Some(body) if body.ends_with(|c: char| c.is_ascii_alphabetic()) => {
+            (body, if s.ends_with("+1") { 1i128 } else { -1 })
+        }
+        _ => (s, 0),
+    };
+    let digits = body
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(body.len());
+    let (number, unit) = body.split_at(digits);
+    let number: f64 = match number.parse() {
+        Ok(n) if !number.starts_with('.') => n,
+        _ => return Err(bad("not a size")),
+    };
+    let unit = unit.to_ascii_lowercase();
+    let (letter, base) = match unit.as_bytes() {
+        [] => ('b', 1024u128),
+        [l] => (*l as char, 1024),
+        [l, b'b'] => (*l as char, 1000),
+        [l, b'i', b'b'] => (*l as char, 1024),
+        _ => return Err(bad("an unknown unit")),
+    };
+    let power = match letter {
+        'b' => 0,
+        'k' => 1,
+        'm' => 2,
+        'g' => 3,
+        't' => 4,
+        'p' => 5,
+        _ => return Err(bad("an unknown unit")),
+    };
+    if letter == 'b' && unit.len() > 1 {
+        return Err(bad("an unknown unit"));
+    }
+    let bytes = (number * base.pow(power) as f64) as i128 + adjust;
+    u64::try_from(bytes).map_err(|_| bad("out of range"))
+}
+
 /// A chunk size (`--chunk-size`): between 4K and 64M.
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let n = rfabric::size::parse_size(s)?;
@@ -498,4 +555,37 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         return Err(format!("{s}: chunk size must be between 4K and 64M"));
     }
     Ok(n as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_sizes_read_as_rsync_reads_them() {
+        for (text, bytes) in [
+            ("0", 0),
+            ("100", 100),
+            ("100b", 100),
+            ("500K", 500 << 10),
+            ("500k", 500 << 10),
+            ("500KiB", 500 << 10),
+            ("500KB", 500_000),
+            ("1.5M", 3 << 19),
+            ("1.5mb", 1_500_000),
+            ("2G", 2 << 30),
+            ("1T", 1 << 40),
+            ("1P", 1 << 50),
+            ("10M-1", (10 << 20) - 1),
+            ("1k+1", 1025),
+        ] {
+            assert_eq!(parse_file_size(text), Ok(bytes), "{text}");
+        }
+        for bad in [
+            "", "M", "1.5x", "-5", "1 M", ".5K", "1kbb", "1bb", "5-1", "1e3",
+        ] {
+            let e = parse_file_size(bad).unwrap_err();
+            assert!(e.contains("sizes are as"), "{bad}: {e}");
+        }
+    }
 }

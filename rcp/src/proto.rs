@@ -55,7 +55,7 @@ pub mod flags {
     pub const IGNORE_EXISTING: u32 = 1 << 14;
     pub const UPDATE: u32 = 1 << 15;
     pub const CHECKS: u32 = QUICK_CHECK | SIZE_ONLY | CHECKSUM;
-    pub const RESYNC: u32 = CHECKS | IGNORE_EXISTING | UPDATE;
+    pub const RESYNC: u32 = CHECKS | IGNORE_EXISTING | UPDATE | SIZE_LIMITS;
     /// `--delete`: once the whole copy succeeded, the receiver removes
     /// what the directories sent hold that the sender did not send, and
     /// names each in a `Removed`.
@@ -108,6 +108,9 @@ pub mod flags {
     /// receiver's last answer says it is in place (see `send::remove`).
     /// The receiver needs nothing of it; a pull's sender is told.
     pub const REMOVE_SOURCE_FILES: u32 = 1 << 28;
+    /// `--min-size`, `--max-size`: a `Sizes` message follows the rules;
+    /// the receiver leaves a file outside them alone (`resync::Sizes`).
+    pub const SIZE_LIMITS: u32 = 1 << 29;
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
         | RESUME
@@ -127,7 +130,8 @@ pub mod flags {
         | COPY_LINKS
         | COPY_UNSAFE_LINKS
         | SAFE_LINKS
-        | REMOVE_SOURCE_FILES;
+        | REMOVE_SOURCE_FILES
+        | SIZE_LIMITS;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -441,6 +445,12 @@ pub enum Msg {
         kind: FailKind,
         reason: String,
     },
+    /// Client → server, with `SIZE_LIMITS`, after the request's rules:
+    /// `--min-size` and `--max-size` (inclusive; `min` at most `max`).
+    Sizes {
+        min: u64,
+        max: u64,
+    },
 }
 
 /// The most names one `Names` message holds.
@@ -495,7 +505,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 29] = [
+const TAGS: [&str; 30] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -525,6 +535,7 @@ const TAGS: [&str; 29] = [
     "Unlisted",
     "Abandoned",
     "Unsent",
+    "Sizes",
 ];
 
 impl Msg {
@@ -559,6 +570,7 @@ impl Msg {
             Msg::Unlisted { .. } => 27,
             Msg::Abandoned { .. } => 28,
             Msg::Unsent { .. } => 29,
+            Msg::Sizes { .. } => 30,
         }
     }
 
@@ -705,6 +717,10 @@ impl Msg {
                 w.push(*kind as u8);
                 put_bytes(w, truncate(reason).as_bytes());
             }
+            Msg::Sizes { min, max } => {
+                w.extend_from_slice(&min.to_le_bytes());
+                w.extend_from_slice(&max.to_le_bytes());
+            }
             Msg::Have {
                 index,
                 first,
@@ -835,6 +851,13 @@ impl Msg {
                 kind: FailKind::from_wire(r.u8()?)?,
                 reason: r.text()?,
             },
+            30 => {
+                let (min, max) = (r.u64()?, r.u64()?);
+                if min > max {
+                    return Err(ProtoError::BadField("sizes"));
+                }
+                Msg::Sizes { min, max }
+            }
             10 => Msg::EntryFailed {
                 index: r.u32()?,
                 kind: FailKind::from_wire(r.u8()?)?,
@@ -1542,6 +1565,10 @@ mod tests {
                 kind: FailKind::Io,
                 reason: "symlink has no referent".into(),
             },
+            Msg::Sizes {
+                min: 1,
+                max: 1 << 40,
+            },
         ]
     }
 
@@ -1685,7 +1712,7 @@ mod tests {
         };
         // A flag from after this build.
         assert_eq!(
-            Msg::decode(&push(1 << 29, 1)),
+            Msg::decode(&push(1 << 30, 1)),
             Err(ProtoError::BadField("flags"))
         );
         // Mount points left out only where the walk keeps to one file

@@ -250,6 +250,7 @@ pub async fn receive(
         hard_links: Vec::new(),
         unread: HashSet::new(),
         unread_paths: HashSet::new(),
+        left_out: HashSet::new(),
         last_dir: None,
         xattrs: XattrInbox::default(),
     };
@@ -758,6 +759,9 @@ struct Creator<'a> {
     /// paths (no other name is linked to one, there or from before).
     unread: HashSet<u32>,
     unread_paths: HashSet<Vec<u8>>,
+    /// Files left out by their size (`--min-size`, `--max-size`), by path:
+    /// their other names are left out too.
+    left_out: HashSet<Vec<u8>>,
     /// The directory read last, by index and path: the one an
     /// `Abandoned` with nothing open names.
     last_dir: Option<(u32, Vec<u8>)>,
@@ -897,6 +901,19 @@ impl Creator<'_> {
                 "entry {} came with its data before it was answered",
                 e.index
             );
+        }
+        // `--min-size`, `--max-size`: a file outside them is left alone
+        // (the policy skips it), and so are its other names (`-H`): nothing
+        // is made of them, and what is there stays.
+        let sizes = self.opts.policy.sizes;
+        if sizes.limit() {
+            if e.kind == EntryKind::File && !sizes.admit(e.size) {
+                self.left_out.insert(e.path.clone());
+            }
+            if e.kind == EntryKind::HardLink && self.left_out.contains(&e.target) {
+                self.answers.send(e.index, Ok(()));
+                return Ok(arrivals.announce(e.index, Shape::Other)?);
+            }
         }
         if e.kind == EntryKind::Symlink
             && self.opts.safe_links

@@ -27,6 +27,39 @@ pub struct Policy {
     pub ignore_existing: bool,
     /// `-u/--update`: a file newer at the destination is left alone.
     pub update: bool,
+    /// `--min-size`, `--max-size`: a file outside them is left alone,
+    /// there or not (its name stays, so `--delete` keeps what is there).
+    pub sizes: Sizes,
+}
+
+/// The sizes of the files a copy sends (`--min-size`, `--max-size`, both
+/// bounds inclusive, as rsync's). They travel after the request's rules
+/// (`Msg::Sizes`), as the receiver decides by them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    pub min: u64,
+    pub max: u64,
+}
+
+impl Default for Sizes {
+    fn default() -> Sizes {
+        Sizes {
+            min: 0,
+            max: u64::MAX,
+        }
+    }
+}
+
+impl Sizes {
+    /// Whether a file of `size` bytes is sent.
+    pub fn admit(&self, size: u64) -> bool {
+        (self.min..=self.max).contains(&size)
+    }
+
+    /// Whether any file is left out by its size.
+    pub fn limit(&self) -> bool {
+        *self != Sizes::default()
+    }
 }
 
 /// How a file that exists is compared with the source's.
@@ -77,6 +110,9 @@ impl Policy {
             check: Check::Never,
             ignore_existing: false,
             update: false,
+            // (A file of a size left out is left out there too: the
+            // receiver still answers each file.)
+            sizes: self.sizes,
         }
     }
 
@@ -107,12 +143,16 @@ impl Policy {
         if self.update {
             f |= flags::UPDATE;
         }
+        if self.sizes.limit() {
+            f |= flags::SIZE_LIMITS;
+        }
         f
     }
 
     /// The policy of a request's flags (at most one check among them: the
-    /// decoder refuses more).
-    pub fn from_flags(f: u32) -> Policy {
+    /// decoder refuses more), with the sizes of `SIZE_LIMITS` (which
+    /// follow the request) as `sizes`.
+    pub fn from_flags(f: u32, sizes: Sizes) -> Policy {
         let check = if f & flags::SIZE_ONLY != 0 {
             Check::SizeOnly
         } else if f & flags::CHECKSUM != 0 {
@@ -126,11 +166,15 @@ impl Policy {
             check,
             ignore_existing: f & flags::IGNORE_EXISTING != 0,
             update: f & flags::UPDATE != 0,
+            sizes,
         }
     }
 
     /// What to do with file `e` given what is there.
     pub fn decide(&self, e: &Entry, found: Found) -> Decision {
+        if !self.sizes.admit(e.size) {
+            return Decision::Skip { metadata: false };
+        }
         let (size, mtime) = match found {
             Found::Nothing => return Decision::Send,
             _ if self.ignore_existing => return Decision::Skip { metadata: false },
@@ -262,7 +306,7 @@ mod tests {
             update: bool,
             size in 0u64..1 << 40,
         ) {
-            let p = Policy { check, ignore_existing, update };
+            let p = Policy { check, ignore_existing, update, sizes: Sizes::default() };
             let q = p.into_nothing_there();
             prop_assert!(!q.asks());
             let e = file(size, T);
@@ -429,10 +473,49 @@ mod tests {
 
     proptest! {
         #[test]
-        fn flags_round_trip(check in 0..4u8, ignore_existing: bool, update: bool) {
+        fn flags_round_trip(
+            check in 0..4u8,
+            ignore_existing: bool,
+            update: bool,
+            min in prop_oneof![Just(0u64), 1u64..1 << 40],
+            max in prop_oneof![Just(u64::MAX), 0u64..1 << 40],
+        ) {
             let check = [Check::Quick, Check::SizeOnly, Check::Checksum, Check::Never][check as usize];
-            let p = Policy { check, ignore_existing, update };
-            prop_assert_eq!(Policy::from_flags(p.flags()), p);
+            let sizes = Sizes { min, max };
+            let p = Policy { check, ignore_existing, update, sizes };
+            prop_assert_eq!(Policy::from_flags(p.flags(), sizes), p);
+            prop_assert_eq!(p.flags() & flags::SIZE_LIMITS != 0, sizes.limit());
+            prop_assert_eq!(p.into_nothing_there().asks(), sizes.limit());
+        }
+
+        /// Out of `--min-size`..=`--max-size`, a file is left alone
+        /// whatever is there and whatever the other choices; inside, the
+        /// sizes change nothing.
+        #[test]
+        fn sizes_leave_out_only_and_exactly_the_files_outside_them(
+            check in 0..4u8,
+            ignore_existing: bool,
+            update: bool,
+            min in 0u64..100,
+            max in 0u64..100,
+            size in 0u64..100,
+            there in 0u8..3,
+        ) {
+            let check = [Check::Quick, Check::SizeOnly, Check::Checksum, Check::Never][check as usize];
+            let free = Policy { check, ignore_existing, update, sizes: Sizes::default() };
+            let limited = Policy { sizes: Sizes { min, max }, ..free };
+            let found = match there {
+                0 => Found::Nothing,
+                1 => Found::Other,
+                _ => Found::File { size: 50, mtime: T },
+            };
+            let e = file(size, T);
+            let expected = if (min..=max).contains(&size) {
+                free.decide(&e, found)
+            } else {
+                Decision::Skip { metadata: false }
+            };
+            prop_assert_eq!(limited.decide(&e, found), expected);
         }
     }
 }

@@ -23,7 +23,7 @@ use crate::listed;
 use crate::proto::{Hop, MAX_HOPS, MAX_NAMES, Msg, flags};
 use crate::recv::{self, Itemize, RecvOptions};
 use crate::report::{Progress, Report, Stats};
-use crate::resync::Policy;
+use crate::resync::{Policy, Sizes};
 use crate::send::{self, SendOptions, Source, Sources};
 use crate::streams::{self, Sessions};
 use crate::tree::{self, Base, Scope, Symlinks};
@@ -143,7 +143,13 @@ impl Params {
 
     /// The client's choices as the server applies them.
     /// (A FIPS-mode host refuses a request for BLAKE3.)
-    fn with_request(&self, f: u32, streams: u32, filter: Arc<Filter>) -> anyhow::Result<Params> {
+    fn with_request(
+        &self,
+        f: u32,
+        streams: u32,
+        filter: Arc<Filter>,
+        sizes: Sizes,
+    ) -> anyhow::Result<Params> {
         if f & flags::BLAKE3 != 0 && crate::digest::fips_mode() {
             return Err(crate::digest::FipsRefusesBlake3.into());
         }
@@ -153,7 +159,7 @@ impl Params {
             keep: Keep::from_flags(f),
             verify: f & flags::NO_VERIFY == 0,
             resume: f & flags::RESUME != 0,
-            policy: Policy::from_flags(f),
+            policy: Policy::from_flags(f, sizes),
             delete: f & flags::DELETE != 0,
             one_file_system: match (
                 f & flags::ONE_FILE_SYSTEM != 0,
@@ -496,7 +502,7 @@ async fn client_session(
                 dest,
             };
             control.send_message(&push.encode()).await?;
-            send_rules(&control, &params.filter).await?;
+            send_rules(&control, &params).await?;
             if let Some(hops) = &chain {
                 send_hops(&control, hops).await?;
             }
@@ -515,7 +521,7 @@ async fn client_session(
                 sources,
             };
             control.send_message(&pull.encode()).await?;
-            send_rules(&control, &params.filter).await?;
+            send_rules(&control, &params).await?;
             if let Some(names) = &params.listed {
                 send_names(&control, names).await?;
             }
@@ -594,10 +600,16 @@ async fn send_in_runs<T: Clone>(
 
 /// The filter rules after a request, as `Rules` messages (none when there
 /// are none).
-pub(crate) async fn send_rules(link: &Link, filter: &Filter) -> anyhow::Result<()> {
+pub(crate) async fn send_rules(link: &Link, params: &Params) -> anyhow::Result<()> {
     let size = |t: &RuleText| t.pattern.len() + 3;
     let message = |rules, more| Msg::Rules { rules, more };
-    send_in_runs(link, filter.texts(), MAX_RULES, size, false, message).await
+    send_in_runs(link, params.filter.texts(), MAX_RULES, size, false, message).await?;
+    // (Then `--min-size`, `--max-size`, which `SIZE_LIMITS` announced.)
+    let Sizes { min, max } = params.policy.sizes;
+    if params.policy.sizes.limit() {
+        link.send_message(&Msg::Sizes { min, max }.encode()).await?;
+    }
+    Ok(())
 }
 
 /// A pull's `--files-from` names, as `Names` messages (one, empty, for
@@ -674,7 +686,8 @@ async fn receive_names(link: &Link) -> anyhow::Result<Arc<Vec<Vec<u8>>>> {
 }
 
 /// The filter rules that follow a request with the `FILTERS` flag.
-async fn receive_rules(link: &Link, flags: u32) -> anyhow::Result<Arc<Filter>> {
+/// A request's rules, then its sizes where `SIZE_LIMITS` says they come.
+async fn receive_rules(link: &Link, flags: u32) -> anyhow::Result<(Arc<Filter>, Sizes)> {
     let texts = if flags & flags::FILTERS != 0 {
         let missing = "the request's filter rules did not follow it";
         let too_many = format!("more than {MAX_RULES} filter rules");
@@ -686,9 +699,16 @@ async fn receive_rules(link: &Link, flags: u32) -> anyhow::Result<Arc<Filter>> {
     } else {
         Vec::new()
     };
-    Ok(Arc::new(
-        Filter::new(texts).map_err(|e| refused(&e.to_string()))?,
-    ))
+    let filter = Arc::new(Filter::new(texts).map_err(|e| refused(&e.to_string()))?);
+    let sizes = if flags & flags::SIZE_LIMITS != 0 {
+        match next_msg(link).await? {
+            Msg::Sizes { min, max } => Sizes { min, max },
+            other => bail!("{} where the request's sizes were due", other.name()),
+        }
+    } else {
+        Sizes::default()
+    };
+    Ok((filter, sizes))
 }
 
 /// Waits for the server's `Ready`; returns the session id in it.
@@ -920,13 +940,13 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             dest,
         } => {
             let started = Instant::now();
-            let filter = receive_rules(&link, flags).await?;
+            let (filter, sizes) = receive_rules(&link, flags).await?;
             let chain = if flags & flags::CHAIN != 0 {
                 Some(receive_hops(&link).await?)
             } else {
                 None
             };
-            let params = config.params.with_request(flags, streams, filter)?;
+            let params = config.params.with_request(flags, streams, filter, sizes)?;
             if chain.is_some() && streams != 1 {
                 bail!("a broadcast hop is one stream, not {streams}");
             }
@@ -992,8 +1012,8 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             streams,
             sources,
         } => {
-            let filter = receive_rules(&link, flags).await?;
-            let params = config.params.with_request(flags, streams, filter)?;
+            let (filter, sizes) = receive_rules(&link, flags).await?;
+            let params = config.params.with_request(flags, streams, filter, sizes)?;
             // A symlink followed could lead anywhere: a daemon keeps to
             // its roots. (A remote shell's server is the user's own.)
             if !config.own_files

@@ -531,6 +531,38 @@ fn a_source_file_that_vanishes_is_said_once_and_every_node_is_ok() {
 }
 
 #[test]
+fn size_limits_reach_every_node() {
+    let t = Scratch::new("bcast-sizes");
+    let Some(c) = Cluster::new(&t, "rbcz", 3, 208, None) else {
+        return;
+    };
+    let tree = t.path("tree");
+    std::fs::create_dir(&tree).unwrap();
+    random_file(&tree.join("small"), 100, 40);
+    random_file(&tree.join("big"), 300_000, 41);
+    let out = c
+        .rcp(&["-r", "--max-size=1K"])
+        .arg(&tree)
+        .arg(c.operand(""))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for k in 1..=3 {
+        let disk = c.disk(k).join("tree");
+        assert!(!disk.join("big").exists(), "node {k}: big left out");
+        assert!(
+            std::fs::read(disk.join("small")).unwrap()
+                == std::fs::read(tree.join("small")).unwrap(),
+            "node {k}: small differs"
+        );
+    }
+}
+
+#[test]
 fn a_full_disk_and_a_wrong_token_fail_only_their_own_node() {
     let t = Scratch::new("bcast-faults");
     let Some(mut c) = Cluster::new(&t, "rbcf", 5, 203, None) else {

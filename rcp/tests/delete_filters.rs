@@ -180,6 +180,80 @@ fn delete_leaves_what_rsync_delete_leaves_in_every_mode() {
 }
 
 #[test]
+fn min_and_max_size_leave_out_what_rsync_leaves_out_in_every_mode() {
+    let t = Scratch::new("sizes-modes");
+    let src = t.path("src");
+    // Sizes on both sides of each bound, and bounds themselves (both are
+    // inclusive), another name of a file left out (`-H`) and of one sent.
+    for (name, len) in [
+        ("empty", 0),
+        ("nine", 9),
+        ("ten", 10),
+        ("d/mid", 500),
+        ("exact-1k", 1024),
+        ("over-1k", 1025),
+        ("d/big", 70_000),
+    ] {
+        write(&src.join(name), &pattern(len, len as u64), 1_600_000_000);
+    }
+    std::fs::hard_link(src.join("d/big"), src.join("big-name")).unwrap();
+    std::fs::hard_link(src.join("d/mid"), src.join("mid-name")).unwrap();
+    for d in ["d", ""] {
+        set_times(&src.join(d), 1_500_000_000, 0);
+    }
+    // What a previous copy left: files under the names left out (kept,
+    // even with --delete), and one the source no longer has (deleted).
+    let before = |into: &Path| {
+        for name in ["nine", "d/big", "big-name", "gone"] {
+            write(&into.join("src").join(name), b"from before", 1_500_000_000);
+        }
+        for d in ["src/d", "src"] {
+            set_times(&into.join(d), 1_400_000_000, 0);
+        }
+    };
+    let key = secret(&t, "key");
+    let daemon = Daemon::start(&[t.dir()], &key);
+    let (rsh, path) = fake_rsh(&t);
+    let modes = Modes {
+        daemon: &daemon,
+        key: &key,
+        rsh: &rsh,
+    };
+    let flags: Vec<&OsStr> = ["-aH", "--delete", "--min-size=10", "--max-size=1K"]
+        .iter()
+        .map(OsStr::new)
+        .collect();
+    let oracle = t.path("oracle");
+    before(&oracle);
+    rsync_into(&flags, &src, &oracle);
+    // (Else the comparison proves little.)
+    assert_eq!(
+        std::fs::read(oracle.join("src/d/big")).unwrap(),
+        b"from before"
+    );
+    assert!(!oracle.join("src/over-1k").exists() && !oracle.join("src/gone").exists());
+    assert!(oracle.join("src/exact-1k").exists() && oracle.join("src/ten").exists());
+    for mode in ["local", "push", "pull", "remote shell"] {
+        let into = t.path(&format!("into-{}", mode.replace(' ', "-")));
+        before(&into);
+        modes.run(mode, flags.clone(), &src, &into, &path);
+        assert_same(mode, &oracle, &into);
+    }
+    // Crossed bounds would send nothing: refused as a usage error.
+    let out = rcp(
+        &[
+            OsStr::new("--min-size=2K"),
+            OsStr::new("--max-size=1K"),
+            src.as_os_str(),
+            t.path("nowhere").as_os_str(),
+        ],
+        &path,
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is above --max-size"));
+}
+
+#[test]
 fn a_delete_run_whose_copy_fails_deletes_nothing() {
     let t = Scratch::new("delete-fails");
     let src = t.path("src");

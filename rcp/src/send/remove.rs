@@ -14,6 +14,7 @@
 //! - what changed since it was sent: another type, another size or
 //!   modification time (rsync's check), said and left in place;
 //! - a symlink followed (`-L`): what it points to was sent, not it;
+//! - a file outside `--min-size`..`--max-size`, and its other names;
 //! - everything, after a dry run, or a copy that stopped.
 //!
 //! When: after the receiver's last answer, which it gives only once every
@@ -37,7 +38,7 @@ use rustix::fs::{AtFlags, FileType};
 
 use crate::proto::{Entry, EntryKind, FailKind};
 use crate::report::Failure;
-use crate::resync::Policy;
+use crate::resync::{Policy, Sizes};
 use crate::tree;
 
 use super::Sources;
@@ -61,6 +62,9 @@ pub(super) struct Removals {
     /// `--ignore-existing` or `--update`, whose skips may be files that
     /// differ.
     skipped_are_equal: bool,
+    /// `--min-size`, `--max-size`: a file outside them is left alone
+    /// there, and stays here.
+    sizes: Sizes,
 }
 
 #[derive(Debug, Default)]
@@ -71,6 +75,8 @@ struct State {
     in_place: Vec<(u32, Sent)>,
     /// Failed after an answer in place.
     failed: HashSet<u32>,
+    /// Files left out by their size: their other names (`-H`) stay too.
+    left_out: HashSet<Vec<u8>>,
 }
 
 impl Removals {
@@ -78,6 +84,7 @@ impl Removals {
         Removals {
             state: Mutex::default(),
             skipped_are_equal: !policy.ignore_existing && !policy.update,
+            sizes: policy.sizes,
         }
     }
 
@@ -87,8 +94,15 @@ impl Removals {
 
     /// An entry about to be sent.
     pub(super) fn announced(&self, e: &Entry) {
-        if e.kind == EntryKind::Dir {
-            return;
+        let mut st = self.state();
+        match e.kind {
+            EntryKind::Dir => return,
+            EntryKind::File if !self.sizes.admit(e.size) => {
+                st.left_out.insert(e.path.clone());
+                return;
+            }
+            EntryKind::HardLink if st.left_out.contains(&e.target) => return,
+            _ => {}
         }
         let sent = Sent {
             path: e.path.clone(),
@@ -96,7 +110,7 @@ impl Removals {
             size: (e.kind == EntryKind::File).then_some(e.size),
             mtime: (e.mtime_sec, e.mtime_nsec),
         };
-        self.state().pending.insert(e.index, sent);
+        st.pending.insert(e.index, sent);
     }
 
     /// The receiver put these in place.
@@ -315,6 +329,24 @@ mod tests {
         r.failed(4);
         assert_eq!(paths(&r), ["d/a", "d/l", "d/h"]);
         assert!(paths(&r).is_empty(), "taken once");
+    }
+
+    #[test]
+    fn files_left_out_by_their_size_stay_with_their_other_names() {
+        let r = Removals::new(Policy {
+            sizes: Sizes { min: 0, max: 9 },
+            ..Policy::default()
+        });
+        let mut other_name = entry(1, EntryKind::HardLink, "other-name");
+        other_name.target = b"big".to_vec();
+        r.announced(&entry(0, EntryKind::File, "big"));
+        r.announced(&other_name);
+        let mut small = entry(2, EntryKind::File, "small");
+        small.size = 9;
+        r.announced(&small);
+        r.skipped(&[0, 2]);
+        r.in_place(&[1]);
+        assert_eq!(paths(&r), ["small"]);
     }
 
     #[test]
