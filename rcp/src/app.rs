@@ -75,6 +75,8 @@ pub enum PlanError {
     ListedSource,
     #[error("--min-size ({0} bytes) is above --max-size ({1} bytes): no file would be sent")]
     SizesCrossed(u64, u64),
+    #[error("--remove-source-files: {0} would be copied onto or into itself, and then removed")]
+    OntoItself(String),
 }
 
 /// Push, pull, local or broadcast: the destination is remote and every
@@ -263,7 +265,12 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
     let progress = Progress::new(!a.quiet && !a.json);
     let report = match plan {
         Plan::Broadcast(b) => broadcast::run(b, &a, p, &progress).await?,
-        Plan::Local { sources, dest } => local_copy(sources, &dest, p, &progress).await?,
+        Plan::Local { sources, dest } => {
+            if p.remove_sources {
+                onto_itself(&sources, &dest)?;
+            }
+            local_copy(sources, &dest, p, &progress).await?
+        }
         Plan::Remote { remote, request } => remote_copy(remote, request, &a, p, &progress).await?,
     };
     progress.finish();
@@ -324,6 +331,48 @@ fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
         .into());
     }
     Ok(p)
+}
+
+/// `--remove-source-files` in a local copy: refused where a source's copy
+/// would land on that source itself (`rcp -r src .` in its own parent: the
+/// check finds every file unchanged, and the only copy would go) or inside
+/// it (the walk could meet the copies it is making). Paths are compared
+/// with symlinks resolved. (Remote copies cannot be checked here; rsync
+/// checks none.)
+fn onto_itself(sources: &[PathBuf], dest: &Path) -> Result<(), PlanError> {
+    // (One not there yet is made in its parent.)
+    let dest = match dest.canonicalize() {
+        Ok(dest) => dest,
+        Err(_) => match (dest.parent(), dest.file_name()) {
+            (Some(parent), Some(name)) => {
+                let parent = if parent.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    parent
+                };
+                match parent.canonicalize() {
+                    Ok(parent) => parent.join(name),
+                    Err(_) => return Ok(()),
+                }
+            }
+            _ => return Ok(()),
+        },
+    };
+    for source in sources {
+        let Ok(source) = source.canonicalize() else {
+            continue;
+        };
+        // Into a directory, under the source's name; else onto `dest`.
+        let target = match (dest.is_dir(), source.file_name()) {
+            (true, Some(name)) => dest.join(name),
+            _ => dest.clone(),
+        };
+        let target = target.canonicalize().unwrap_or(target);
+        if target.starts_with(&source) || dest.starts_with(&source) {
+            return Err(PlanError::OntoItself(source.display().to_string()));
+        }
+    }
+    Ok(())
 }
 
 /// Two remote operands name the same place: the same login for a remote
@@ -406,7 +455,9 @@ async fn remote_copy(
                 session::client(target, &remote.banner.token, request, p, progress, early).await;
             let status = remote.child.wait().await?;
             let report = report?;
-            if !status.success() && report.failed.is_empty() {
+            // (Unless a failure here says why already; a source that
+            // vanished is none.)
+            if !status.success() && !report.failed.iter().any(|f| f.kind.is_failure()) {
                 bail!("the remote side failed ({status})");
             }
             Ok(report)

@@ -61,6 +61,7 @@ impl Exit {
             || has::<crate::hostlist::HostlistError>(error)
             || has::<crate::app::PlanError>(error)
             || has::<crate::broadcast::Usage>(error)
+            || has::<crate::send::SameName>(error)
         {
             Exit::Usage
         } else if has::<Refused>(error) {

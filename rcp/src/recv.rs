@@ -86,6 +86,13 @@ pub struct RecvOptions {
     /// nothing of may still carry data for the nodes after it, which
     /// passes through.
     pub passing: bool,
+    /// `--remove-source-files`: the sender removes what this side holds
+    /// once its last answer is in, so before it the destination's file
+    /// system is synced whole (`syncfs`): besides the files written and
+    /// their directories, the symlinks, special files and directories
+    /// made, and files found there unchanged whose data may not be on
+    /// disk yet.
+    pub sync_all: bool,
 }
 
 /// Where `-i`'s lines go.
@@ -469,15 +476,27 @@ pub async fn receive(
     result?;
     stats.files = new.files;
     stats.skipped = new.skipped;
-    // Other names of files once all files are in place (`-H`).
+    // Other names of files once all files are in place (`-H`). (Not to
+    // a file that failed here: what is under its name is not it. Its
+    // shown name is compared: two names shown alike refuse both, never
+    // link wrong.)
+    let failed_files: HashSet<String> = match new.hard_links.is_empty() {
+        true => HashSet::new(),
+        false => failed.iter().map(|f| f.path.clone()).collect(),
+    };
     for e in &new.hard_links {
         // (A name of a file the sender could not read is not linked: to
         // nothing new, or to what was there before.)
-        if new.unread_paths.contains(&e.target) {
-            let reason = format!(
-                "not linked: {} could not be read at the source",
-                tree::show(&e.target)
-            );
+        let target = tree::show(&e.target);
+        let unlinkable = if new.unread_paths.contains(&e.target) {
+            Some("could not be read at the source")
+        } else if failed_files.contains(&target) {
+            Some("failed")
+        } else {
+            None
+        };
+        if let Some(why) = unlinkable {
+            let reason = format!("not linked: {target} {why}");
             answers.send(e.index, Err((FailKind::Io, reason.clone())));
             failed.push(Failure {
                 path: tree::show(&e.path),
@@ -566,6 +585,12 @@ pub async fn receive(
     // Every rename is durable before the sender can report success.
     let synced = dirs_to_sync.lock().expect("dir lock").all_synced();
     synced.await?;
+    if opts.sync_all && !opts.dry_run {
+        let base = Arc::clone(&base);
+        tokio::task::spawn_blocking(move || base.sync_file_system())
+            .await?
+            .context("cannot sync the destination before the sources are removed")?;
+    }
     drop(answers);
     answerer.await??;
     if !ok {

@@ -30,7 +30,7 @@ mod remove;
 mod waiting;
 mod walk;
 use data::{ChunkAt, ChunkRead, DataSender, DataStep, StreamsGone, stripe, why_streams_failed};
-pub use remove::Origins;
+pub use remove::{Origins, SameName};
 use waiting::Waiting;
 pub use walk::Walk;
 
@@ -156,6 +156,9 @@ pub fn ask_ahead() -> usize {
 #[derive(Debug, Default)]
 pub struct Outcome {
     pub failed: Vec<Failure>,
+    /// `--remove-source-files`: sources that could not be removed, after
+    /// the receiver was done (only this side knows of them).
+    pub not_removed: Vec<Failure>,
     /// File digests (verified copies), by entry path.
     pub digests: Vec<(String, [u8; 32])>,
     /// A broadcast's: how each node's copy ended, as the chain told it.
@@ -488,10 +491,10 @@ pub async fn send(
     // its directory synced: what it has may go from here.
     if let Some((removals, origins)) = removals {
         let dry_run = opts.dry_run;
-        let failed =
+        outcome.not_removed =
             tokio::task::spawn_blocking(move || remove::remove(&removals, &origins, dry_run))
                 .await?;
-        outcome.failed.extend(failed);
+        stats.failed |= !outcome.not_removed.is_empty();
     }
     Ok((stats, outcome))
 }

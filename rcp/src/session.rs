@@ -234,6 +234,7 @@ impl Params {
             engine: self.io_engine,
             busy_wait: self.silence,
             passing: false,
+            sync_all: self.remove_sources,
         }
     }
 }
@@ -349,7 +350,8 @@ pub async fn client(
     if result.is_err() {
         streams::abort_all(&links, "client gave up");
     }
-    let (stats, outcome, seconds) = result?;
+    let (stats, mut outcome, seconds) = result?;
+    outcome.failed.append(&mut outcome.not_removed);
     let streams = links.len();
     let nodes = outcome.nodes;
     let digest = match outcome.digests.as_slice() {
@@ -541,7 +543,7 @@ async fn client_session(
             let outcome = send::Outcome {
                 digests: got.digests,
                 failed: got.failed,
-                nodes: Vec::new(),
+                ..send::Outcome::default()
             };
             (got.stats, outcome)
         }
@@ -744,7 +746,7 @@ pub fn walk_sources(sources: &[PathBuf], params: &Params) -> anyhow::Result<send
 fn start_walk(local: Sources, params: &Params) -> anyhow::Result<send::Walk> {
     let options = params.send_options();
     let origins = match params.remove_sources {
-        true => Some(send::Origins::of(&local).context("--remove-source-files")?),
+        true => Some(send::Origins::of(&local)?),
         false => None,
     };
     let walk = send::Walk::start(
@@ -1048,7 +1050,13 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             };
             *links = ready(&link, config, false, streams).await?;
             let walk = start_walk(local, &params)?;
-            let (stats, _) = send::send(links, walk, params.send_options(), &progress).await?;
+            let (stats, outcome) =
+                send::send(links, walk, params.send_options(), &progress).await?;
+            // (Found after the client was told all: only said here, on a
+            // remote shell's stderr, and in the exit status.)
+            for f in &outcome.not_removed {
+                eprintln!("rcp: {}: {}", f.path, f.reason);
+            }
             streams::finish_all(links).await?;
             stats
         }

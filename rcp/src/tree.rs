@@ -1295,6 +1295,12 @@ impl Base {
         })
     }
 
+    /// Every change to the destination's file system so far on disk
+    /// (`syncfs`).
+    pub fn sync_file_system(&self) -> rustix::io::Result<()> {
+        rustix::fs::syncfs(&self.dir)
+    }
+
     /// Parent directory fd and final name for a peer's entry path.
     pub(crate) fn place(&self, path: &[u8]) -> anyhow::Result<(Arc<DestDir>, CString)> {
         let mut parts = relative(path)?;

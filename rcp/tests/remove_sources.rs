@@ -108,6 +108,7 @@ fn what_is_removed_from_the_source_is_what_rsync_removes_in_every_mode() {
                 common::trees::rsync_copy(&oracle_src, &oracle);
                 for root in [&src, &oracle_src] {
                     std::fs::write(root.join("changed-since"), b"new").unwrap();
+                    common::trees::set_times(&root.join("changed-since"), 1_700_000_000, 7);
                 }
             }
             let (from, to) = operands(how, &src, &dest);
@@ -221,6 +222,47 @@ fn what_ignore_existing_leaves_alone_and_what_failed_stay_in_the_source() {
 }
 
 #[test]
+fn a_file_that_arrives_corrupted_stays_with_its_other_names_and_nothing_is_linked_to_it() {
+    let t = Scratch::new("rcp-remove-corrupt");
+    let (rsh, path) = fake_rsh(&t);
+    for how in ["local", "pushed", "pulled"] {
+        let src = t.path(&format!("src-{how}"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("f1"), pattern(3 * 65536, 21)).unwrap();
+        std::fs::hard_link(src.join("f1"), src.join("g1")).unwrap();
+        std::fs::write(src.join("small"), b"small").unwrap();
+        let dest = t.path(&format!("dest-{how}"));
+        let copied = dest.join(src.file_name().unwrap());
+        std::fs::create_dir_all(&copied).unwrap();
+        std::fs::write(copied.join("f1"), b"f1 from before").unwrap();
+        let (from, to) = operands(how, &src, &dest);
+        // (The second chunk sent, f1's, is damaged on its way.)
+        let out = Command::new(RCP)
+            .args(["-rH", "--chunk-size", "64K", "--remove-source-files"])
+            .args(["--rsh", s(&rsh)])
+            .arg(&from)
+            .arg(&to)
+            .env("PATH", &path)
+            .env("RCP_TEST_CORRUPT_CHUNK", "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{how}: {stderr}");
+        let left: Vec<_> = left_in(&src).into_iter().map(|(p, _)| p).collect();
+        assert_eq!(
+            left,
+            [PathBuf::from("f1"), PathBuf::from("g1")],
+            "{how}: both names stay: {stderr}"
+        );
+        assert_eq!(std::fs::read(copied.join("f1")).unwrap(), b"f1 from before");
+        assert!(
+            !copied.join("g1").exists(),
+            "{how}: the other name is not linked to f1 from before"
+        );
+    }
+}
+
+#[test]
 fn a_daemon_and_a_broadcast_refuse_to_remove_sources() {
     let t = Scratch::new("rcp-remove-refused");
     let root = t.path("root");
@@ -252,4 +294,29 @@ fn a_daemon_and_a_broadcast_refuse_to_remove_sources() {
         "{stderr}"
     );
     assert_eq!(std::fs::read(root.join("served/f")).unwrap(), b"kept");
+
+    // A copy onto the source itself (each file would be found unchanged,
+    // then removed: the only copy), or into it; and two sources arriving
+    // under one name (which of them an entry came from cannot be told).
+    let served = root.join("served");
+    std::fs::create_dir_all(t.path("other")).unwrap();
+    std::fs::write(t.path("other/f"), b"other f").unwrap();
+    let (f, other_f, inside) = (served.join("f"), t.path("other/f"), served.join("inside"));
+    for (args, what) in [
+        (vec![&served, &root], "would be copied onto or into itself"),
+        (vec![&served, &inside], "onto or into itself"),
+        (vec![&f, &served], "onto or into itself"),
+        (vec![&f, &other_f, &dest], "two sources arrive as \"f\""),
+    ] {
+        let out = Command::new(RCP)
+            .args(["-r", "--remove-source-files"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(what), "{args:?}: {stderr}");
+        assert_eq!(std::fs::read(&f).unwrap(), b"kept");
+        assert_eq!(std::fs::read(&other_f).unwrap(), b"other f");
+    }
 }

@@ -18,11 +18,18 @@
 //! - everything, after a dry run, or a copy that stopped.
 //!
 //! When: after the receiver's last answer, which it gives only once every
-//! file is renamed into place and its directory synced: a source is never
-//! gone before its copy would survive a crash. Not as each file arrives,
-//! as rsync does: the receiver syncs its directories at the end. So the
-//! names of what is to go are kept until then (its path and about 70
-//! bytes an entry, as the hard-link map keeps its names).
+//! file is renamed into place and, with this option, its file system
+//! synced whole (`recv::RecvOptions::sync_all`): a source is never gone
+//! before its copy would survive a crash. Not as each file arrives, as
+//! rsync does: the receiver syncs at the end. So the names of what is to
+//! go are kept until then (its path and about 70 bytes an entry, as the
+//! hard-link map keeps its names). Where any entry is left unanswered,
+//! nothing goes.
+//!
+//! Which source an entry came from is told by its first component, the
+//! operand's name on the other side; two operands arriving under one
+//! name are refused ([`SameName`]), and so is a local copy onto a source
+//! itself (`app::onto_itself`).
 //!
 //! How: beneath the operand it came from, by descriptor, one directory at
 //! a time and never through a symlink (`tree::open_dir_beneath`), so that
@@ -35,6 +42,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
 use rustix::fs::{AtFlags, FileType};
+use rustix::io::Errno;
 
 use crate::proto::{Entry, EntryKind, FailKind};
 use crate::report::Failure;
@@ -143,14 +151,20 @@ impl Removals {
         }
     }
 
-    /// What is to be removed, in the order it was sent (taken: once).
-    fn to_remove(&self) -> Vec<Sent> {
+    /// What is to be removed, in the order it was sent (taken: once);
+    /// or, where the receiver left entries unanswered (every entry gets
+    /// one answer: something went wrong), how many, and nothing.
+    fn to_remove(&self) -> Result<Vec<Sent>, usize> {
         let st = std::mem::take(&mut *self.state());
-        st.in_place
+        if !st.pending.is_empty() {
+            return Err(st.pending.len());
+        }
+        Ok(st
+            .in_place
             .into_iter()
             .filter(|(index, _)| !st.failed.contains(index))
             .map(|(_, sent)| sent)
-            .collect()
+            .collect())
     }
 }
 
@@ -162,17 +176,33 @@ pub struct Origins {
     listed: Option<OwnedFd>,
 }
 
+/// Two sources arrive under one name: which of them an entry came from
+/// cannot be told, so neither may be removed.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "--remove-source-files: two sources arrive as {0:?}; copy them apart, or into \
+     destinations of their own"
+)]
+pub struct SameName(pub String);
+
 impl Origins {
-    /// The directories of `sources`, held apart from the walk's.
-    pub fn of(sources: &Sources) -> rustix::io::Result<Origins> {
+    /// The directories of `sources`, held apart from the walk's; refused
+    /// where two operands arrive under one name.
+    pub fn of(sources: &Sources) -> anyhow::Result<Origins> {
         Ok(match sources {
-            Sources::Operands(ops) => Origins {
-                operands: ops
-                    .iter()
-                    .map(|s| Ok((rustix::io::dup(&s.parent)?, s.name.clone(), s.top.clone())))
-                    .collect::<rustix::io::Result<_>>()?,
-                listed: None,
-            },
+            Sources::Operands(ops) => {
+                let mut tops = HashSet::new();
+                if let Some(s) = ops.iter().find(|s| !tops.insert(&s.top)) {
+                    return Err(SameName(tree::show(&s.top)).into());
+                }
+                Origins {
+                    operands: ops
+                        .iter()
+                        .map(|s| Ok((rustix::io::dup(&s.parent)?, s.name.clone(), s.top.clone())))
+                        .collect::<rustix::io::Result<_>>()?,
+                    listed: None,
+                }
+            }
             Sources::Listed { base, .. } => Origins {
                 operands: Vec::new(),
                 listed: Some(rustix::io::dup(base)?),
@@ -180,20 +210,28 @@ impl Origins {
         })
     }
 
-    /// The directory entry path `path` is beneath, and its components
-    /// there.
-    fn locate<'a>(&'a self, path: &'a [u8]) -> Option<(&'a OwnedFd, Vec<&'a [u8]>)> {
+    /// The operand entry path `path` came from (by its place among them),
+    /// its directory, and the path's components beneath that. (Names on
+    /// the other side are one component, and no two alike: one matches.)
+    fn locate<'a>(&'a self, path: &'a [u8]) -> Option<(usize, &'a OwnedFd, Vec<&'a [u8]>)> {
         let parts = |p: &'a [u8]| p.split(|&b| b == b'/').filter(|c| !c.is_empty());
         if let Some(base) = &self.listed {
-            return Some((base, parts(path).collect()));
+            return Some((0, base, parts(path).collect()));
         }
-        self.operands.iter().find_map(|(dir, name, top)| {
-            let rest = path.strip_prefix(&top[..])?;
-            if !(rest.is_empty() || rest.starts_with(b"/")) {
-                return None;
-            }
-            Some((dir, std::iter::once(&name[..]).chain(parts(rest)).collect()))
-        })
+        self.operands
+            .iter()
+            .enumerate()
+            .find_map(|(k, (dir, name, top))| {
+                let rest = path.strip_prefix(&top[..])?;
+                if !(rest.is_empty() || rest.starts_with(b"/")) {
+                    return None;
+                }
+                Some((
+                    k,
+                    dir,
+                    std::iter::once(&name[..]).chain(parts(rest)).collect(),
+                ))
+            })
     }
 }
 
@@ -207,20 +245,43 @@ pub(super) fn remove(removals: &Removals, origins: &Origins, dry_run: bool) -> V
     }
     // (Entries come in walk order: the directory of the one before is
     // most often the next one's too.)
-    let mut last: Option<(Vec<u8>, OwnedFd)> = None;
-    for sent in removals.to_remove() {
+    let to_remove = match removals.to_remove() {
+        Ok(to_remove) => to_remove,
+        Err(unanswered) => {
+            failed.push(Failure {
+                path: "--remove-source-files".into(),
+                kind: FailKind::Other,
+                reason: format!(
+                    "the receiver did not answer {unanswered} entries: no source was removed"
+                ),
+            });
+            return failed;
+        }
+    };
+    let mut last: Option<((usize, Vec<u8>), OwnedFd)> = None;
+    for sent in to_remove {
         let shown = tree::show(&sent.path);
-        let Some((root, parts)) = origins.locate(&sent.path) else {
+        let Some((operand, root, parts)) = origins.locate(&sent.path) else {
             continue;
         };
         let Some((name, dirs)) = parts.split_last() else {
             continue;
         };
-        let dir_key = dirs.join(&b'/');
+        let dir_key = (operand, dirs.join(&b'/'));
         let dir = match &last {
             Some((key, fd)) if *key == dir_key => fd,
             _ => match tree::open_dir_beneath(root, dirs) {
                 Ok(fd) => &last.insert((dir_key, fd)).1,
+                // A directory on the way is a symlink (one followed with
+                // `-L`, or one put there since) or gone: nothing beneath
+                // it is the source that was sent.
+                Err(e)
+                    if errno_of(&e).is_some_and(|e| {
+                        [Errno::LOOP, Errno::NOENT, Errno::NOTDIR].contains(&e)
+                    }) =>
+                {
+                    continue;
+                }
                 Err(e) => {
                     failed.push(cannot_remove(shown, format!("{e:#}")));
                     continue;
@@ -254,6 +315,11 @@ pub(super) fn remove(removals: &Removals, origins: &Origins, dry_run: bool) -> V
         }
     }
     failed
+}
+
+/// The system call's error behind `e`, if one is.
+fn errno_of(e: &anyhow::Error) -> Option<Errno> {
+    e.chain().find_map(|c| c.downcast_ref::<Errno>().copied())
 }
 
 fn cannot_remove(path: String, why: String) -> Failure {
@@ -303,6 +369,7 @@ mod tests {
 
     fn paths(r: &Removals) -> Vec<String> {
         r.to_remove()
+            .unwrap()
             .into_iter()
             .map(|s| String::from_utf8(s.path).unwrap())
             .collect()
@@ -318,7 +385,6 @@ mod tests {
             (3, EntryKind::Symlink, "d/l"),
             (4, EntryKind::File, "d/c"),
             (5, EntryKind::HardLink, "d/h"),
-            (6, EntryKind::File, "d/never-answered"),
         ] {
             r.announced(&entry(i, kind, p));
         }
@@ -329,6 +395,15 @@ mod tests {
         r.failed(4);
         assert_eq!(paths(&r), ["d/a", "d/l", "d/h"]);
         assert!(paths(&r).is_empty(), "taken once");
+    }
+
+    #[test]
+    fn nothing_goes_where_an_entry_was_never_answered() {
+        let r = Removals::new(Policy::default());
+        r.announced(&entry(0, EntryKind::File, "a"));
+        r.announced(&entry(1, EntryKind::File, "never-answered"));
+        r.in_place(&[0]);
+        assert_eq!(r.to_remove(), Err(1));
     }
 
     #[test]
@@ -380,9 +455,9 @@ mod tests {
             ],
             listed: None,
         };
-        let at = |p: &[u8]| o.locate(p).map(|(_, parts)| parts.join(&b'/'));
-        assert_eq!(at(b"renamed/x/y"), Some(b"src/x/y".to_vec()));
-        assert_eq!(at(b"file"), Some(b"file".to_vec()));
+        let at = |p: &[u8]| o.locate(p).map(|(k, _, parts)| (k, parts.join(&b'/')));
+        assert_eq!(at(b"renamed/x/y"), Some((0, b"src/x/y".to_vec())));
+        assert_eq!(at(b"file"), Some((1, b"file".to_vec())));
         assert_eq!(
             at(b"renamedx/y"),
             None,
@@ -393,7 +468,7 @@ mod tests {
             operands: Vec::new(),
             listed: Some(dir()),
         };
-        let at = |p: &[u8]| listed.locate(p).map(|(_, parts)| parts.join(&b'/'));
+        let at = |p: &[u8]| listed.locate(p).map(|(_, _, parts)| parts.join(&b'/'));
         assert_eq!(at(b"x/y"), Some(b"x/y".to_vec()));
     }
 
