@@ -244,6 +244,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         one_file_system: a.one_file_system.min(2),
         symlinks: a.symlinks(),
         remove_sources: a.remove_source_files,
+        bwlimit: a.bwlimit.filter(|&r| r > 0),
         dry_run: a.dry_run,
         itemize: a.itemize_changes,
         filter: Arc::new(filter_of(&a.rules)?),

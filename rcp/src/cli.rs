@@ -203,6 +203,12 @@ pub struct CopyArgs {
     /// Leave out files smaller than SIZE (as --max-size).
     #[arg(long, value_name = "SIZE", value_parser = parse_file_size)]
     pub min_size: Option<u64>,
+    /// Hold the data to RATE bytes a second, in KiB where no unit is given
+    /// (as rsync's: 500 is 500 KiB/s, 1.5M is 1.5 MiB/s, 10MB is 10
+    /// million bytes); 0 for no limit. The side you run paces: a push
+    /// what it sends, a pull what it takes in.
+    #[arg(long, value_name = "RATE", value_parser = parse_bwlimit)]
+    pub bwlimit: Option<u64>,
     /// Remove what the destination directories hold that the source does
     /// not: only inside the directories copied, never through a symlink,
     /// and only once the whole copy succeeded (a failed copy deletes
@@ -509,6 +515,17 @@ pub fn parse_from(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -
 /// case, powers of 1024, or of 1000 with `b` after it (`kb`), or of 1024
 /// with `ib` (`kib`); then perhaps `+1` or `-1`.
 pub fn parse_file_size(s: &str) -> Result<u64, String> {
+    rsync_size(s, 'b')
+}
+
+/// A rate as rsync reads `--bwlimit`: bytes a second in the units of
+/// [`parse_file_size`], KiB where no unit is given; 0 for none.
+pub fn parse_bwlimit(s: &str) -> Result<u64, String> {
+    rsync_size(s, 'k')
+}
+
+/// A size in rsync's units, `default` where the number has none.
+fn rsync_size(s: &str, default: char) -> Result<u64, String> {
     let bad = |why: &str| format!("{s:?}: {why} (sizes are as 1.5G, 500K, 500KB, 10M-1)");
     let (body, adjust) = match s.strip_suffix("+1").or(s.strip_suffix("-1")) {
         Some(body) if body.ends_with(|c: char| c.is_ascii_alphabetic()) => {
@@ -526,7 +543,7 @@ pub fn parse_file_size(s: &str) -> Result<u64, String> {
     };
     let unit = unit.to_ascii_lowercase();
     let (letter, base) = match unit.as_bytes() {
-        [] => ('b', 1024u128),
+        [] => (default, 1024u128),
         [l] => (*l as char, 1024),
         [l, b'b'] => (*l as char, 1000),
         [l, b'i', b'b'] => (*l as char, 1024),
@@ -580,6 +597,15 @@ mod tests {
             ("1k+1", 1025),
         ] {
             assert_eq!(parse_file_size(text), Ok(bytes), "{text}");
+        }
+        // --bwlimit's numbers are KiB.
+        for (text, rate) in [
+            ("0", 0),
+            ("500", 500 << 10),
+            ("1.5M", 3 << 19),
+            ("10MB", 10_000_000),
+        ] {
+            assert_eq!(parse_bwlimit(text), Ok(rate), "{text}");
         }
         for bad in [
             "", "M", "1.5x", "-5", "1 M", ".5K", "1kbb", "1bb", "5-1", "1e3",

@@ -56,6 +56,7 @@ pub mod idmap;
 pub mod listed;
 pub mod merge;
 pub mod operand;
+pub mod pace;
 pub mod proto;
 pub mod recv;
 pub mod report;

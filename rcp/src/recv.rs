@@ -10,6 +10,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use rfabric::link::{Chunk, Incoming as LinkIncoming, Link};
@@ -93,6 +94,10 @@ pub struct RecvOptions {
     /// made, and files found there unchanged whose data may not be on
     /// disk yet.
     pub sync_all: bool,
+    /// `--bwlimit` of the side the user started, when it receives (a
+    /// pull): each chunk waits its turn before it lands, so its slot and
+    /// the sender's credit come back no faster (see [`crate::pace`]).
+    pub bwlimit: Option<u64>,
 }
 
 /// Where `-i`'s lines go.
@@ -211,6 +216,7 @@ pub async fn receive(
         engine.clone(),
         finishing_most / 4,
     )));
+    let mut pace = opts.bwlimit.map(crate::pace::Pace::new);
     let mut stats = Stats {
         stream_bytes: vec![0; links.len()],
         ..Stats::default()
@@ -334,6 +340,12 @@ pub async fn receive(
                         }
                         let h = chunk.header();
                         stats.stream_bytes[stream as usize] += u64::from(h.payload_len);
+                        if let Some(pace) = &mut pace {
+                            let wait = pace.take(u64::from(h.payload_len), Instant::now());
+                            if !wait.is_zero() {
+                                tokio::time::sleep(wait).await;
+                            }
+                        }
                         let place = Place {
                             entry: h.owner,
                             offset: h.offset,

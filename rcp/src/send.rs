@@ -76,6 +76,8 @@ pub struct SendOptions {
     pub dry_run: bool,
     /// `--remove-source-files` (see [`remove`]).
     pub remove_sources: bool,
+    /// `--bwlimit`, bytes a second (see [`crate::pace`]).
+    pub bwlimit: Option<u64>,
     pub chunk: usize,
     /// Buffers read ahead.
     pub buffers: usize,
@@ -204,7 +206,19 @@ pub async fn send(
     // Plan steps in order, starting reads as buffers allow.
     let (steps_tx, mut steps) = mpsc::channel::<Step>(STEPS_QUEUED);
     let asks = opts.policy.answered(opts.resume, opts.dry_run);
-    let data_sender = || DataSender::new(opts, link.clone(), data.clone(), progress.clone());
+    // (One bucket for both data loops: the limit is the copy's.)
+    let pace = opts
+        .bwlimit
+        .map(|rate| Arc::new(std::sync::Mutex::new(crate::pace::Pace::new(rate))));
+    let data_sender = || {
+        DataSender::new(
+            opts,
+            link.clone(),
+            data.clone(),
+            progress.clone(),
+            pace.clone(),
+        )
+    };
     // Where the files' data goes: behind their entries in the sending
     // loop when they are sent unasked; when the receiver answers each
     // first, a loop of its own (`send/data.rs`), so that entries never

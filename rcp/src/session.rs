@@ -56,6 +56,9 @@ pub struct Params {
     pub symlinks: Symlinks,
     /// `--remove-source-files` (the client's choice; the sender's to do).
     pub remove_sources: bool,
+    /// `--bwlimit`, bytes a second: the client's alone (it paces what it
+    /// sends or takes in; nothing of it travels).
+    pub bwlimit: Option<u64>,
     /// `-n`, `-i` (the client's choice).
     pub dry_run: bool,
     pub itemize: bool,
@@ -204,6 +207,7 @@ impl Params {
             policy: self.policy,
             dry_run: self.dry_run,
             remove_sources: self.remove_sources,
+            bwlimit: self.bwlimit,
             chunk: self.chunk,
             buffers: (self.window as usize * self.streams as usize).clamp(4, 64),
             engine: self.io_engine,
@@ -235,6 +239,7 @@ impl Params {
             busy_wait: self.silence,
             passing: false,
             sync_all: self.remove_sources,
+            bwlimit: self.bwlimit.filter(|_| client),
         }
     }
 }

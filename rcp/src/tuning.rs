@@ -153,6 +153,7 @@ pub fn params(
         one_file_system: 0,
         symlinks: crate::tree::Symlinks::Keep,
         remove_sources: false,
+        bwlimit: None,
         dry_run: false,
         itemize: false,
         filter: std::sync::Arc::default(),

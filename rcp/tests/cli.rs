@@ -1475,3 +1475,56 @@ fn ended_within(
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
     (status, err)
 }
+
+/// `--bwlimit` holds the data to its rate in each mode: the side the user
+/// started paces (a push and a local copy what they send, a pull what it
+/// takes in). Only a lower bound on the time is asserted: what a correct
+/// limiter guarantees, whatever the machine's speed (unpaced, this copy
+/// takes a fraction of it).
+#[test]
+fn bwlimit_holds_the_data_to_its_rate_in_every_mode() {
+    let t = Scratch::new("bwlimit");
+    let src = t.path("src");
+    std::fs::write(&src, pattern(3 << 20, 77)).unwrap();
+    let (rsh, path) = fake_rsh(&t);
+    for how in ["local", "pushed", "pulled"] {
+        let dst = t.path(&format!("dst-{how}"));
+        let (from, to) = match how {
+            "local" => (s(&src).to_string(), s(&dst).to_string()),
+            "pushed" => (s(&src).to_string(), format!("localhost:{}", dst.display())),
+            _ => (format!("localhost:{}", src.display()), s(&dst).to_string()),
+        };
+        let started = std::time::Instant::now();
+        let out = Command::new(RCP)
+            .args([
+                "-q",
+                "--chunk-size",
+                "256K",
+                "--bwlimit",
+                "1M",
+                "--rsh",
+                s(&rsh),
+            ])
+            .arg(&from)
+            .arg(&to)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        let took = started.elapsed();
+        assert!(
+            out.status.success(),
+            "{how}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read(&dst).unwrap(),
+            std::fs::read(&src).unwrap(),
+            "{how}"
+        );
+        // 3 MiB at 1 MiB/s, less the first burst (128 KiB) and a chunk.
+        assert!(
+            took >= Duration::from_millis(2600),
+            "{how}: 3 MiB at 1 MiB/s took only {took:?}"
+        );
+    }
+}

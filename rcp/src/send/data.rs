@@ -11,7 +11,8 @@
 //! those waits were 7-30 ms and 30-49 ms a copy of 949 changed files,
 //! the entries queued behind them and with them the receiver's checks).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rfabric::link::{ChunkMeta, Link, LinkError};
 use rfabric::memory::{BufferPool, PoolBuf};
@@ -20,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::SendOptions;
 use crate::exit::PeerLost;
+use crate::pace::Pace;
 use crate::proto::{FailKind, Msg};
 use crate::report::Progress;
 
@@ -90,6 +92,8 @@ pub(super) struct DataSender {
     opts: SendOptions,
     link: Link,
     stripers: async_channel::Sender<Outgoing>,
+    /// `--bwlimit`: the copy's bucket, shared by its data loops.
+    pace: Option<Arc<Mutex<Pace>>>,
     /// Chunks hashed so far (for [`tamper_hook`]).
     chunks_sent: u64,
     tamper: Option<u64>,
@@ -110,8 +114,10 @@ impl DataSender {
         link: Link,
         stripers: async_channel::Sender<Outgoing>,
         progress: Progress,
+        pace: Option<Arc<Mutex<Pace>>>,
     ) -> DataSender {
         DataSender {
+            pace,
             opts,
             link,
             stripers,
@@ -222,6 +228,14 @@ impl DataSender {
         };
         if self.stripers.send((meta, buf)).await.is_err() {
             return Err(StreamsGone.into());
+        }
+        // `--bwlimit`: the next chunk waits for what this one owes.
+        let wait = match &self.pace {
+            Some(pace) => pace.lock().expect("pace lock").take(len, Instant::now()),
+            None => Duration::ZERO,
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
         }
         self.file_chunks += 1;
         self.sent.bytes += len;
