@@ -77,6 +77,8 @@ pub enum PlanError {
     SizesCrossed(u64, u64),
     #[error("--remove-source-files: {0} would be copied onto or into itself, and then removed")]
     OntoItself(String),
+    #[error("at most {most} --link-dest directories, not {0}", most = crate::linkdest::MOST)]
+    TooManyLinkDests(usize),
 }
 
 /// Push, pull, local or broadcast: the destination is remote and every
@@ -233,6 +235,9 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         a.tuning.chunk_size = broadcast::CHUNK;
     }
     let engine = io_engine(&a.tuning, "rcp")?;
+    if a.link_dest.len() > crate::linkdest::MOST {
+        return Err(PlanError::TooManyLinkDests(a.link_dest.len()).into());
+    }
     let policy = a.policy();
     if policy.sizes.min > policy.sizes.max {
         return Err(PlanError::SizesCrossed(policy.sizes.min, policy.sizes.max).into());
@@ -245,6 +250,12 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         symlinks: a.symlinks(),
         remove_sources: a.remove_source_files,
         bwlimit: a.bwlimit.filter(|&r| r > 0),
+        link_dests: Arc::new(
+            a.link_dest
+                .iter()
+                .map(|d| d.as_os_str().as_encoded_bytes().to_vec())
+                .collect(),
+        ),
         dry_run: a.dry_run,
         itemize: a.itemize_changes,
         filter: Arc::new(filter_of(&a.rules)?),
@@ -472,7 +483,8 @@ async fn remote_copy(
 /// ([`crate::resync::Policy::into_nothing_there`]). (With one source only:
 /// two could bring the same name.)
 fn into_nothing(p: Params, sources: usize, dest: &Path) -> Params {
-    if sources == 1 && holds_nothing(dest) {
+    // (With `--link-dest` every file is answered: it may be linked.)
+    if sources == 1 && p.link_dests.is_empty() && holds_nothing(dest) {
         Params {
             policy: p.policy.into_nothing_there(),
             ..p

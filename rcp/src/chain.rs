@@ -214,7 +214,7 @@ impl Relay {
             };
             let asked = async {
                 link.send_message(&request.encode()).await?;
-                session::send_rules(&link, params).await?;
+                session::send_tail(&link, params).await?;
                 session::send_hops(&link, hops).await?;
                 session::expect_ready(&link).await
             };

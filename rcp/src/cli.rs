@@ -200,6 +200,14 @@ pub struct CopyArgs {
     /// even with --delete.
     #[arg(long, value_name = "SIZE", value_parser = parse_file_size)]
     pub max_size: Option<u64>,
+    /// Link a file the copy would send from DIR instead, where DIR (an
+    /// earlier snapshot, laid out as the destination) holds it unchanged:
+    /// the same size and time (or size, with --size-only) and the same
+    /// metadata as the copy would give it. A relative DIR is relative to
+    /// the destination directory (--link-dest=../prev). Up to 20, looked
+    /// in in order.
+    #[arg(long, value_name = "DIR")]
+    pub link_dest: Vec<PathBuf>,
     /// Leave out files smaller than SIZE (as --max-size).
     #[arg(long, value_name = "SIZE", value_parser = parse_file_size)]
     pub min_size: Option<u64>,

@@ -53,6 +53,7 @@ pub mod exit;
 pub mod filter;
 pub mod hostlist;
 pub mod idmap;
+pub mod linkdest;
 pub mod listed;
 pub mod merge;
 pub mod operand;

@@ -111,6 +111,10 @@ pub mod flags {
     /// `--min-size`, `--max-size`: a `Sizes` message follows the rules;
     /// the receiver leaves a file outside them alone (`resync::Sizes`).
     pub const SIZE_LIMITS: u32 = 1 << 29;
+    /// `--link-dest`: a `LinkDests` message follows the rules (and the
+    /// sizes): trees the receiver links unchanged files from
+    /// (`linkdest`). Every file is answered, so that it may be linked.
+    pub const LINK_DEST: u32 = 1 << 30;
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
         | RESUME
@@ -131,7 +135,8 @@ pub mod flags {
         | COPY_UNSAFE_LINKS
         | SAFE_LINKS
         | REMOVE_SOURCE_FILES
-        | SIZE_LIMITS;
+        | SIZE_LIMITS
+        | LINK_DEST;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -451,6 +456,11 @@ pub enum Msg {
         min: u64,
         max: u64,
     },
+    /// Client → server, with `LINK_DEST`, after the rules and sizes: the
+    /// `--link-dest` directories, as given (at most `linkdest::MOST`).
+    LinkDests {
+        dirs: Vec<Vec<u8>>,
+    },
 }
 
 /// The most names one `Names` message holds.
@@ -505,7 +515,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 30] = [
+const TAGS: [&str; 31] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -536,6 +546,7 @@ const TAGS: [&str; 30] = [
     "Abandoned",
     "Unsent",
     "Sizes",
+    "LinkDests",
 ];
 
 impl Msg {
@@ -571,6 +582,7 @@ impl Msg {
             Msg::Abandoned { .. } => 28,
             Msg::Unsent { .. } => 29,
             Msg::Sizes { .. } => 30,
+            Msg::LinkDests { .. } => 31,
         }
     }
 
@@ -721,6 +733,12 @@ impl Msg {
                 w.extend_from_slice(&min.to_le_bytes());
                 w.extend_from_slice(&max.to_le_bytes());
             }
+            Msg::LinkDests { dirs } => {
+                w.push(dirs.len() as u8);
+                for d in dirs {
+                    put_bytes(w, d);
+                }
+            }
             Msg::Have {
                 index,
                 first,
@@ -857,6 +875,21 @@ impl Msg {
                     return Err(ProtoError::BadField("sizes"));
                 }
                 Msg::Sizes { min, max }
+            }
+            31 => {
+                let n = r.u8()? as usize;
+                if n == 0 || n > crate::linkdest::MOST {
+                    return Err(ProtoError::BadField("link_dests.count"));
+                }
+                let mut dirs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let d = r.bytes(MAX_PATH, "link_dests.dir")?;
+                    if d.is_empty() || d.contains(&0) {
+                        return Err(ProtoError::BadField("link_dests.dir"));
+                    }
+                    dirs.push(d);
+                }
+                Msg::LinkDests { dirs }
             }
             10 => Msg::EntryFailed {
                 index: r.u32()?,
@@ -1569,6 +1602,9 @@ mod tests {
                 min: 1,
                 max: 1 << 40,
             },
+            Msg::LinkDests {
+                dirs: vec![b"../prev".to_vec(), b"/snap/1".to_vec()],
+            },
         ]
     }
 
@@ -1712,7 +1748,7 @@ mod tests {
         };
         // A flag from after this build.
         assert_eq!(
-            Msg::decode(&push(1 << 30, 1)),
+            Msg::decode(&push(1 << 31, 1)),
             Err(ProtoError::BadField("flags"))
         );
         // Mount points left out only where the walk keeps to one file

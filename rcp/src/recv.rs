@@ -248,6 +248,7 @@ pub async fn receive(
     };
     let mut new = Creator {
         base: &base,
+        syncs: Arc::clone(&dirs_to_sync),
         opts,
         owners,
         how,
@@ -764,6 +765,9 @@ struct Abandoned {
 /// What creates the entries the rules accepted, and what it created.
 struct Creator<'a> {
     base: &'a Base,
+    /// Directories a name was linked into (`--link-dest`), synced with the
+    /// rest before the last answer.
+    syncs: Arc<std::sync::Mutex<DirSyncs>>,
     opts: RecvOptions,
     /// A pull's `--usermap`, `--groupmap`: what arrives is mapped here.
     owners: Option<&'a Owners>,
@@ -979,6 +983,19 @@ impl Creator<'_> {
             }
             _ => (Decision::Send, None),
         };
+        // `--link-dest`: a file to send that a tree there holds unchanged,
+        // metadata and all, is linked from it instead.
+        if e.kind == EntryKind::File
+            && matches!(decision, Decision::Send | Decision::Compare)
+            && self.linked_from_dest(&e, &xattrs)
+        {
+            self.files += 1;
+            self.skipped += 1;
+            self.progress.file();
+            self.progress.there_already(1);
+            self.answer_file(e.index, Said::Nothing);
+            return Ok(arrivals.announce(e.index, Shape::Other)?);
+        }
         // A file compared chunk by chunk is named once it is known to
         // differ (when it is finished).
         let mut there_itemized = None;
@@ -1064,6 +1081,17 @@ impl Creator<'_> {
             {
                 self.answers.send(e.index, Ok(()));
             }
+            EntryKind::Symlink
+            | EntryKind::Fifo
+            | EntryKind::Socket
+            | EntryKind::CharDevice
+            | EntryKind::BlockDevice
+                if !self.base.link_dests().is_empty()
+                    && !existing::in_place(self.base, &e, &xattrs, self.how)
+                    && self.linked_from_dest(&e, &xattrs) =>
+            {
+                self.answers.send(e.index, Ok(()));
+            }
             EntryKind::Symlink => {
                 let r = self
                     .base
@@ -1112,6 +1140,44 @@ impl Creator<'_> {
         if let Some(code) = resync::itemize(e, there, sent, self.kept()) {
             self.answers.itemized(code, itemized_name(e));
         }
+    }
+
+    /// `--link-dest`: whether `e` was linked from the first of the
+    /// link-dest trees that holds it unchanged: a file by the copy's check
+    /// (size and time, or size), a symlink or special file as it would be
+    /// made, each with the metadata the copy would give it (rsync links
+    /// all of them). A link that cannot be made (another file system)
+    /// leaves it to be sent or made.
+    fn linked_from_dest(&mut self, e: &Entry, xattrs: &[Xattr]) -> bool {
+        for dest in self.base.link_dests() {
+            let Ok(placed) = dest.place(&e.path) else {
+                continue;
+            };
+            let unchanged = if e.kind == EntryKind::File {
+                let Ok((found, Some(st))) = existing::look_in(&placed, e) else {
+                    continue;
+                };
+                self.opts.policy.decide(e, found) == Decision::Skip { metadata: true }
+                    && existing::metadata_right(dest, &placed, e, xattrs, self.how, &st)
+                        .unwrap_or(false)
+            } else {
+                existing::in_place_in(placed, e, xattrs, self.how)
+            };
+            if !unchanged {
+                continue;
+            }
+            return match self.base.link_from(dest, e) {
+                Ok(dir) => {
+                    self.syncs.lock().expect("dir lock").add(dir);
+                    true
+                }
+                Err(err) => {
+                    tracing::debug!("{err:#}: sent instead");
+                    false
+                }
+            };
+        }
+        false
     }
 
     /// `-n`: what would be done with `e`, reported, and nothing done: a

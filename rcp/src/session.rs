@@ -19,6 +19,7 @@ use crate::digest::Algorithm;
 use crate::exit::{PeerLost, Refused};
 use crate::filter::{Filter, MAX_RULES, RuleText};
 use crate::idmap::Owners;
+use crate::linkdest;
 use crate::listed;
 use crate::proto::{Hop, MAX_HOPS, MAX_NAMES, Msg, flags};
 use crate::recv::{self, Itemize, RecvOptions};
@@ -59,6 +60,9 @@ pub struct Params {
     /// `--bwlimit`, bytes a second: the client's alone (it paces what it
     /// sends or takes in; nothing of it travels).
     pub bwlimit: Option<u64>,
+    /// `--link-dest` directories as given (the client's choice; the
+    /// receiver's to open, see [`crate::linkdest`]).
+    pub link_dests: Arc<Vec<Vec<u8>>>,
     /// `-n`, `-i` (the client's choice).
     pub dry_run: bool,
     pub itemize: bool,
@@ -135,6 +139,9 @@ impl Params {
         if self.remove_sources {
             f |= flags::REMOVE_SOURCE_FILES;
         }
+        if !self.link_dests.is_empty() {
+            f |= flags::LINK_DEST;
+        }
         f |= match self.symlinks {
             Symlinks::Keep => 0,
             Symlinks::Follow => flags::COPY_LINKS,
@@ -146,13 +153,7 @@ impl Params {
 
     /// The client's choices as the server applies them.
     /// (A FIPS-mode host refuses a request for BLAKE3.)
-    fn with_request(
-        &self,
-        f: u32,
-        streams: u32,
-        filter: Arc<Filter>,
-        sizes: Sizes,
-    ) -> anyhow::Result<Params> {
+    fn with_request(&self, f: u32, streams: u32, tail: Tail) -> anyhow::Result<Params> {
         if f & flags::BLAKE3 != 0 && crate::digest::fips_mode() {
             return Err(crate::digest::FipsRefusesBlake3.into());
         }
@@ -162,7 +163,7 @@ impl Params {
             keep: Keep::from_flags(f),
             verify: f & flags::NO_VERIFY == 0,
             resume: f & flags::RESUME != 0,
-            policy: Policy::from_flags(f, sizes),
+            policy: Policy::from_flags(f, tail.sizes),
             delete: f & flags::DELETE != 0,
             one_file_system: match (
                 f & flags::ONE_FILE_SYSTEM != 0,
@@ -190,7 +191,8 @@ impl Params {
                 Algorithm::Sha256
             },
             streams,
-            filter,
+            filter: tail.filter,
+            link_dests: tail.link_dests,
             listed: (f & flags::FILES_FROM != 0).then(Arc::default),
             ..self.clone()
         })
@@ -509,7 +511,7 @@ async fn client_session(
                 dest,
             };
             control.send_message(&push.encode()).await?;
-            send_rules(&control, &params).await?;
+            send_tail(&control, &params).await?;
             if let Some(hops) = &chain {
                 send_hops(&control, hops).await?;
             }
@@ -522,13 +524,19 @@ async fn client_session(
         Request::Pull { sources, dest } => {
             let mut base = local_base(&dest, sources.len(), params.listed.is_some())?;
             base.by_path(Some(dest.as_os_str().as_encoded_bytes().to_vec()));
+            if !params.link_dests.is_empty() {
+                let at = dest.as_os_str().as_encoded_bytes();
+                let renamed = base.renamed();
+                let open = |p: &[u8]| tree::open_root(Path::new(tree::os(p)));
+                base.linking_from(linkdest::bases(&params.link_dests, at, renamed, open));
+            }
             let pull = Msg::Pull {
                 flags: params.flags(),
                 streams: params.streams,
                 sources,
             };
             control.send_message(&pull.encode()).await?;
-            send_rules(&control, &params).await?;
+            send_tail(&control, &params).await?;
             if let Some(names) = &params.listed {
                 send_names(&control, names).await?;
             }
@@ -605,16 +613,20 @@ async fn send_in_runs<T: Clone>(
     Ok(())
 }
 
-/// The filter rules after a request, as `Rules` messages (none when there
-/// are none).
-pub(crate) async fn send_rules(link: &Link, params: &Params) -> anyhow::Result<()> {
+/// What follows a request, as its flags announce: the filter rules, as
+/// `Rules` messages (none when there are none); `--min-size` and
+/// `--max-size` (`Sizes`); the `--link-dest` directories (`LinkDests`).
+pub(crate) async fn send_tail(link: &Link, params: &Params) -> anyhow::Result<()> {
     let size = |t: &RuleText| t.pattern.len() + 3;
     let message = |rules, more| Msg::Rules { rules, more };
     send_in_runs(link, params.filter.texts(), MAX_RULES, size, false, message).await?;
-    // (Then `--min-size`, `--max-size`, which `SIZE_LIMITS` announced.)
     let Sizes { min, max } = params.policy.sizes;
     if params.policy.sizes.limit() {
         link.send_message(&Msg::Sizes { min, max }.encode()).await?;
+    }
+    if !params.link_dests.is_empty() {
+        let dirs = params.link_dests.to_vec();
+        link.send_message(&Msg::LinkDests { dirs }.encode()).await?;
     }
     Ok(())
 }
@@ -692,9 +704,16 @@ async fn receive_names(link: &Link) -> anyhow::Result<Arc<Vec<Vec<u8>>>> {
     Ok(Arc::new(all))
 }
 
-/// The filter rules that follow a request with the `FILTERS` flag.
-/// A request's rules, then its sizes where `SIZE_LIMITS` says they come.
-async fn receive_rules(link: &Link, flags: u32) -> anyhow::Result<(Arc<Filter>, Sizes)> {
+/// What follows a request ([`send_tail`]).
+struct Tail {
+    filter: Arc<Filter>,
+    sizes: Sizes,
+    link_dests: Arc<Vec<Vec<u8>>>,
+}
+
+/// What follows a request with these flags: the rules (`FILTERS`), the
+/// sizes (`SIZE_LIMITS`), the link-dest directories (`LINK_DEST`).
+async fn receive_tail(link: &Link, flags: u32) -> anyhow::Result<Tail> {
     let texts = if flags & flags::FILTERS != 0 {
         let missing = "the request's filter rules did not follow it";
         let too_many = format!("more than {MAX_RULES} filter rules");
@@ -715,7 +734,22 @@ async fn receive_rules(link: &Link, flags: u32) -> anyhow::Result<(Arc<Filter>, 
     } else {
         Sizes::default()
     };
-    Ok((filter, sizes))
+    let link_dests = if flags & flags::LINK_DEST != 0 {
+        match next_msg(link).await? {
+            Msg::LinkDests { dirs } => dirs,
+            other => bail!(
+                "{} where the request's link-dest directories were due",
+                other.name()
+            ),
+        }
+    } else {
+        Vec::new()
+    };
+    Ok(Tail {
+        filter,
+        sizes,
+        link_dests: Arc::new(link_dests),
+    })
 }
 
 /// Waits for the server's `Ready`; returns the session id in it.
@@ -947,13 +981,13 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             dest,
         } => {
             let started = Instant::now();
-            let (filter, sizes) = receive_rules(&link, flags).await?;
+            let tail = receive_tail(&link, flags).await?;
             let chain = if flags & flags::CHAIN != 0 {
                 Some(receive_hops(&link).await?)
             } else {
                 None
             };
-            let params = config.params.with_request(flags, streams, filter, sizes)?;
+            let params = config.params.with_request(flags, streams, tail)?;
             if chain.is_some() && streams != 1 {
                 bail!("a broadcast hop is one stream, not {streams}");
             }
@@ -967,6 +1001,13 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 base.by_path(Some(
                     requested_path(&dest)?.into_os_string().into_encoded_bytes(),
                 ));
+            }
+            if !params.link_dests.is_empty() {
+                // (Each beneath the roots, as the destination.)
+                let at = requested_path(&dest)?.into_os_string().into_encoded_bytes();
+                let renamed = base.renamed();
+                let open = |p: &[u8]| confined_dir(&config.roots, p);
+                base.linking_from(linkdest::bases(&params.link_dests, &at, renamed, open));
             }
             let mut relay = match &chain {
                 Some(hops) => {
@@ -1019,8 +1060,8 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             streams,
             sources,
         } => {
-            let (filter, sizes) = receive_rules(&link, flags).await?;
-            let params = config.params.with_request(flags, streams, filter, sizes)?;
+            let tail = receive_tail(&link, flags).await?;
+            let params = config.params.with_request(flags, streams, tail)?;
             // A symlink followed could lead anywhere: a daemon keeps to
             // its roots. (A remote shell's server is the user's own.)
             if !config.own_files

@@ -1010,6 +1010,9 @@ pub struct Base {
     unnamed: std::sync::Mutex<std::collections::HashMap<u64, Option<Linking>>>,
     /// By device, where files are made durable together: its rounds.
     together: std::sync::Mutex<std::collections::HashMap<u64, Arc<Together>>>,
+    /// `--link-dest`: trees laid out as this one, files are linked from
+    /// ([`crate::linkdest`]).
+    link_dests: Vec<Base>,
 }
 
 /// The directories entries went into lately, the latest first. Entries of
@@ -1260,7 +1263,23 @@ impl Base {
             made: std::sync::Mutex::default(),
             unnamed: std::sync::Mutex::default(),
             together: std::sync::Mutex::default(),
+            link_dests: Vec::new(),
         }
+    }
+
+    /// Whether the entry tree's top takes the destination's own name (a
+    /// copy under a new name).
+    pub fn renamed(&self) -> bool {
+        self.rename_top.is_some()
+    }
+
+    /// `--link-dest`: files may be linked from `dests` ([`Base::link_from`]).
+    pub fn linking_from(&mut self, dests: Vec<Base>) {
+        self.link_dests = dests;
+    }
+
+    pub fn link_dests(&self) -> &[Base] {
+        &self.link_dests
     }
 
     /// Lets attributes of files there be compared by path where the
@@ -1482,17 +1501,42 @@ impl Base {
     /// place already. Returns the directory the name went into (to sync).
     pub fn make_hard_link(&self, e: &Entry, likely_free: bool) -> anyhow::Result<Arc<DestDir>> {
         let (first_dir, first) = self.place(&e.target)?;
-        let (parent, name) = self.place(&e.path)?;
         let shown = || format!("cannot link {} to {}", show(&e.path), show(&e.target));
+        self.link_in_place(&first_dir, &first, &e.path, likely_free, true, shown)
+    }
+
+    /// `--link-dest`: what is under `e`'s name in `other` (a tree laid out
+    /// as this one: a file, a symlink, a special file) linked under `e`'s
+    /// name here, in place of what is there.
+    pub fn link_from(&self, other: &Base, e: &Entry) -> anyhow::Result<Arc<DestDir>> {
+        let (from_dir, from) = other.place(&e.path)?;
+        let shown = || format!("cannot link {} from a --link-dest", show(&e.path));
+        self.link_in_place(&from_dir, &from, &e.path, false, false, shown)
+    }
+
+    /// `first` in `first_dir` (with `regular`, only a regular file; never
+    /// a directory) linked as `path` here (a link never replaces what is
+    /// under its name: a temporary name's link is renamed over it).
+    fn link_in_place(
+        &self,
+        first_dir: &DestDir,
+        first: &CString,
+        path: &[u8],
+        likely_free: bool,
+        regular: bool,
+        shown: impl Fn() -> String + Copy,
+    ) -> anyhow::Result<Arc<DestDir>> {
+        let (parent, name) = self.place(path)?;
         let first_stat =
-            rustix::fs::statat(&first_dir, first.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+            rustix::fs::statat(first_dir, first.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
                 .with_context(shown)?;
-        if FileType::from_raw_mode(first_stat.st_mode) != FileType::RegularFile {
-            bail!("{}: {} is not a regular file", shown(), show(&e.target));
+        let kind = FileType::from_raw_mode(first_stat.st_mode);
+        if kind == FileType::Directory || regular && kind != FileType::RegularFile {
+            bail!("{}: not a regular file", shown());
         }
         // (A link never replaces what is under its name.)
         let link_as = |to: &CStr| {
-            rustix::fs::linkat(&first_dir, first.as_c_str(), &parent, to, AtFlags::empty())
+            rustix::fs::linkat(first_dir, first.as_c_str(), &parent, to, AtFlags::empty())
         };
         if likely_free {
             // A copy into nothing: linked under its name at once, where

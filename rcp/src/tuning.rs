@@ -154,6 +154,7 @@ pub fn params(
         symlinks: crate::tree::Symlinks::Keep,
         remove_sources: false,
         bwlimit: None,
+        link_dests: std::sync::Arc::default(),
         dry_run: false,
         itemize: false,
         filter: std::sync::Arc::default(),
