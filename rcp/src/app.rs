@@ -250,6 +250,9 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         symlinks: a.symlinks(),
         remove_sources: a.remove_source_files,
         bwlimit: a.bwlimit.filter(|&r| r > 0),
+        extras: crate::proto::Extras {
+            max_delete: a.max_delete,
+        },
         link_dests: Arc::new(
             a.link_dest
                 .iter()

@@ -223,6 +223,11 @@ pub struct CopyArgs {
     /// nothing). Needs -r or -a.
     #[arg(long, requires = "recursion")]
     pub delete: bool,
+    /// Delete at most NUM entries with --delete (files and directories,
+    /// in rsync's order); what is past the limit stays, and the copy says
+    /// how many and fails. With 0 nothing goes: a count of what would.
+    #[arg(long, value_name = "NUM", requires = "delete")]
+    pub max_delete: Option<u64>,
     /// Keep to each source's file system: a directory on another one (a
     /// mount point) is copied as an empty directory, and --delete leaves
     /// what the destination's copy of it holds and deletes nothing on

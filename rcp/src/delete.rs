@@ -88,10 +88,56 @@ impl Unlisted {
 /// index) it could not clean, with why.
 #[derive(Debug, Default)]
 pub struct Deleted {
-    /// Every entry removed, as rsync names them: what a directory held
-    /// before it (in name order), and whether each is a directory.
+    /// Every entry removed, as rsync names them (see [`rsync_order`]), and
+    /// whether each is a directory.
     pub removed: Vec<(Vec<u8>, bool)>,
     pub failed: Vec<(u32, Vec<u8>, anyhow::Error)>,
+    /// `--max-delete`: the entries left that would have gone, and the
+    /// first directory (entry index and path) where the limit stopped
+    /// them.
+    pub held_back: u64,
+    pub stopped_in: Option<(u32, Vec<u8>)>,
+}
+
+/// `--max-delete`: how many more entries may go (`None`: no limit), and
+/// how many were kept back by it. **Sans I/O.**
+#[derive(Debug, Default)]
+pub struct Budget {
+    left: Option<u64>,
+    held_back: u64,
+}
+
+impl Budget {
+    pub fn new(most: Option<u64>) -> Budget {
+        Budget {
+            left: most,
+            held_back: 0,
+        }
+    }
+
+    /// Whether one more entry may go (it is spent), else counted kept.
+    fn spend(&mut self) -> bool {
+        match &mut self.left {
+            None => true,
+            Some(0) => {
+                self.held_back += 1;
+                false
+            }
+            Some(n) => {
+                *n -= 1;
+                true
+            }
+        }
+    }
+}
+
+/// The order rsync removes a directory's entries in, and names them with
+/// `-i`: its directories (each one's contents first) before its other
+/// entries, each kind in reverse byte order of their names. With
+/// `--max-delete` this order says which entries go before the limit.
+/// **Sans I/O.**
+fn rsync_order(names: &mut [(Vec<u8>, bool)]) {
+    names.sort_unstable_by(|(a, a_dir), (b, b_dir)| (b_dir, b).cmp(&(a_dir, a)));
 }
 
 /// Removes, from each directory the sender sent (`dirs`: entry index and
@@ -114,20 +160,34 @@ pub fn extraneous(
     keep: &dyn Fn(&[u8], bool) -> bool,
     dry: bool,
     one_file_system: bool,
+    max_delete: Option<u64>,
 ) -> Deleted {
     let mut done = Deleted::default();
-    let how = Clean {
+    let mut how = Clean {
         keep,
         dry,
         one_file_system,
+        budget: Budget::new(max_delete),
     };
     // The file system of each top-level entry at the destination.
     let mut tops: HashMap<Vec<u8>, u64> = HashMap::new();
     for (index, dir_path) in dirs {
-        if let Err(e) = clean(base, sent, &dir_path, &how, &mut tops, &mut done.removed) {
-            done.failed.push((index, dir_path, e));
+        let held_before = how.budget.held_back;
+        if let Err(e) = clean(
+            base,
+            sent,
+            &dir_path,
+            &mut how,
+            &mut tops,
+            &mut done.removed,
+        ) {
+            done.failed.push((index, dir_path.clone(), e));
+        }
+        if how.budget.held_back > held_before && done.stopped_in.is_none() {
+            done.stopped_in = Some((index, dir_path));
         }
     }
+    done.held_back = how.budget.held_back;
     done
 }
 
@@ -136,13 +196,24 @@ struct Clean<'a> {
     keep: &'a dyn Fn(&[u8], bool) -> bool,
     dry: bool,
     one_file_system: bool,
+    budget: Budget,
+}
+
+/// Whether an entry [`remove`] was given went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gone {
+    Yes,
+    /// A directory with another file system mounted inside it (`-x`).
+    MountInside,
+    /// `--max-delete` kept it (or something inside it).
+    HeldBack,
 }
 
 fn clean(
     base: &Base,
     sent: &Sent,
     dir_path: &[u8],
-    how: &Clean<'_>,
+    how: &mut Clean<'_>,
     tops: &mut HashMap<Vec<u8>, u64>,
     removed: &mut Vec<(Vec<u8>, bool)>,
 ) -> anyhow::Result<()> {
@@ -170,7 +241,9 @@ fn clean(
             return Ok(());
         }
     }
-    for (name, is_dir) in names(&dir)? {
+    let mut names = names(&dir)?;
+    rsync_order(&mut names);
+    for (name, is_dir) in names {
         if sent.has(dir_path, &name) {
             continue;
         }
@@ -212,54 +285,74 @@ fn names(dir: &OwnedFd) -> anyhow::Result<Vec<(Vec<u8>, bool)>> {
 }
 
 /// Removes `name` (entry path `path`) in `dir`, a directory with
-/// everything in it, adding each entry removed to `removed` as rsync
-/// names them: a directory's contents (in name order) before the
-/// directory. A dry run removes nothing and names what the run would.
-/// Whether it is gone: with `-x` a directory on another file system
-/// than `dir` is not entered and stays, and so does each directory that
-/// holds one, each saying so.
+/// everything in it, adding each entry removed to `removed` in rsync's
+/// order ([`rsync_order`]: a directory's contents before it). A dry run
+/// removes nothing and names what the run would. Whether it is gone:
+/// with `-x` a directory on another file system than `dir` is not
+/// entered and stays, and so does each directory that holds one, each
+/// saying so; `--max-delete` keeps what is past its limit, and each
+/// directory holding some of it.
 fn remove(
     dir: &OwnedFd,
     name: &[u8],
     path: &[u8],
     is_dir: bool,
-    how: &Clean<'_>,
+    how: &mut Clean<'_>,
     removed: &mut Vec<(Vec<u8>, bool)>,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<Gone> {
     let cname = std::ffi::CString::new(name)?;
     if !is_dir {
+        if !how.budget.spend() {
+            return Ok(Gone::HeldBack);
+        }
         if !how.dry {
             rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::empty())?;
         }
         removed.push((path.to_vec(), false));
-        return Ok(true);
+        return Ok(Gone::Yes);
     }
     let inner = tree::open_dir_beneath(dir.as_fd(), &[name])?;
     if how.one_file_system && rustix::fs::fstat(&inner)?.st_dev != rustix::fs::fstat(dir)?.st_dev {
-        return Ok(false);
+        return Ok(Gone::MountInside);
     }
     let mut inside = names(&inner)?;
-    inside.sort_unstable();
-    let mut all = true;
+    rsync_order(&mut inside);
+    let mut stays = Gone::Yes;
     for (n, d) in inside {
         let mut child = path.to_vec();
         child.push(b'/');
         child.extend_from_slice(&n);
-        all &= remove(&inner, &n, &child, d, how, removed)?;
+        match remove(&inner, &n, &child, d, how, removed)? {
+            Gone::Yes => {}
+            Gone::MountInside => stays = Gone::MountInside,
+            Gone::HeldBack if stays == Gone::Yes => stays = Gone::HeldBack,
+            Gone::HeldBack => {}
+        }
     }
-    if !all {
-        eprintln!(
-            "rcp: cannot delete non-empty directory: {} (another file system is mounted \
-             inside it; -x does not go there)",
-            tree::show(path)
-        );
-        return Ok(false);
+    match stays {
+        Gone::MountInside => {
+            eprintln!(
+                "rcp: cannot delete non-empty directory: {} (another file system is mounted \
+                 inside it; -x does not go there)",
+                tree::show(path)
+            );
+            return Ok(Gone::MountInside);
+        }
+        Gone::HeldBack => {
+            // (It would have gone too.)
+            how.budget.held_back += 1;
+            return Ok(Gone::HeldBack);
+        }
+        Gone::Yes => {}
+    }
+    if !how.budget.spend() {
+        return Ok(Gone::HeldBack);
     }
     if !how.dry {
         rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::REMOVEDIR)?;
     }
     removed.push((path.to_vec(), true));
-    Ok(true)
+    Ok(Gone::Yes)
 }
 
 #[cfg(test)]
@@ -281,6 +374,36 @@ mod tests {
         assert!(u.unlisted(6).is_err(), "an entry not read yet");
         assert!(!u.holds(5) && !u.holds(4));
         assert!(Unlisted::default().unlisted(0).is_err(), "before any entry");
+    }
+
+    #[test]
+    fn entries_go_in_rsyncs_order_directories_first_each_kind_in_reverse() {
+        let mut names: Vec<(Vec<u8>, bool)> = [
+            ("b", false),
+            ("a", true),
+            ("B", false),
+            ("d", false),
+            ("c", true),
+            ("a.txt", false),
+        ]
+        .iter()
+        .map(|(n, d)| (n.as_bytes().to_vec(), *d))
+        .collect();
+        rsync_order(&mut names);
+        let order: Vec<&[u8]> = names.iter().map(|(n, _)| &n[..]).collect();
+        assert_eq!(order, [&b"c"[..], b"a", b"d", b"b", b"a.txt", b"B"]);
+    }
+
+    #[test]
+    fn a_budget_spends_to_its_limit_and_counts_what_it_keeps() {
+        let mut none = Budget::new(None);
+        assert!((0..1000).all(|_| none.spend()) && none.held_back == 0);
+        let mut two = Budget::new(Some(2));
+        let spent: Vec<bool> = (0..5).map(|_| two.spend()).collect();
+        assert_eq!(spent, [true, true, false, false, false]);
+        assert_eq!(two.held_back, 3);
+        let mut zero = Budget::new(Some(0));
+        assert!(!zero.spend() && zero.held_back == 1, "0 only warns");
     }
 
     #[test]

@@ -115,6 +115,11 @@ pub mod flags {
     /// sizes): trees the receiver links unchanged files from
     /// (`linkdest`). Every file is answered, so that it may be linked.
     pub const LINK_DEST: u32 = 1 << 30;
+    /// An `Extras` message follows the rest of the request's tail: the
+    /// choices that came after the flags ran out, each a numbered item
+    /// ([`super::Extras`]). A peer that does not know an item refuses the
+    /// request, as one from before a flag refuses the flag.
+    pub const EXTRAS: u32 = 1 << 31;
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
         | RESUME
@@ -136,7 +141,8 @@ pub mod flags {
         | SAFE_LINKS
         | REMOVE_SOURCE_FILES
         | SIZE_LIMITS
-        | LINK_DEST;
+        | LINK_DEST
+        | EXTRAS;
 }
 
 /// Why an entry failed, as far as the sender's exit status cares.
@@ -461,7 +467,64 @@ pub enum Msg {
     LinkDests {
         dirs: Vec<Vec<u8>>,
     },
+    /// Client → server, with `EXTRAS`, last of the request's tail: the
+    /// choices beyond the flags, as [`Extras`] items (key, value).
+    Extras {
+        items: Vec<(u16, Vec<u8>)>,
+    },
 }
+
+/// The request's choices beyond its flags, carried by `Msg::Extras` as
+/// numbered items, so that a new one needs no flag: a receiver refuses an
+/// item it does not know, or one whose value is not as its key says.
+/// **Sans I/O.**
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Extras {
+    /// `--max-delete` (key 1, u64): at most this many entries removed.
+    pub max_delete: Option<u64>,
+}
+
+impl Extras {
+    const MAX_DELETE: u16 = 1;
+
+    /// Whether there is anything to carry (else no `Extras` message).
+    pub fn any(&self) -> bool {
+        *self != Extras::default()
+    }
+
+    pub fn items(&self) -> Vec<(u16, Vec<u8>)> {
+        let mut items = Vec::new();
+        if let Some(n) = self.max_delete {
+            items.push((Extras::MAX_DELETE, n.to_le_bytes().to_vec()));
+        }
+        items
+    }
+
+    pub fn from_items(items: &[(u16, Vec<u8>)]) -> Result<Extras, ProtoError> {
+        let mut extras = Extras::default();
+        for (key, value) in items {
+            match *key {
+                Extras::MAX_DELETE => {
+                    let n: [u8; 8] = value
+                        .as_slice()
+                        .try_into()
+                        .map_err(|_| ProtoError::BadField("extras.max_delete"))?;
+                    extras.max_delete = Some(u64::from_le_bytes(n));
+                }
+                _ => {
+                    return Err(ProtoError::BadField(
+                        "extras: an item this rcp does not know",
+                    ));
+                }
+            }
+        }
+        Ok(extras)
+    }
+}
+
+/// The most items one `Extras` message holds, and the longest value.
+pub const MAX_EXTRAS: usize = 64;
+pub const MAX_EXTRA: usize = 4096;
 
 /// The most names one `Names` message holds.
 pub const MAX_NAMES: usize = 4096;
@@ -515,7 +578,7 @@ pub enum ProtoError {
     BadText,
 }
 
-const TAGS: [&str; 31] = [
+const TAGS: [&str; 32] = [
     "Challenge",
     "Auth",
     "AuthOk",
@@ -547,6 +610,7 @@ const TAGS: [&str; 31] = [
     "Unsent",
     "Sizes",
     "LinkDests",
+    "Extras",
 ];
 
 impl Msg {
@@ -583,6 +647,7 @@ impl Msg {
             Msg::Unsent { .. } => 29,
             Msg::Sizes { .. } => 30,
             Msg::LinkDests { .. } => 31,
+            Msg::Extras { .. } => 32,
         }
     }
 
@@ -739,6 +804,13 @@ impl Msg {
                     put_bytes(w, d);
                 }
             }
+            Msg::Extras { items } => {
+                w.push(items.len() as u8);
+                for (key, value) in items {
+                    w.extend_from_slice(&key.to_le_bytes());
+                    put_bytes(w, value);
+                }
+            }
             Msg::Have {
                 index,
                 first,
@@ -890,6 +962,18 @@ impl Msg {
                     dirs.push(d);
                 }
                 Msg::LinkDests { dirs }
+            }
+            32 => {
+                let n = r.u8()? as usize;
+                if n > MAX_EXTRAS {
+                    return Err(ProtoError::BadField("extras.count"));
+                }
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let key = u16::from_le_bytes(r.array()?);
+                    items.push((key, r.bytes(MAX_EXTRA, "extras.value")?));
+                }
+                Msg::Extras { items }
             }
             10 => Msg::EntryFailed {
                 index: r.u32()?,
@@ -1253,8 +1337,10 @@ impl<'a> Reader<'a> {
         let f = self.u32()?;
         let merged_unchained = f & flags::MERGED_ANSWERS != 0 && f & flags::CHAIN == 0;
         let mounts_alone = f & flags::NO_MOUNT_POINTS != 0 && f & flags::ONE_FILE_SYSTEM == 0;
-        if f & !flags::KNOWN != 0
-            || (f & flags::CHECKS).count_ones() > 1
+        // (Every bit is a known flag: choices that came after them go in
+        // `Extras`, whose items are checked one by one.)
+        const _: () = assert!(flags::KNOWN == u32::MAX);
+        if (f & flags::CHECKS).count_ones() > 1
             || merged_unchained
             || mounts_alone
         {
@@ -1605,7 +1691,34 @@ mod tests {
             Msg::LinkDests {
                 dirs: vec![b"../prev".to_vec(), b"/snap/1".to_vec()],
             },
+            Msg::Extras {
+                items: Extras {
+                    max_delete: Some(7),
+                }
+                .items(),
+            },
         ]
+    }
+
+    #[test]
+    fn extras_round_trip_and_an_unknown_or_malformed_item_is_refused() {
+        for extras in [
+            Extras::default(),
+            Extras {
+                max_delete: Some(0),
+            },
+        ] {
+            assert_eq!(Extras::from_items(&extras.items()), Ok(extras));
+        }
+        assert!(
+            !Extras::default().any()
+                && Extras {
+                    max_delete: Some(0)
+                }
+                .any()
+        );
+        assert!(Extras::from_items(&[(999, vec![])]).is_err(), "unknown");
+        assert!(Extras::from_items(&[(1, vec![1, 2])]).is_err(), "not a u64");
     }
 
     #[test]
@@ -1748,8 +1861,9 @@ mod tests {
         };
         // A flag from after this build.
         assert_eq!(
-            Msg::decode(&push(1 << 31, 1)),
-            Err(ProtoError::BadField("flags"))
+            Msg::decode(&push(1 << 31, 1)).map(|_| ()),
+            Ok(()),
+            "the last flag is EXTRAS: what comes later goes in it"
         );
         // Mount points left out only where the walk keeps to one file
         // system.

@@ -98,6 +98,9 @@ pub struct RecvOptions {
     /// pull): each chunk waits its turn before it lands, so its slot and
     /// the sender's credit come back no faster (see [`crate::pace`]).
     pub bwlimit: Option<u64>,
+    /// `--max-delete`: at most this many entries removed (see
+    /// [`delete::Budget`]).
+    pub max_delete: Option<u64>,
 }
 
 /// Where `-i`'s lines go.
@@ -548,8 +551,15 @@ pub async fn receive(
             .map(|(d, _)| (d.index, d.path.clone()));
         // What the rules exclude is not the copy's to delete.
         let keep = |path: &[u8], is_dir| filter.excludes(path, is_dir);
-        let deleted =
-            delete::extraneous(&base, sent, dirs, &keep, opts.dry_run, opts.one_file_system);
+        let deleted = delete::extraneous(
+            &base,
+            sent,
+            dirs,
+            &keep,
+            opts.dry_run,
+            opts.one_file_system,
+            opts.max_delete,
+        );
         stats.deleted = deleted.removed.len() as u64;
         for (path, is_dir) in deleted.removed {
             if opts.itemize != Itemize::Off {
@@ -568,6 +578,22 @@ pub async fn receive(
             failed.push(Failure {
                 path: tree::show(&path),
                 kind,
+                reason,
+            });
+            ok = false;
+        }
+        // `--max-delete`: the rest stays, and the copy says so and fails
+        // (as rsync, whose status is then 25). (A second answer for the
+        // directory where it stopped: the sender counts the failure.)
+        if let Some((index, path)) = deleted.stopped_in {
+            let reason = format!(
+                "deletions stopped due to --max-delete limit ({} skipped)",
+                deleted.held_back
+            );
+            answers.send(index, Err((FailKind::Other, reason.clone())));
+            failed.push(Failure {
+                path: tree::show(&path),
+                kind: FailKind::Other,
                 reason,
             });
             ok = false;

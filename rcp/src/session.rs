@@ -21,7 +21,7 @@ use crate::filter::{Filter, MAX_RULES, RuleText};
 use crate::idmap::Owners;
 use crate::linkdest;
 use crate::listed;
-use crate::proto::{Hop, MAX_HOPS, MAX_NAMES, Msg, flags};
+use crate::proto::{Extras, Hop, MAX_HOPS, MAX_NAMES, Msg, flags};
 use crate::recv::{self, Itemize, RecvOptions};
 use crate::report::{Progress, Report, Stats};
 use crate::resync::{Policy, Sizes};
@@ -63,6 +63,8 @@ pub struct Params {
     /// `--link-dest` directories as given (the client's choice; the
     /// receiver's to open, see [`crate::linkdest`]).
     pub link_dests: Arc<Vec<Vec<u8>>>,
+    /// The choices beyond the flags (`--max-delete`; the client's).
+    pub extras: Extras,
     /// `-n`, `-i` (the client's choice).
     pub dry_run: bool,
     pub itemize: bool,
@@ -142,6 +144,9 @@ impl Params {
         if !self.link_dests.is_empty() {
             f |= flags::LINK_DEST;
         }
+        if self.extras.any() {
+            f |= flags::EXTRAS;
+        }
         f |= match self.symlinks {
             Symlinks::Keep => 0,
             Symlinks::Follow => flags::COPY_LINKS,
@@ -193,6 +198,7 @@ impl Params {
             streams,
             filter: tail.filter,
             link_dests: tail.link_dests,
+            extras: tail.extras,
             listed: (f & flags::FILES_FROM != 0).then(Arc::default),
             ..self.clone()
         })
@@ -242,6 +248,7 @@ impl Params {
             passing: false,
             sync_all: self.remove_sources,
             bwlimit: self.bwlimit.filter(|_| client),
+            max_delete: self.extras.max_delete,
         }
     }
 }
@@ -628,6 +635,10 @@ pub(crate) async fn send_tail(link: &Link, params: &Params) -> anyhow::Result<()
         let dirs = params.link_dests.to_vec();
         link.send_message(&Msg::LinkDests { dirs }.encode()).await?;
     }
+    if params.extras.any() {
+        let items = params.extras.items();
+        link.send_message(&Msg::Extras { items }.encode()).await?;
+    }
     Ok(())
 }
 
@@ -709,6 +720,7 @@ struct Tail {
     filter: Arc<Filter>,
     sizes: Sizes,
     link_dests: Arc<Vec<Vec<u8>>>,
+    extras: Extras,
 }
 
 /// What follows a request with these flags: the rules (`FILTERS`), the
@@ -745,10 +757,21 @@ async fn receive_tail(link: &Link, flags: u32) -> anyhow::Result<Tail> {
     } else {
         Vec::new()
     };
+    let extras = if flags & flags::EXTRAS != 0 {
+        match next_msg(link).await? {
+            Msg::Extras { items } => {
+                Extras::from_items(&items).map_err(|e| refused(&e.to_string()))?
+            }
+            other => bail!("{} where the request's extras were due", other.name()),
+        }
+    } else {
+        Extras::default()
+    };
     Ok(Tail {
         filter,
         sizes,
         link_dests: Arc::new(link_dests),
+        extras,
     })
 }
 

@@ -1527,9 +1527,8 @@ impl Base {
         shown: impl Fn() -> String + Copy,
     ) -> anyhow::Result<Arc<DestDir>> {
         let (parent, name) = self.place(path)?;
-        let first_stat =
-            rustix::fs::statat(first_dir, first.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-                .with_context(shown)?;
+        let first_stat = rustix::fs::statat(first_dir, first.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .with_context(shown)?;
         let kind = FileType::from_raw_mode(first_stat.st_mode);
         if kind == FileType::Directory || regular && kind != FileType::RegularFile {
             bail!("{}: not a regular file", shown());

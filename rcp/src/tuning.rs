@@ -155,6 +155,7 @@ pub fn params(
         remove_sources: false,
         bwlimit: None,
         link_dests: std::sync::Arc::default(),
+        extras: crate::proto::Extras::default(),
         dry_run: false,
         itemize: false,
         filter: std::sync::Arc::default(),

@@ -254,6 +254,80 @@ fn min_and_max_size_leave_out_what_rsync_leaves_out_in_every_mode() {
 }
 
 #[test]
+fn max_delete_stops_where_rsync_stops_in_every_mode() {
+    let t = Scratch::new("max-delete");
+    let src = t.path("src");
+    write(&src.join("keep"), b"kept", 1_600_000_000);
+    set_times(&src, 1_500_000_000, 0);
+    // Five files and a directory of two the source does not have: three
+    // go (in rsync's order: the directory's contents, the directory,
+    // then the files last name first), the five left are counted.
+    let stale = |into: &Path| {
+        for name in ["a", "b", "c", "d", "e", "dd/p", "dd/q"] {
+            write(&into.join("src").join(name), name.as_bytes(), 1_500_000_000);
+        }
+        set_times(&into.join("src/dd"), 1_400_000_000, 0);
+        set_times(&into.join("src"), 1_400_000_000, 0);
+    };
+    let oracle = t.path("oracle");
+    stale(&oracle);
+    let out = Command::new("rsync")
+        .args(["-ai", "--delete", "--max-delete=3"])
+        .arg(&src)
+        .arg(format!("{}/", oracle.display()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(25), "rsync's status for it");
+    let deleting = |out: &[u8]| -> Vec<String> {
+        String::from_utf8_lossy(out)
+            .lines()
+            .filter(|l| l.starts_with("*deleting"))
+            .map(str::to_string)
+            .collect()
+    };
+    let theirs = deleting(&out.stdout);
+    assert_eq!(theirs.len(), 3, "{theirs:?}");
+    let key = secret(&t, "key");
+    let daemon = Daemon::start(&[t.dir()], &key);
+    let (rsh, path) = fake_rsh(&t);
+    for mode in ["local", "push", "pull", "remote shell"] {
+        let into = t.path(&format!("into-{}", mode.replace(' ', "-")));
+        stale(&into);
+        let (from, to) = match mode {
+            "local" => (s(&src).to_string(), format!("{}/", into.display())),
+            "push" => (s(&src).to_string(), format!("{}/", daemon.url(&into))),
+            "pull" => (daemon.url(&src), format!("{}/", into.display())),
+            _ => (
+                s(&src).to_string(),
+                format!("localhost:{}/", into.display()),
+            ),
+        };
+        let out = Command::new(RCP)
+            .args([
+                "-ai",
+                "--delete",
+                "--max-delete=3",
+                "--secret-file",
+                s(&key),
+            ])
+            .args(["--rsh", s(&rsh)])
+            .arg(&from)
+            .arg(&to)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{mode}: {stderr}");
+        assert!(
+            stderr.contains("deletions stopped due to --max-delete limit (5 skipped)"),
+            "{mode}: {stderr}"
+        );
+        assert_eq!(deleting(&out.stdout), theirs, "{mode}: what went, in order");
+        assert_same(mode, &oracle, &into);
+    }
+}
+
+#[test]
 fn a_delete_run_whose_copy_fails_deletes_nothing() {
     let t = Scratch::new("delete-fails");
     let src = t.path("src");
