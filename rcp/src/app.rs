@@ -252,6 +252,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         bwlimit: a.bwlimit.filter(|&r| r > 0),
         extras: crate::proto::Extras {
             max_delete: a.max_delete,
+            delete_excluded: a.delete_excluded,
         },
         link_dests: Arc::new(
             a.link_dest

@@ -223,6 +223,10 @@ pub struct CopyArgs {
     /// nothing). Needs -r or -a.
     #[arg(long, requires = "recursion")]
     pub delete: bool,
+    /// With --delete, remove what the --exclude rules exclude at the
+    /// destination too (without it, excluded names there are left alone).
+    #[arg(long, requires = "delete")]
+    pub delete_excluded: bool,
     /// Delete at most NUM entries with --delete (files and directories,
     /// in rsync's order); what is past the limit stays, and the copy says
     /// how many and fails. With 0 nothing goes: a count of what would.

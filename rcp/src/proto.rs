@@ -482,10 +482,14 @@ pub enum Msg {
 pub struct Extras {
     /// `--max-delete` (key 1, u64): at most this many entries removed.
     pub max_delete: Option<u64>,
+    /// `--delete-excluded` (key 2, no value): `--delete` removes what the
+    /// rules exclude too.
+    pub delete_excluded: bool,
 }
 
 impl Extras {
     const MAX_DELETE: u16 = 1;
+    const DELETE_EXCLUDED: u16 = 2;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -496,6 +500,9 @@ impl Extras {
         let mut items = Vec::new();
         if let Some(n) = self.max_delete {
             items.push((Extras::MAX_DELETE, n.to_le_bytes().to_vec()));
+        }
+        if self.delete_excluded {
+            items.push((Extras::DELETE_EXCLUDED, Vec::new()));
         }
         items
     }
@@ -510,6 +517,10 @@ impl Extras {
                         .try_into()
                         .map_err(|_| ProtoError::BadField("extras.max_delete"))?;
                     extras.max_delete = Some(u64::from_le_bytes(n));
+                }
+                Extras::DELETE_EXCLUDED if value.is_empty() => extras.delete_excluded = true,
+                Extras::DELETE_EXCLUDED => {
+                    return Err(ProtoError::BadField("extras.delete_excluded"));
                 }
                 _ => {
                     return Err(ProtoError::BadField(
@@ -1340,10 +1351,7 @@ impl<'a> Reader<'a> {
         // (Every bit is a known flag: choices that came after them go in
         // `Extras`, whose items are checked one by one.)
         const _: () = assert!(flags::KNOWN == u32::MAX);
-        if (f & flags::CHECKS).count_ones() > 1
-            || merged_unchained
-            || mounts_alone
-        {
+        if (f & flags::CHECKS).count_ones() > 1 || merged_unchained || mounts_alone {
             return Err(ProtoError::BadField("flags"));
         }
         Ok(f)
@@ -1694,6 +1702,7 @@ mod tests {
             Msg::Extras {
                 items: Extras {
                     max_delete: Some(7),
+                    delete_excluded: true,
                 }
                 .items(),
             },
@@ -1702,20 +1711,17 @@ mod tests {
 
     #[test]
     fn extras_round_trip_and_an_unknown_or_malformed_item_is_refused() {
-        for extras in [
-            Extras::default(),
-            Extras {
-                max_delete: Some(0),
-            },
-        ] {
+        let both = Extras {
+            max_delete: Some(0),
+            delete_excluded: true,
+        };
+        for extras in [Extras::default(), both] {
             assert_eq!(Extras::from_items(&extras.items()), Ok(extras));
         }
+        assert!(!Extras::default().any() && both.any());
         assert!(
-            !Extras::default().any()
-                && Extras {
-                    max_delete: Some(0)
-                }
-                .any()
+            Extras::from_items(&[(2, vec![1])]).is_err(),
+            "a flag has no value"
         );
         assert!(Extras::from_items(&[(999, vec![])]).is_err(), "unknown");
         assert!(Extras::from_items(&[(1, vec![1, 2])]).is_err(), "not a u64");

@@ -101,6 +101,8 @@ pub struct RecvOptions {
     /// `--max-delete`: at most this many entries removed (see
     /// [`delete::Budget`]).
     pub max_delete: Option<u64>,
+    /// `--delete-excluded`: what the rules exclude is removed too.
+    pub delete_excluded: bool,
 }
 
 /// Where `-i`'s lines go.
@@ -549,8 +551,9 @@ pub async fn receive(
             .iter()
             .filter(|(d, _)| !new.unlisted.holds(d.index))
             .map(|(d, _)| (d.index, d.path.clone()));
-        // What the rules exclude is not the copy's to delete.
-        let keep = |path: &[u8], is_dir| filter.excludes(path, is_dir);
+        // What the rules exclude is not the copy's to delete (unless
+        // `--delete-excluded`).
+        let keep = |path: &[u8], is_dir| !opts.delete_excluded && filter.excludes(path, is_dir);
         let deleted = delete::extraneous(
             &base,
             sent,

@@ -249,6 +249,7 @@ impl Params {
             sync_all: self.remove_sources,
             bwlimit: self.bwlimit.filter(|_| client),
             max_delete: self.extras.max_delete,
+            delete_excluded: self.extras.delete_excluded,
         }
     }
 }

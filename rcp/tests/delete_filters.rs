@@ -254,6 +254,43 @@ fn min_and_max_size_leave_out_what_rsync_leaves_out_in_every_mode() {
 }
 
 #[test]
+fn delete_excluded_removes_what_rsync_removes_in_every_mode() {
+    let t = Scratch::new("delete-excluded");
+    let src = t.path("src");
+    source(&src);
+    let outside = t.path("outside");
+    write(&outside.join("precious"), b"never deleted", 1_500_000_000);
+    let key = secret(&t, "key");
+    let daemon = Daemon::start(&[t.dir()], &key);
+    let (rsh, path) = fake_rsh(&t);
+    let modes = Modes {
+        daemon: &daemon,
+        key: &key,
+        rsh: &rsh,
+    };
+    let flags: Vec<&OsStr> = ["-a", "--delete", "--delete-excluded", "--exclude", "*.o"]
+        .iter()
+        .map(OsStr::new)
+        .collect();
+    let oracle = t.path("oracle");
+    stale(&oracle, &outside);
+    rsync_into(&flags, &src, &oracle);
+    // What the rule protects without --delete-excluded went.
+    assert!(!oracle.join("src/d1/protected.o").exists());
+    for mode in ["local", "push", "pull", "remote shell"] {
+        let into = t.path(&format!("into-{}", mode.replace(' ', "-")));
+        stale(&into, &outside);
+        modes.run(mode, flags.clone(), &src, &into, &path);
+        assert_same(mode, &oracle, &into);
+        assert_eq!(
+            std::fs::read(outside.join("precious")).unwrap(),
+            b"never deleted",
+            "{mode}: deleting followed a symlink out"
+        );
+    }
+}
+
+#[test]
 fn max_delete_stops_where_rsync_stops_in_every_mode() {
     let t = Scratch::new("max-delete");
     let src = t.path("src");
