@@ -253,6 +253,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         extras: crate::proto::Extras {
             max_delete: a.max_delete,
             delete_excluded: a.delete_excluded,
+            existing: a.existing,
         },
         link_dests: Arc::new(
             a.link_dest

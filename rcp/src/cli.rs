@@ -191,6 +191,11 @@ pub struct CopyArgs {
     /// only what is missing.
     #[arg(long)]
     pub ignore_existing: bool,
+    /// Make nothing new at the destination: only names there already are
+    /// updated (a directory that is not there is left out, and all in
+    /// it). With --ignore-existing, nothing is copied: only --delete acts.
+    #[arg(long, alias = "ignore-non-existing")]
+    pub existing: bool,
     /// Leave a file that is newer at the destination as it is.
     #[arg(short = 'u', long)]
     pub update: bool,
@@ -416,6 +421,7 @@ impl CopyArgs {
                 min: self.min_size.unwrap_or(0),
                 max: self.max_size.unwrap_or(u64::MAX),
             },
+            existing: self.existing,
         }
     }
 

@@ -485,11 +485,15 @@ pub struct Extras {
     /// `--delete-excluded` (key 2, no value): `--delete` removes what the
     /// rules exclude too.
     pub delete_excluded: bool,
+    /// `--existing` (key 3, no value): nothing new is made at the
+    /// destination (`resync::Policy::existing`).
+    pub existing: bool,
 }
 
 impl Extras {
     const MAX_DELETE: u16 = 1;
     const DELETE_EXCLUDED: u16 = 2;
+    const EXISTING: u16 = 3;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -503,6 +507,9 @@ impl Extras {
         }
         if self.delete_excluded {
             items.push((Extras::DELETE_EXCLUDED, Vec::new()));
+        }
+        if self.existing {
+            items.push((Extras::EXISTING, Vec::new()));
         }
         items
     }
@@ -519,8 +526,9 @@ impl Extras {
                     extras.max_delete = Some(u64::from_le_bytes(n));
                 }
                 Extras::DELETE_EXCLUDED if value.is_empty() => extras.delete_excluded = true,
-                Extras::DELETE_EXCLUDED => {
-                    return Err(ProtoError::BadField("extras.delete_excluded"));
+                Extras::EXISTING if value.is_empty() => extras.existing = true,
+                Extras::DELETE_EXCLUDED | Extras::EXISTING => {
+                    return Err(ProtoError::BadField("extras: a flag with a value"));
                 }
                 _ => {
                     return Err(ProtoError::BadField(
@@ -1703,6 +1711,7 @@ mod tests {
                 items: Extras {
                     max_delete: Some(7),
                     delete_excluded: true,
+                    existing: true,
                 }
                 .items(),
             },
@@ -1714,6 +1723,7 @@ mod tests {
         let both = Extras {
             max_delete: Some(0),
             delete_excluded: true,
+            existing: true,
         };
         for extras in [Extras::default(), both] {
             assert_eq!(Extras::from_items(&extras.items()), Ok(extras));

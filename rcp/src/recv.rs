@@ -270,6 +270,7 @@ pub async fn receive(
         unread: HashSet::new(),
         unread_paths: HashSet::new(),
         left_out: HashSet::new(),
+        not_made: HashSet::new(),
         last_dir: None,
         xattrs: XattrInbox::default(),
     };
@@ -832,6 +833,8 @@ struct Creator<'a> {
     /// Files left out by their size (`--min-size`, `--max-size`), by path:
     /// their other names are left out too.
     left_out: HashSet<Vec<u8>>,
+    /// `--existing`: directories not there, passed over with all in them.
+    not_made: HashSet<Vec<u8>>,
     /// The directory read last, by index and path: the one an
     /// `Abandoned` with nothing open names.
     last_dir: Option<(u32, Vec<u8>)>,
@@ -971,6 +974,12 @@ impl Creator<'_> {
                 "entry {} came with its data before it was answered",
                 e.index
             );
+        }
+        // `--existing`: nothing new is made. A name that is not there is
+        // passed over (a file by the policy, below), and a directory that
+        // is not there with all in it.
+        if self.opts.policy.existing && self.not_there(&e) {
+            return self.pass_over(arrivals, &e);
         }
         // `--min-size`, `--max-size`: a file outside them is left alone
         // (the policy skips it), and so are its other names (`-H`): nothing
@@ -1169,6 +1178,54 @@ impl Creator<'_> {
         if let Some(code) = resync::itemize(e, there, sent, self.kept()) {
             self.answers.itemized(code, itemized_name(e));
         }
+    }
+
+    /// `--existing`: whether `e` is to be passed over as not there: in a
+    /// directory passed over, or, other than a file (which the policy
+    /// decides), not under its name at the destination. A directory
+    /// passed over is noted, so that all in it is.
+    fn not_there(&mut self, e: &Entry) -> bool {
+        let parent = match e.path.iter().rposition(|&b| b == b'/') {
+            Some(k) => &e.path[..k],
+            None => &b""[..],
+        };
+        let gone = self.not_made.contains(parent)
+            || e.kind != EntryKind::File
+                && !self.base.place(&e.path).is_ok_and(|(dir, name)| {
+                    rustix::fs::statat(&dir, name.as_c_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                        .is_ok()
+                });
+        if gone && e.kind == EntryKind::Dir {
+            self.not_made.insert(e.path.clone());
+        }
+        gone
+    }
+
+    /// `e` passed over, nothing made of it: a file answered as skipped
+    /// (its data, for the nodes after a broadcast node, passes through).
+    fn pass_over(
+        &mut self,
+        arrivals: &mut Arrivals<Arc<Chunk>>,
+        e: &Entry,
+    ) -> anyhow::Result<Vec<Action<Arc<Chunk>>>> {
+        if e.kind != EntryKind::File {
+            self.answers.send(e.index, Ok(()));
+            return Ok(arrivals.announce(e.index, Shape::Other)?);
+        }
+        self.files += 1;
+        self.skipped += 1;
+        self.progress.file();
+        self.progress.there_already(1);
+        self.answer_file(e.index, Said::Nothing);
+        let shape = if self.opts.passing {
+            Shape::Passing {
+                size: e.size,
+                chunk: e.chunk,
+            }
+        } else {
+            Shape::Other
+        };
+        Ok(arrivals.announce(e.index, shape)?)
     }
 
     /// `--link-dest`: whether `e` was linked from the first of the

@@ -30,6 +30,10 @@ pub struct Policy {
     /// `--min-size`, `--max-size`: a file outside them is left alone,
     /// there or not (its name stays, so `--delete` keeps what is there).
     pub sizes: Sizes,
+    /// `--existing`: a name that is not there is not made (a file, and
+    /// the receiver leaves out directories too, and all in them). It
+    /// travels in the request's `Extras`.
+    pub existing: bool,
 }
 
 /// The sizes of the files a copy sends (`--min-size`, `--max-size`, both
@@ -110,15 +114,16 @@ impl Policy {
             check: Check::Never,
             ignore_existing: false,
             update: false,
-            // (A file of a size left out is left out there too: the
-            // receiver still answers each file.)
+            // (A file of a size left out is left out there too, and with
+            // `--existing` every file: the receiver still answers each.)
             sizes: self.sizes,
+            existing: self.existing,
         }
     }
 
     /// Whether the receiver answers every file before its data is sent.
     pub fn asks(&self) -> bool {
-        self.flags() != 0
+        self.flags() != 0 || self.existing
     }
 
     /// Whether a copy under this policy has every file answered before
@@ -167,6 +172,7 @@ impl Policy {
             ignore_existing: f & flags::IGNORE_EXISTING != 0,
             update: f & flags::UPDATE != 0,
             sizes,
+            existing: false,
         }
     }
 
@@ -176,6 +182,7 @@ impl Policy {
             return Decision::Skip { metadata: false };
         }
         let (size, mtime) = match found {
+            Found::Nothing if self.existing => return Decision::Skip { metadata: false },
             Found::Nothing => return Decision::Send,
             _ if self.ignore_existing => return Decision::Skip { metadata: false },
             Found::Other => return Decision::Send,
@@ -306,7 +313,7 @@ mod tests {
             update: bool,
             size in 0u64..1 << 40,
         ) {
-            let p = Policy { check, ignore_existing, update, sizes: Sizes::default() };
+            let p = Policy { check, ignore_existing, update, sizes: Sizes::default(), existing: false };
             let q = p.into_nothing_there();
             prop_assert!(!q.asks());
             let e = file(size, T);
@@ -482,7 +489,7 @@ mod tests {
         ) {
             let check = [Check::Quick, Check::SizeOnly, Check::Checksum, Check::Never][check as usize];
             let sizes = Sizes { min, max };
-            let p = Policy { check, ignore_existing, update, sizes };
+            let p = Policy { check, ignore_existing, update, sizes, existing: false };
             prop_assert_eq!(Policy::from_flags(p.flags(), sizes), p);
             prop_assert_eq!(p.flags() & flags::SIZE_LIMITS != 0, sizes.limit());
             prop_assert_eq!(p.into_nothing_there().asks(), sizes.limit());
@@ -502,7 +509,7 @@ mod tests {
             there in 0u8..3,
         ) {
             let check = [Check::Quick, Check::SizeOnly, Check::Checksum, Check::Never][check as usize];
-            let free = Policy { check, ignore_existing, update, sizes: Sizes::default() };
+            let free = Policy { check, ignore_existing, update, sizes: Sizes::default(), existing: false };
             let limited = Policy { sizes: Sizes { min, max }, ..free };
             let found = match there {
                 0 => Found::Nothing,

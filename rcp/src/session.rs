@@ -168,7 +168,10 @@ impl Params {
             keep: Keep::from_flags(f),
             verify: f & flags::NO_VERIFY == 0,
             resume: f & flags::RESUME != 0,
-            policy: Policy::from_flags(f, tail.sizes),
+            policy: Policy {
+                existing: tail.extras.existing,
+                ..Policy::from_flags(f, tail.sizes)
+            },
             delete: f & flags::DELETE != 0,
             one_file_system: match (
                 f & flags::ONE_FILE_SYSTEM != 0,

@@ -291,6 +291,49 @@ fn delete_excluded_removes_what_rsync_removes_in_every_mode() {
 }
 
 #[test]
+fn existing_makes_nothing_new_as_rsync_in_every_mode() {
+    let t = Scratch::new("existing");
+    let src = t.path("src");
+    source(&src);
+    std::os::unix::fs::symlink("a.c", src.join("d0/link")).unwrap();
+    // A destination with some of the source's names (older), none of
+    // others (a directory among them), and one the source has not.
+    let before = |into: &Path| {
+        for name in ["a.c", "d0/sub/b.c", "keep/x1"] {
+            write(&into.join("src").join(name), b"older", 1_400_000_000);
+        }
+        write(&into.join("src/gone.txt"), b"gone", 1_400_000_000);
+        for d in ["d0/sub", "d0", "keep", ""] {
+            set_times(&into.join("src").join(d), 1_400_000_000, 0);
+        }
+    };
+    let key = secret(&t, "key");
+    let daemon = Daemon::start(&[t.dir()], &key);
+    let (rsh, path) = fake_rsh(&t);
+    let modes = Modes {
+        daemon: &daemon,
+        key: &key,
+        rsh: &rsh,
+    };
+    for extra in [&["--existing"][..], &["--existing", "--ignore-existing"]] {
+        let mut flags: Vec<&OsStr> = vec![OsStr::new("-a"), OsStr::new("--delete")];
+        flags.extend(extra.iter().map(OsStr::new));
+        let oracle = t.path(&format!("oracle{}", extra.len()));
+        before(&oracle);
+        rsync_into(&flags, &src, &oracle);
+        // (Else the comparison proves little.)
+        assert!(!oracle.join("src/d1").exists() && !oracle.join("src/b.c").exists());
+        assert!(!oracle.join("src/gone.txt").exists());
+        for mode in ["local", "push", "pull", "remote shell"] {
+            let into = t.path(&format!("into{}-{}", extra.len(), mode.replace(' ', "-")));
+            before(&into);
+            modes.run(mode, flags.clone(), &src, &into, &path);
+            assert_same(&format!("{mode} {extra:?}"), &oracle, &into);
+        }
+    }
+}
+
+#[test]
 fn max_delete_stops_where_rsync_stops_in_every_mode() {
     let t = Scratch::new("max-delete");
     let src = t.path("src");
