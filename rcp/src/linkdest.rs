@@ -53,34 +53,39 @@ pub fn resolve(dir: &[u8], dest: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The trees `dirs` name, each opened by `open` (a daemon's confines it to
-/// its roots) and laid out as the destination `dest` is: for a copy under
-/// a new name (`renamed`), its top is the directory itself. One that
-/// cannot be opened is said on stderr (a daemon's log) and left out.
+/// The trees `dirs` name, each opened by `open` and laid out as the
+/// destination `dest` is: for a copy under a new name (`renamed`), its top
+/// is the directory itself. `confined`: a daemon's, whose `open` keeps
+/// beneath its roots and follows no symlink, so a relative DIR's `..` are
+/// taken out by their text ([`resolve`]); the user's own side first lets
+/// the kernel follow the path as given, symlinks and all, as rsync does
+/// (then by its text: a destination made by this copy is not there yet
+/// for a `..` to climb out of). One that cannot be opened is said on
+/// stderr (a daemon's log) and left out.
 pub fn bases(
     dirs: &[Vec<u8>],
     dest: &[u8],
     renamed: bool,
+    confined: bool,
     open: impl Fn(&[u8]) -> anyhow::Result<OwnedFd>,
 ) -> Vec<Base> {
     let mut out = Vec::new();
     for dir in dirs {
-        let path = resolve(dir, dest);
-        let opened = if renamed {
-            // (Its contents stand where the copy's top goes: it is reached
-            // through its parent. Opened once to know it is there.)
-            let (parent, name) = match path.iter().rposition(|&b| b == b'/') {
-                Some(0) => (b"/".to_vec(), path[1..].to_vec()),
-                Some(k) => (path[..k].to_vec(), path[k + 1..].to_vec()),
-                None => (b".".to_vec(), path.clone()),
-            };
-            open(&path).and_then(|_| open(&parent).map(|fd| Base::new(fd, Some(name))))
-        } else {
-            open(&path).map(|fd| Base::new(fd, None))
+        let by_text = resolve(dir, dest);
+        let as_given = match dir.starts_with(b"/") {
+            true => dir.clone(),
+            false => [dest, b"/", dir].concat(),
         };
+        let opened = match confined {
+            true => open(&by_text),
+            false => open(&as_given).or_else(|_| open(&by_text)),
+        };
+        // (Its contents stand where the copy's top goes: the top is the
+        // directory itself, `.`.)
+        let top = renamed.then(|| b".".to_vec());
         match opened {
-            Ok(base) => out.push(base),
-            Err(e) => eprintln!("rcp: --link-dest {}: {e:#}; not used", tree::show(&path)),
+            Ok(fd) => out.push(Base::new(fd, top)),
+            Err(e) => eprintln!("rcp: --link-dest {}: {e:#}; not used", tree::show(&by_text)),
         }
     }
     out

@@ -962,7 +962,9 @@ impl Msg {
             },
             30 => {
                 let (min, max) = (r.u64()?, r.u64()?);
-                if min > max {
+                // (No limit at all comes as no message: a relay forwards
+                // the flag only with the limits it sends.)
+                if min > max || (min, max) == (0, u64::MAX) {
                     return Err(ProtoError::BadField("sizes"));
                 }
                 Msg::Sizes { min, max }

@@ -1005,7 +1005,7 @@ impl Creator<'_> {
             return Ok(arrivals.announce(e.index, Shape::Other)?);
         }
         if self.opts.dry_run {
-            return self.dry(arrivals, e);
+            return self.dry(arrivals, e, &xattrs);
         }
         if self.opts.itemize != Itemize::Off && e.kind != EntryKind::File {
             let there = existing::there(self.base, &e);
@@ -1017,7 +1017,26 @@ impl Creator<'_> {
             EntryKind::File if unchanged => (Decision::Skip { metadata: false }, None),
             EntryKind::File if self.opts.policy.asks() => {
                 let (found, st) = existing::look(self.base, &e)?;
-                (self.opts.policy.decide(&e, found), st)
+                let decision = match (self.opts.policy.decide(&e, found), &st) {
+                    // With `--link-dest`, a file there of several names may
+                    // be an older snapshot's too: its metadata is not
+                    // changed in place (the snapshot's would change), it
+                    // is sent again (rsync changes it).
+                    (Decision::Skip { metadata: true }, Some(st))
+                        if st.st_nlink > 1
+                            && !self.base.link_dests().is_empty()
+                            && !self.base.place(&e.path).is_ok_and(|placed| {
+                                existing::metadata_right(
+                                    self.base, &placed, &e, &xattrs, self.how, st,
+                                )
+                                .unwrap_or(false)
+                            }) =>
+                    {
+                        Decision::Send
+                    }
+                    (decision, _) => decision,
+                };
+                (decision, st)
             }
             _ => (Decision::Send, None),
         };
@@ -1027,12 +1046,7 @@ impl Creator<'_> {
             && matches!(decision, Decision::Send | Decision::Compare)
             && self.linked_from_dest(&e, &xattrs)
         {
-            self.files += 1;
-            self.skipped += 1;
-            self.progress.file();
-            self.progress.there_already(1);
-            self.answer_file(e.index, Said::Nothing);
-            return Ok(arrivals.announce(e.index, Shape::Other)?);
+            return self.pass_over(arrivals, &e);
         }
         // A file compared chunk by chunk is named once it is known to
         // differ (when it is finished).
@@ -1201,8 +1215,9 @@ impl Creator<'_> {
         gone
     }
 
-    /// `e` passed over, nothing made of it: a file answered as skipped
-    /// (its data, for the nodes after a broadcast node, passes through).
+    /// `e` passed over, nothing (more) made of it: a file answered as
+    /// skipped (its data, for the nodes after a broadcast node, passes
+    /// through).
     fn pass_over(
         &mut self,
         arrivals: &mut Arrivals<Arc<Chunk>>,
@@ -1235,35 +1250,52 @@ impl Creator<'_> {
     /// all of them). A link that cannot be made (another file system)
     /// leaves it to be sent or made.
     fn linked_from_dest(&mut self, e: &Entry, xattrs: &[Xattr]) -> bool {
-        for dest in self.base.link_dests() {
-            let Ok(placed) = dest.place(&e.path) else {
-                continue;
-            };
+        let Some((dest, checked)) = self.link_dest_holding(e, xattrs) else {
+            return false;
+        };
+        match self.base.link_from(dest, e, checked) {
+            Ok(dir) => {
+                self.syncs.lock().expect("dir lock").add(dir);
+                true
+            }
+            Err(err) => {
+                tracing::debug!("{err:#}: sent instead");
+                false
+            }
+        }
+    }
+
+    /// The first link-dest tree holding `e` as [`Self::linked_from_dest`]
+    /// links it, and the one found there (device, inode: the same before
+    /// and after its check, and linked only if still the same). Not a
+    /// device node where this side may not make one (a daemon without
+    /// `--allow-owners`): a link would make one all the same.
+    fn link_dest_holding(&self, e: &Entry, xattrs: &[Xattr]) -> Option<(&Base, (u64, u64))> {
+        let device = matches!(e.kind, EntryKind::CharDevice | EntryKind::BlockDevice);
+        if device && !self.how.powers.owners {
+            return None;
+        }
+        let id_of = |placed: &(Arc<tree::DestDir>, std::ffi::CString)| {
+            let (dir, name) = placed;
+            rustix::fs::statat(dir, name.as_c_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                .ok()
+                .map(|st| (st.st_dev, st.st_ino))
+        };
+        self.base.link_dests().iter().find_map(|dest| {
+            let placed = dest.place(&e.path).ok()?;
+            let before = id_of(&placed)?;
             let unchanged = if e.kind == EntryKind::File {
                 let Ok((found, Some(st))) = existing::look_in(&placed, e) else {
-                    continue;
+                    return None;
                 };
                 self.opts.policy.decide(e, found) == Decision::Skip { metadata: true }
                     && existing::metadata_right(dest, &placed, e, xattrs, self.how, &st)
                         .unwrap_or(false)
             } else {
-                existing::in_place_in(placed, e, xattrs, self.how)
+                existing::in_place_in(placed.clone(), e, xattrs, self.how)
             };
-            if !unchanged {
-                continue;
-            }
-            return match self.base.link_from(dest, e) {
-                Ok(dir) => {
-                    self.syncs.lock().expect("dir lock").add(dir);
-                    true
-                }
-                Err(err) => {
-                    tracing::debug!("{err:#}: sent instead");
-                    false
-                }
-            };
-        }
-        false
+            (unchanged && id_of(&placed) == Some(before)).then_some((dest, before))
+        })
     }
 
     /// `-n`: what would be done with `e`, reported, and nothing done: a
@@ -1273,9 +1305,13 @@ impl Creator<'_> {
         &mut self,
         arrivals: &mut Arrivals<Arc<Chunk>>,
         e: Entry,
+        xattrs: &[Xattr],
     ) -> anyhow::Result<Vec<Action<Arc<Chunk>>>> {
         let actions = arrivals.announce(e.index, Shape::Other)?;
         let there = existing::there(self.base, &e);
+        // (What a run would link from a `--link-dest` is named by none.)
+        let linked =
+            |this: &Self| e.kind != EntryKind::Dir && this.link_dest_holding(&e, xattrs).is_some();
         match e.kind {
             EntryKind::File => {
                 self.files += 1;
@@ -1292,12 +1328,16 @@ impl Creator<'_> {
                 match self.opts.policy.decide(&e, found) {
                     Decision::Skip { metadata: false } => {}
                     Decision::Skip { metadata: true } => self.item(&e, there.as_ref(), false),
+                    Decision::Send | Decision::Compare if linked(self) => {}
                     Decision::Send | Decision::Compare => self.item(&e, there.as_ref(), true),
                 }
                 self.answers.skipped(e.index);
             }
             kind => {
-                self.item(&e, there.as_ref(), false);
+                let in_place = existing::in_place(self.base, &e, xattrs, self.how);
+                if in_place || !linked(self) {
+                    self.item(&e, there.as_ref(), false);
+                }
                 self.answers.send(e.index, Ok(()));
                 if kind == EntryKind::Dir {
                     self.dirs.push((e, Vec::new()));

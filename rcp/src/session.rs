@@ -539,7 +539,13 @@ async fn client_session(
                 let at = dest.as_os_str().as_encoded_bytes();
                 let renamed = base.renamed();
                 let open = |p: &[u8]| tree::open_root(Path::new(tree::os(p)));
-                base.linking_from(linkdest::bases(&params.link_dests, at, renamed, open));
+                base.linking_from(linkdest::bases(
+                    &params.link_dests,
+                    at,
+                    renamed,
+                    false,
+                    open,
+                ));
             }
             let pull = Msg::Pull {
                 flags: params.flags(),
@@ -1032,9 +1038,13 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             if !params.link_dests.is_empty() {
                 // (Each beneath the roots, as the destination.)
                 let at = requested_path(&dest)?.into_os_string().into_encoded_bytes();
-                let renamed = base.renamed();
-                let open = |p: &[u8]| confined_dir(&config.roots, p);
-                base.linking_from(linkdest::bases(&params.link_dests, &at, renamed, open));
+                let (renamed, confined) = (base.renamed(), !config.own_files);
+                let open = |p: &[u8]| match confined {
+                    true => confined_dir(&config.roots, p),
+                    false => tree::open_root(Path::new(tree::os(p))),
+                };
+                let dests = linkdest::bases(&params.link_dests, &at, renamed, confined, open);
+                base.linking_from(dests);
             }
             let mut relay = match &chain {
                 Some(hops) => {

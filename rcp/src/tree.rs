@@ -1502,36 +1502,58 @@ impl Base {
     pub fn make_hard_link(&self, e: &Entry, likely_free: bool) -> anyhow::Result<Arc<DestDir>> {
         let (first_dir, first) = self.place(&e.target)?;
         let shown = || format!("cannot link {} to {}", show(&e.path), show(&e.target));
-        self.link_in_place(&first_dir, &first, &e.path, likely_free, true, shown)
+        self.link_in_place(
+            &first_dir,
+            &first,
+            &e.path,
+            likely_free,
+            Linked::OtherName,
+            shown,
+        )
     }
 
     /// `--link-dest`: what is under `e`'s name in `other` (a tree laid out
     /// as this one: a file, a symlink, a special file) linked under `e`'s
-    /// name here, in place of what is there.
-    pub fn link_from(&self, other: &Base, e: &Entry) -> anyhow::Result<Arc<DestDir>> {
+    /// name here, in place of what is there; only the one `checked` (its
+    /// device and inode, as it was found unchanged): one put there since
+    /// is not linked.
+    pub fn link_from(
+        &self,
+        other: &Base,
+        e: &Entry,
+        checked: (u64, u64),
+    ) -> anyhow::Result<Arc<DestDir>> {
         let (from_dir, from) = other.place(&e.path)?;
         let shown = || format!("cannot link {} from a --link-dest", show(&e.path));
-        self.link_in_place(&from_dir, &from, &e.path, false, false, shown)
+        let how = Linked::Checked(checked);
+        self.link_in_place(&from_dir, &from, &e.path, false, how, shown)
     }
 
-    /// `first` in `first_dir` (with `regular`, only a regular file; never
-    /// a directory) linked as `path` here (a link never replaces what is
-    /// under its name: a temporary name's link is renamed over it).
+    /// `first` in `first_dir` (never a directory) linked as `path` here (a
+    /// link never replaces what is under its name: a temporary name's link
+    /// is renamed over it).
     fn link_in_place(
         &self,
         first_dir: &DestDir,
         first: &CString,
         path: &[u8],
         likely_free: bool,
-        regular: bool,
+        how: Linked,
         shown: impl Fn() -> String + Copy,
     ) -> anyhow::Result<Arc<DestDir>> {
         let (parent, name) = self.place(path)?;
         let first_stat = rustix::fs::statat(first_dir, first.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
             .with_context(shown)?;
         let kind = FileType::from_raw_mode(first_stat.st_mode);
-        if kind == FileType::Directory || regular && kind != FileType::RegularFile {
+        if kind == FileType::Directory || how == Linked::OtherName && kind != FileType::RegularFile
+        {
             bail!("{}: not a regular file", shown());
+        }
+        let id = |st: &rustix::fs::Stat| (st.st_dev, st.st_ino);
+        if let Linked::Checked(checked) = how
+            && id(&first_stat) != checked
+        {
+            bail!("{}: it changed since it was found unchanged", shown());
         }
         // (A link never replaces what is under its name.)
         let link_as = |to: &CStr| {
@@ -1555,7 +1577,18 @@ impl Base {
         }
         let temp = temp_name(&name)?;
         link_as(&temp).with_context(shown)?;
-        put_in_place(&parent, &temp, &name, || Ok(()), shown)?;
+        // (What the temporary name holds is what was checked, or it goes.)
+        let still = || match how {
+            Linked::Checked(checked) => {
+                let st = rustix::fs::statat(&parent, temp.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+                if id(&st) != checked {
+                    bail!("it changed since it was found unchanged");
+                }
+                Ok(())
+            }
+            Linked::OtherName => Ok(()),
+        };
+        put_in_place(&parent, &temp, &name, still, shown)?;
         Ok(parent)
     }
 
@@ -1968,6 +2001,15 @@ fn put_in_place(
         let _ = rustix::fs::unlinkat(parent, temp.as_c_str(), AtFlags::empty());
         what()
     })
+}
+
+/// What [`Base::link_in_place`] links: another name of a file received
+/// (`-H`: a regular file), or what a `--link-dest` tree holds, the one
+/// found unchanged (device, inode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Linked {
+    OtherName,
+    Checked((u64, u64)),
 }
 
 /// Copies up to `len` bytes from `from` to `to` at their file positions

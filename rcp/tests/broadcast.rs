@@ -563,6 +563,56 @@ fn size_limits_reach_every_node() {
 }
 
 #[test]
+fn link_dest_links_where_a_node_has_the_snapshot_and_the_data_goes_on_to_one_without() {
+    use std::os::unix::fs::MetadataExt;
+    let t = Scratch::new("bcast-linkdest");
+    let Some(c) = Cluster::new(&t, "rbcl", 2, 209, None) else {
+        return;
+    };
+    let tree = t.path("tree");
+    std::fs::create_dir(&tree).unwrap();
+    random_file(&tree.join("f"), 300_000, 50);
+    random_file(&tree.join("g"), 1000, 51);
+    // Node 1 has yesterday's snapshot; node 2, after it in the chain, has
+    // none: node 1 links, and the data passes through it to node 2.
+    ok(Command::new("rsync")
+        .arg("-a")
+        .arg(format!("{}/", tree.display()))
+        .arg(format!("{}/", c.disk(1).join("prev").display())));
+    let out = c
+        .rcp(&["-a", "--link-dest=../prev"])
+        .arg(&tree)
+        .arg(c.operand("new"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for k in 1..=2 {
+        let new = c.disk(k).join("new");
+        for f in ["f", "g"] {
+            assert!(
+                std::fs::read(new.join(f)).unwrap() == std::fs::read(tree.join(f)).unwrap(),
+                "node {k}: {f} differs"
+            );
+        }
+    }
+    let linked = |f: &str| {
+        let (a, b) = (
+            std::fs::metadata(c.disk(1).join("new").join(f)).unwrap(),
+            std::fs::metadata(c.disk(1).join("prev").join(f)).unwrap(),
+        );
+        a.ino() == b.ino()
+    };
+    assert!(
+        linked("f") && linked("g"),
+        "node 1 linked from its snapshot"
+    );
+}
+
+#[test]
 fn a_full_disk_and_a_wrong_token_fail_only_their_own_node() {
     let t = Scratch::new("bcast-faults");
     let Some(mut c) = Cluster::new(&t, "rbcf", 5, 203, None) else {
