@@ -254,6 +254,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
             max_delete: a.max_delete,
             delete_excluded: a.delete_excluded,
             existing: a.existing,
+            chmod: chmod_of(&a)?,
         },
         link_dests: Arc::new(
             a.link_dest
@@ -348,6 +349,18 @@ fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
         .into());
     }
     Ok(p)
+}
+
+/// `--chmod`'s rules (each `--chmod` a list), checked here, with this
+/// user's umask for the rules that name no one (chmod's rule).
+fn chmod_of(a: &CopyArgs) -> anyhow::Result<Option<(u32, String)>> {
+    if a.chmod.is_empty() {
+        return Ok(None);
+    }
+    let rules = a.chmod.join(",");
+    let umask = crate::tree::umask();
+    crate::chmod::Chmod::parse(&rules, umask)?;
+    Ok(Some((umask, rules)))
 }
 
 /// `--remove-source-files` in a local copy: refused where a source's copy

@@ -232,6 +232,13 @@ pub struct CopyArgs {
     /// destination too (without it, excluded names there are left alone).
     #[arg(long, requires = "delete")]
     pub delete_excluded: bool,
+    /// Change the permissions of what is sent, as chmod(1) would, before
+    /// they are applied: comma-separated rules such as go-w, u=rwX,
+    /// Dg+s (D: directories only, F: everything else), or an octal mode;
+    /// repeat for more. Rules that name no one (+x) leave your umask's
+    /// bits alone, as chmod's do.
+    #[arg(long, value_name = "RULES")]
+    pub chmod: Vec<String>,
     /// Delete at most NUM entries with --delete (files and directories,
     /// in rsync's order); what is past the limit stays, and the copy says
     /// how many and fails. With 0 nothing goes: a count of what would.

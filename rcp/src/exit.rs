@@ -62,6 +62,7 @@ impl Exit {
             || has::<crate::app::PlanError>(error)
             || has::<crate::broadcast::Usage>(error)
             || has::<crate::send::SameName>(error)
+            || has::<crate::chmod::BadChmod>(error)
         {
             Exit::Usage
         } else if has::<Refused>(error) {

@@ -43,6 +43,7 @@ pub mod archive;
 pub mod arrivals;
 pub mod broadcast;
 pub mod chain;
+pub mod chmod;
 pub mod cli;
 pub mod connect;
 pub mod daemon;

@@ -478,7 +478,7 @@ pub enum Msg {
 /// numbered items, so that a new one needs no flag: a receiver refuses an
 /// item it does not know, or one whose value is not as its key says.
 /// **Sans I/O.**
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Extras {
     /// `--max-delete` (key 1, u64): at most this many entries removed.
     pub max_delete: Option<u64>,
@@ -488,12 +488,16 @@ pub struct Extras {
     /// `--existing` (key 3, no value): nothing new is made at the
     /// destination (`resync::Policy::existing`).
     pub existing: bool,
+    /// `--chmod` (key 4: the client's umask, u32, then the rules' text):
+    /// the sender's walk changes the modes it sends (`crate::chmod`).
+    pub chmod: Option<(u32, String)>,
 }
 
 impl Extras {
     const MAX_DELETE: u16 = 1;
     const DELETE_EXCLUDED: u16 = 2;
     const EXISTING: u16 = 3;
+    const CHMOD: u16 = 4;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -511,6 +515,10 @@ impl Extras {
         if self.existing {
             items.push((Extras::EXISTING, Vec::new()));
         }
+        if let Some((umask, rules)) = &self.chmod {
+            let value = [&umask.to_le_bytes()[..], rules.as_bytes()].concat();
+            items.push((Extras::CHMOD, value));
+        }
         items
     }
 
@@ -527,6 +535,16 @@ impl Extras {
                 }
                 Extras::DELETE_EXCLUDED if value.is_empty() => extras.delete_excluded = true,
                 Extras::EXISTING if value.is_empty() => extras.existing = true,
+                Extras::CHMOD if value.len() > 4 => {
+                    let (umask, rules) = value.split_at(4);
+                    let umask = u32::from_le_bytes(umask.try_into().expect("four bytes"));
+                    let rules = std::str::from_utf8(rules).map_err(|_| ProtoError::BadText)?;
+                    if crate::chmod::Chmod::parse(rules, umask).is_err() {
+                        return Err(ProtoError::BadField("extras.chmod"));
+                    }
+                    extras.chmod = Some((umask, rules.to_string()));
+                }
+                Extras::CHMOD => return Err(ProtoError::BadField("extras.chmod")),
                 Extras::DELETE_EXCLUDED | Extras::EXISTING => {
                     return Err(ProtoError::BadField("extras: a flag with a value"));
                 }
@@ -1714,6 +1732,7 @@ mod tests {
                     max_delete: Some(7),
                     delete_excluded: true,
                     existing: true,
+                    chmod: Some((0o077, "a+rX".into())),
                 }
                 .items(),
             },
@@ -1722,15 +1741,20 @@ mod tests {
 
     #[test]
     fn extras_round_trip_and_an_unknown_or_malformed_item_is_refused() {
-        let both = Extras {
+        let all = Extras {
             max_delete: Some(0),
             delete_excluded: true,
             existing: true,
+            chmod: Some((0o022, "Dg+s,Fgo-w".into())),
         };
-        for extras in [Extras::default(), both] {
+        for extras in [Extras::default(), all.clone()] {
             assert_eq!(Extras::from_items(&extras.items()), Ok(extras));
         }
-        assert!(!Extras::default().any() && both.any());
+        assert!(!Extras::default().any() && all.any());
+        assert!(
+            Extras::from_items(&[(4, b"\x12\0\0\0u+z".to_vec())]).is_err(),
+            "bad rules"
+        );
         assert!(
             Extras::from_items(&[(2, vec![1])]).is_err(),
             "a flag has no value"

@@ -814,9 +814,17 @@ pub fn walk_sources(sources: &[PathBuf], params: &Params) -> anyhow::Result<send
 }
 
 /// Starts walking `local` as `params` ask (a server's `params` map no
-/// owners: the side the user started does).
+/// owners: the side the user started does; `--chmod` is the request's).
 fn start_walk(local: Sources, params: &Params) -> anyhow::Result<send::Walk> {
     let options = params.send_options();
+    let chmod = match &params.extras.chmod {
+        Some((umask, rules)) => Some(Arc::new(crate::chmod::Chmod::parse(rules, *umask)?)),
+        None => None,
+    };
+    let changes = tree::Changes {
+        owners: params.owners.clone(),
+        chmod,
+    };
     let origins = match params.remove_sources {
         true => Some(send::Origins::of(&local)?),
         false => None,
@@ -826,7 +834,7 @@ fn start_walk(local: Sources, params: &Params) -> anyhow::Result<send::Walk> {
         options.recursive,
         options.keep,
         &params.filter,
-        params.owners.clone(),
+        changes,
         Scope {
             one_file_system: params.one_file_system,
             symlinks: params.symlinks,

@@ -21,6 +21,7 @@ use rfabric::storage::Engine;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 
 use crate::archive::{self, Keep, Node, Powers, Xattr};
+use crate::chmod::Chmod;
 use crate::digest;
 use crate::filter::Filter;
 use crate::idmap::Owners;
@@ -180,6 +181,16 @@ impl Item {
     }
 }
 
+/// What a walk's entries carry other than what it finds
+/// ([`Walker::change`]): the owners mapped (`--usermap`, `--groupmap`,
+/// `--chown` of the side the user started), the modes changed
+/// (`--chmod`).
+#[derive(Debug, Clone, Default)]
+pub struct Changes {
+    pub owners: Option<Arc<Owners>>,
+    pub chmod: Option<Arc<Chmod>>,
+}
+
 /// How far a walk goes: `-x`'s file systems ([`Walker::one_file_system`])
 /// and the symlinks it follows ([`Symlinks`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,6 +325,8 @@ pub struct Walker {
     by_path: Option<(Vec<u8>, usize)>,
     /// `--usermap`, `--groupmap` of a copy this side's user started.
     owners: Option<Arc<Owners>>,
+    /// `--chmod`: the modes sent are changed by it.
+    chmod: Option<Arc<Chmod>>,
     /// Whether a helper thread may look up names too.
     may_help: bool,
     /// `-x` (1) and `-xx` (2): see [`Walker::one_file_system`].
@@ -390,6 +403,7 @@ impl Walker {
             first_names: Default::default(),
             by_path: None,
             owners: None,
+            chmod: None,
             may_help: false,
             helper: None,
             one_file_system: 0,
@@ -445,9 +459,11 @@ impl Walker {
         helper.run(0, job).then_some(rx)
     }
 
-    /// Maps the owners and groups of the entries walked from now on.
-    pub fn map_owners(&mut self, owners: Option<Arc<Owners>>) {
-        self.owners = owners;
+    /// What the entries walked from now on carry other than what is
+    /// found: their owners and groups mapped, their modes changed.
+    pub fn change(&mut self, changes: Changes) {
+        self.owners = changes.owners;
+        self.chmod = changes.chmod;
     }
 
     /// Lets the next walk read the attributes of files by path, as rsync
@@ -673,6 +689,12 @@ impl Walker {
         };
         if let (Some(owners), Some(meta)) = (&self.owners, &mut entry.meta) {
             owners.apply(meta);
+        }
+        // (A symlink's own mode means nothing on Linux.)
+        if let Some(chmod) = &self.chmod
+            && entry.kind != EntryKind::Symlink
+        {
+            entry.mode = chmod.apply(entry.mode, entry.kind == EntryKind::Dir) & 0o7777;
         }
         if entry.kind == EntryKind::Dir && how.depth == Depth::All && !self.recursive {
             bail!("{} is a directory (use -r to copy directories)", shown());

@@ -334,6 +334,63 @@ fn existing_makes_nothing_new_as_rsync_in_every_mode() {
 }
 
 #[test]
+fn chmod_changes_modes_as_rsyncs_in_every_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = Scratch::new("chmod");
+    let src = t.path("src");
+    source(&src);
+    for (p, mode) in [
+        ("a.c", 0o600),
+        ("d0/b.c", 0o755),
+        ("d1", 0o700),
+        ("core", 0o640),
+    ] {
+        std::fs::set_permissions(src.join(p), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    set_times(&src.join("d1"), 1_500_000_000, 0);
+    let key = secret(&t, "key");
+    // (Setgid bits are kept by a daemon that may set owners.)
+    let daemon = Daemon::start_with(&[t.dir()], &key, &["--allow-owners"]);
+    let (rsh, path) = fake_rsh(&t);
+    let modes = Modes {
+        daemon: &daemon,
+        key: &key,
+        rsh: &rsh,
+    };
+    // The rules' modes are set (-p). Rules naming no one keep the umask's
+    // bits (022 here); a second --chmod adds its rules to the first's.
+    for (k, flags) in [
+        &["-a", "--chmod=Dg+s,ug+rwX,Fo-rwx"][..],
+        &["-a", "--chmod", "u=rwX,go=rX", "--chmod", "+w"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let flags: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
+        let oracle = t.path(&format!("oracle{k}"));
+        rsync_into(&flags, &src, &oracle);
+        for mode in ["local", "push", "pull", "remote shell"] {
+            let into = t.path(&format!("into{k}-{}", mode.replace(' ', "-")));
+            std::fs::create_dir_all(&into).unwrap();
+            modes.run(mode, flags.clone(), &src, &into, &path);
+            assert_same(&format!("{mode} {flags:?}"), &oracle, &into);
+            // Again: unchanged, nothing sent (the modes sent are the
+            // rules', and the destination has them).
+            let out = rcp(
+                &[
+                    &flags[..],
+                    &[OsStr::new("--json"), src.as_os_str(), into.as_os_str()],
+                ]
+                .concat(),
+                &path,
+            );
+            let json = String::from_utf8_lossy(&out.stdout);
+            assert!(json.contains("\"bytes\":0,"), "{mode} {flags:?}: {json}");
+        }
+    }
+}
+
+#[test]
 fn max_delete_stops_where_rsync_stops_in_every_mode() {
     let t = Scratch::new("max-delete");
     let src = t.path("src");

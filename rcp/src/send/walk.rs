@@ -36,9 +36,8 @@ use tokio::task::JoinHandle;
 use super::Sources;
 use crate::archive::Keep;
 use crate::filter::Filter;
-use crate::idmap::Owners;
 use crate::proto::EntryKind;
-use crate::tree::{Item, Scope, Walker};
+use crate::tree::{Changes, Item, Scope, Walker};
 
 /// Walked items per batch at most while file data moves, and batches
 /// ahead of the planner once the session is sending: together they bound
@@ -264,7 +263,8 @@ impl Drop for Items {
 
 impl Walk {
     /// Starts walking `sources` (with `recursive`, the archive metadata
-    /// of `keep`, `filter`'s rules, `owners`' maps, and `scope`: `-x` and
+    /// of `keep`, `filter`'s rules, `changes` (owners mapped, modes
+    /// changed), and `scope`: `-x` and
     /// the symlinks followed) on a blocking thread; its items wait for
     /// the session (`Walk::settle`).
     pub fn start(
@@ -272,7 +272,7 @@ impl Walk {
         recursive: bool,
         keep: Keep,
         filter: &Arc<Filter>,
-        owners: Option<Arc<Owners>>,
+        changes: Changes,
         scope: Scope,
         helper: bool,
     ) -> Walk {
@@ -289,7 +289,7 @@ impl Walk {
         let (tx, rx) = mpsc::unbounded_channel::<Batch>();
         let with_data = Arc::new(AtomicU64::new(0));
         let mut walk = Walker::new(recursive, keep, Arc::clone(filter));
-        walk.map_owners(owners);
+        walk.change(changes);
         walk.one_file_system(scope.one_file_system);
         walk.symlinks(scope.symlinks);
         walk.with_helper(helper);
