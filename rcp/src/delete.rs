@@ -133,11 +133,19 @@ impl Budget {
 
 /// The order rsync removes a directory's entries in, and names them with
 /// `-i`: its directories (each one's contents first) before its other
-/// entries, each kind in reverse byte order of their names. With
+/// entries, each kind in reverse byte order of their names, a directory's
+/// name compared as if a `/` ended it (`conf` goes before `conf.d`). With
 /// `--max-delete` this order says which entries go before the limit.
 /// **Sans I/O.**
 fn rsync_order(names: &mut [(Vec<u8>, bool)]) {
-    names.sort_unstable_by(|(a, a_dir), (b, b_dir)| (b_dir, b).cmp(&(a_dir, a)));
+    let key = |(name, is_dir): &(Vec<u8>, bool)| {
+        let mut k = name.clone();
+        if *is_dir {
+            k.push(b'/');
+        }
+        (*is_dir, k)
+    };
+    names.sort_by_cached_key(|n| std::cmp::Reverse(key(n)));
 }
 
 /// Removes, from each directory the sender sent (`dirs`: entry index and
@@ -205,7 +213,11 @@ enum Gone {
     Yes,
     /// A directory with another file system mounted inside it (`-x`).
     MountInside,
-    /// `--max-delete` kept it (or something inside it).
+    /// A directory that still holds something: what the rules exclude, or
+    /// what `--max-delete` kept (rsync's "cannot delete non-empty
+    /// directory").
+    NotEmpty,
+    /// `--max-delete` kept it (counted).
     HeldBack,
 }
 
@@ -322,12 +334,18 @@ fn remove(
         let mut child = path.to_vec();
         child.push(b'/');
         child.extend_from_slice(&n);
-        match remove(&inner, &n, &child, d, how, removed)? {
-            Gone::Yes => {}
-            Gone::MountInside => stays = Gone::MountInside,
-            Gone::HeldBack if stays == Gone::Yes => stays = Gone::HeldBack,
-            Gone::HeldBack => {}
-        }
+        // (What the rules exclude stays inside a directory removed too,
+        // and the directory with it, as with rsync.)
+        let gone = if (how.keep)(&child, d) {
+            Gone::NotEmpty
+        } else {
+            remove(&inner, &n, &child, d, how, removed)?
+        };
+        stays = match (stays, gone) {
+            (_, Gone::MountInside) | (Gone::MountInside, _) => Gone::MountInside,
+            (_, Gone::NotEmpty | Gone::HeldBack) | (Gone::NotEmpty, _) => Gone::NotEmpty,
+            _ => Gone::Yes,
+        };
     }
     match stays {
         Gone::MountInside => {
@@ -338,10 +356,14 @@ fn remove(
             );
             return Ok(Gone::MountInside);
         }
-        Gone::HeldBack => {
-            // (It would have gone too.)
-            how.budget.held_back += 1;
-            return Ok(Gone::HeldBack);
+        // (Not counted by `--max-delete`, as rsync counts: it was never
+        // up for removal.)
+        Gone::NotEmpty | Gone::HeldBack => {
+            eprintln!(
+                "rcp: cannot delete non-empty directory: {}",
+                tree::show(path)
+            );
+            return Ok(Gone::NotEmpty);
         }
         Gone::Yes => {}
     }
@@ -392,6 +414,11 @@ mod tests {
         rsync_order(&mut names);
         let order: Vec<&[u8]> = names.iter().map(|(n, _)| &n[..]).collect();
         assert_eq!(order, [&b"c"[..], b"a", b"d", b"b", b"a.txt", b"B"]);
+        // A directory's name as if a `/` ended it: `conf/` after `conf.d/`.
+        let mut dirs: Vec<(Vec<u8>, bool)> =
+            vec![(b"conf.d".to_vec(), true), (b"conf".to_vec(), true)];
+        rsync_order(&mut dirs);
+        assert_eq!(dirs[0].0, b"conf");
     }
 
     #[test]

@@ -98,12 +98,15 @@ fn stale(into: &Path, outside: &Path) {
     write(&top.join("gone.txt"), b"gone", 1_500_000_000);
     write(&top.join("d0/gone.o"), b"gone", 1_500_000_000);
     write(&top.join("old/deeper/file"), b"gone", 1_500_000_000);
+    // (Excluded inside a directory that would go: it stays, and so does
+    // the directory that holds it.)
+    write(&top.join("kept-dir/kept.o"), b"kept by *.o", 1_500_000_000);
     write(&top.join("cache/stale"), b"kept by cache/", 1_500_000_000);
     write(&top.join("d1/protected.o"), b"kept by *.o", 1_500_000_000);
     std::os::unix::fs::symlink(outside, top.join("escape")).unwrap();
     std::os::unix::fs::symlink(outside, top.join("d1/escape2")).unwrap();
     // (Directories the copy leaves alone keep these times in both.)
-    for d in ["d0", "old/deeper", "old", "cache", "d1", ""] {
+    for d in ["d0", "old/deeper", "old", "kept-dir", "cache", "d1", ""] {
         set_times(&top.join(d), 1_400_000_000, 0);
     }
 }
@@ -164,6 +167,10 @@ fn delete_leaves_what_rsync_delete_leaves_in_every_mode() {
     // rules protect (else the comparison proves little).
     assert!(!oracle.join("src/old").exists() && !oracle.join("src/gone.txt").exists());
     assert!(oracle.join("src/cache/stale").exists() && oracle.join("src/d1/protected.o").exists());
+    assert!(
+        oracle.join("src/kept-dir/kept.o").exists(),
+        "kept inside what would go"
+    );
     assert!(std::fs::symlink_metadata(oracle.join("src/escape")).is_err());
 
     for mode in ["local", "push", "pull", "remote shell"] {
@@ -396,11 +403,12 @@ fn max_delete_stops_where_rsync_stops_in_every_mode() {
     let src = t.path("src");
     write(&src.join("keep"), b"kept", 1_600_000_000);
     set_times(&src, 1_500_000_000, 0);
-    // Five files and a directory of two the source does not have: three
-    // go (in rsync's order: the directory's contents, the directory,
-    // then the files last name first), the five left are counted.
+    // Five files and a directory of two and a directory of one the
+    // source does not have: three go (in rsync's order: a directory's
+    // contents, the directory, then the files last name first), the rest
+    // is counted as rsync counts it (not the directory kept non-empty).
     let stale = |into: &Path| {
-        for name in ["a", "b", "c", "d", "e", "dd/p", "dd/q"] {
+        for name in ["a", "b", "c", "d", "e", "dd/p", "dd/q", "dd/sub/s"] {
             write(&into.join("src").join(name), name.as_bytes(), 1_500_000_000);
         }
         set_times(&into.join("src/dd"), 1_400_000_000, 0);
@@ -415,6 +423,12 @@ fn max_delete_stops_where_rsync_stops_in_every_mode() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(25), "rsync's status for it");
+    let count = |stderr: &[u8]| -> String {
+        let text = String::from_utf8_lossy(stderr);
+        let at = text.find("--max-delete limit (").expect("the count");
+        text[at..].split(')').next().unwrap().to_string()
+    };
+    let theirs_count = count(&out.stderr);
     let deleting = |out: &[u8]| -> Vec<String> {
         String::from_utf8_lossy(out)
             .lines()
@@ -455,11 +469,18 @@ fn max_delete_stops_where_rsync_stops_in_every_mode() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{mode}: {stderr}");
+        assert_eq!(count(&out.stderr), theirs_count, "{mode}: {stderr}");
+        // (A daemon's receiver says it in its log.)
         assert!(
-            stderr.contains("deletions stopped due to --max-delete limit (5 skipped)"),
+            mode == "push" || stderr.contains("cannot delete non-empty directory: src/dd"),
             "{mode}: {stderr}"
         );
         assert_eq!(deleting(&out.stdout), theirs, "{mode}: what went, in order");
+        // (What went from inside `dd` dated it now, in each at its own
+        // moment.)
+        for root in [&oracle, &into] {
+            set_times(&root.join("src/dd"), 1_400_000_000, 0);
+        }
         assert_same(mode, &oracle, &into);
     }
 }
