@@ -360,6 +360,11 @@ fn chmod_of(a: &CopyArgs) -> anyhow::Result<Option<(u32, String)>> {
     let rules = a.chmod.join(",");
     let umask = crate::tree::umask();
     crate::chmod::Chmod::parse(&rules, umask)?;
+    // (They travel in one `Extras` item, after the umask.)
+    if rules.len() + 4 > crate::proto::MAX_EXTRA {
+        let most = crate::proto::MAX_EXTRA - 4;
+        return Err(crate::chmod::BadChmod::TooLong(rules.len(), most).into());
+    }
     Ok(Some((umask, rules)))
 }
 

@@ -9,13 +9,16 @@
 //! - an octal mode (`644`): the permission bits become it;
 //! - `[ugoa]*[+-=][rwxXst]*` (`go-w`, `u=rwX`, `a+X`, `+x`): chmod's
 //!   symbolic form, one operator a rule as rsync takes it. Without `u`,
-//!   `g`, `o` or `a`, the bits of the user's umask are left alone (chmod's
-//!   rule: the client's umask, sent with the rules). `X` is `x` for a
-//!   directory, or for what has some `x` already;
+//!   `g`, `o` or `a`, the letters leave the bits of the user's umask
+//!   alone (chmod's rule: the client's umask, sent with the rules). `X`
+//!   is `x` for a directory, or for what had some `x` before any rule.
+//!   `=` clears the `rwx` bits of whom it names (all, naming no one) and
+//!   never the setuid, setgid and sticky bits. `s` is setgid for `g`,
+//!   setuid for `u`, and setuid too where `g` is not named; `t` is the
+//!   sticky bit whomever it names. (rsync 3.5's results, which the tests
+//!   hold;)
 //! - either prefixed with `D` (only directories) or `F` (only what is not
 //!   a directory).
-
-use std::fmt;
 
 /// The rules, parsed, with the umask they were given under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,8 +43,14 @@ enum Only {
 enum How {
     /// The permission bits become these.
     Octal(u32),
-    /// `who` (bits that may change), an operator, the letters' bits.
-    Symbolic { who: u32, op: Op, perms: Perms },
+    /// The `rwx` bits the letters may touch (`who`), those `=` clears,
+    /// an operator, the letters.
+    Symbolic {
+        who: u32,
+        clears: u32,
+        op: Op,
+        perms: Perms,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,32 +63,27 @@ enum Op {
 /// The letters of a symbolic rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct Perms {
-    /// `r`, `w`, `x`, `s`, `t` as the bits they stand for, for all.
+    /// `r`, `w`, `x` as the bits they stand for, for all.
     bits: u32,
     /// `X`.
     cond_x: bool,
+    /// `s` and `t`, as the bits they set for whom the rule names.
+    special: u32,
 }
 
-/// A rule that is not one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadChmod(pub String);
-
-impl fmt::Display for BadChmod {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "--chmod {:?}: not a rule (as 644, go-w, u=rwX, Dg+s, Fa-x)",
-            self.0
-        )
-    }
+/// Rules that cannot be taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadChmod {
+    #[error("--chmod {0:?}: not a rule (as 644, go-w, u=rwX, Dg+s, Fa-x)")]
+    NotARule(String),
+    #[error("--chmod: {0} bytes of rules, more than the {1} a request carries")]
+    TooLong(usize, usize),
 }
-
-impl std::error::Error for BadChmod {}
 
 impl Chmod {
     /// `text` (comma-separated rules) read under `umask`.
     pub fn parse(text: &str, umask: u32) -> Result<Chmod, BadChmod> {
-        let bad = |rule: &str| BadChmod(rule.to_string());
+        let bad = |rule: &str| BadChmod::NotARule(rule.to_string());
         let mut rules = Vec::new();
         for rule in text.split(',') {
             let (only, rest) = match rule.as_bytes().first() {
@@ -103,20 +107,24 @@ impl Chmod {
             }
             let at = rest.find(['+', '-', '=']).ok_or_else(|| bad(rule))?;
             let (who_text, rest) = rest.split_at(at);
-            let mut who = 0;
+            let (mut named, mut user, mut group) = (0, false, false);
             for c in who_text.chars() {
-                who |= match c {
-                    'u' => 0o4700,
-                    'g' => 0o2070,
-                    'o' => 0o1007,
-                    'a' => 0o7777,
+                named |= match c {
+                    'u' => 0o700,
+                    'g' => 0o070,
+                    'o' => 0o007,
+                    'a' => 0o777,
                     _ => return Err(bad(rule)),
                 };
+                user |= matches!(c, 'u' | 'a');
+                group |= matches!(c, 'g' | 'a');
             }
-            if who == 0 {
-                // (chmod's: the umask's bits stay as they are.)
-                who = 0o7777 & !(umask & 0o777);
-            }
+            // (Naming no one: all, the umask's bits aside, chmod's way;
+            // `=` clears all the same.)
+            let (who, clears) = match named {
+                0 => (0o777 & !(umask & 0o777), 0o777),
+                n => (n, n),
+            };
             let op = match rest.as_bytes()[0] {
                 b'+' => Op::Add,
                 b'-' => Op::Remove,
@@ -129,15 +137,27 @@ impl Chmod {
                     'w' => perms.bits |= 0o222,
                     'x' => perms.bits |= 0o111,
                     'X' => perms.cond_x = true,
-                    's' => perms.bits |= 0o6000,
-                    't' => perms.bits |= 0o1000,
+                    's' => {
+                        if group {
+                            perms.special |= 0o2000;
+                        }
+                        if user || !group {
+                            perms.special |= 0o4000;
+                        }
+                    }
+                    't' => perms.special |= 0o1000,
                     // (One operator a rule, as rsync takes them.)
                     _ => return Err(bad(rule)),
                 }
             }
             rules.push(Rule {
                 only,
-                how: How::Symbolic { who, op, perms },
+                how: How::Symbolic {
+                    who,
+                    clears,
+                    op,
+                    perms,
+                },
             });
         }
         Ok(Chmod { rules })
@@ -147,6 +167,8 @@ impl Chmod {
     /// applied in turn; the type bits stay.
     pub fn apply(&self, mode: u32, is_dir: bool) -> u32 {
         let mut perm = mode & 0o7777;
+        // (`X` looks at the mode before any rule, as rsync's does.)
+        let had_x = is_dir || mode & 0o111 != 0;
         for rule in &self.rules {
             match rule.only {
                 Only::Dirs if !is_dir => continue,
@@ -155,18 +177,21 @@ impl Chmod {
             }
             perm = match rule.how {
                 How::Octal(n) => n,
-                How::Symbolic { who, op, perms } => {
+                How::Symbolic {
+                    who,
+                    clears,
+                    op,
+                    perms,
+                } => {
                     let mut bits = perms.bits;
-                    if perms.cond_x && (is_dir || perm & 0o111 != 0) {
+                    if perms.cond_x && had_x {
                         bits |= 0o111;
                     }
-                    let bits = bits & who;
+                    let bits = (bits & who) | perms.special;
                     match op {
                         Op::Add => perm | bits,
                         Op::Remove => perm & !bits,
-                        // (`=` clears what `who` names, the umask's bits
-                        // aside, and sets the letters.)
-                        Op::Set => (perm & !who) | bits,
+                        Op::Set => (perm & !clears) | bits,
                     }
                 }
             };
@@ -200,6 +225,15 @@ mod tests {
             ("a=rw,u+x", 0o766, 0o766, 0o766),
             ("Da+t", 0o644, 0o700, 0o1755),
             ("+X", 0o644, 0o711, 0o755),
+            // (The file 644's X: before any rule, so `u+x` gives it none.)
+            ("u+x,go+X", 0o744, 0o711, 0o755),
+            ("=rw", 0o644, 0o644, 0o644),
+            ("+s", 0o4644, 0o4700, 0o4755),
+            ("o+s", 0o4644, 0o4700, 0o4755),
+            ("a+s", 0o6644, 0o6700, 0o6755),
+            ("u+t", 0o1644, 0o1700, 0o1755),
+            ("o=t", 0o1640, 0o1700, 0o1750),
+            ("=X", 0o000, 0o111, 0o111),
         ] {
             let c = Chmod::parse(text, 0o022).unwrap();
             let got = (
@@ -210,6 +244,22 @@ mod tests {
             let want = (0o100000 | f, 0o100000 | x, 0o040000 | d);
             assert_eq!(got, want, "{text}: {:o} {:o} {:o}", got.0, got.1, got.2);
         }
+    }
+
+    /// `=` keeps the setuid, setgid and sticky bits (a shared directory
+    /// keeps its setgid), as rsync's does.
+    #[test]
+    fn set_clears_only_the_rwx_bits_it_names() {
+        let c = |text| Chmod::parse(text, 0o022).unwrap();
+        assert_eq!(c("Dg=rwx").apply(0o042755, true), 0o042775);
+        assert_eq!(c("a=rwX").apply(0o042755, true), 0o042777);
+        assert_eq!(c("=").apply(0o104755, false), 0o104000);
+        assert_eq!(c("u=rwx,g=s").apply(0o100666, false), 0o102706);
+        assert_eq!(
+            c("=rw").apply(0o100666, false),
+            0o100644,
+            "the umask's w stays off"
+        );
     }
 
     #[test]

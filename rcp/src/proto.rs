@@ -523,6 +523,14 @@ impl Extras {
     }
 
     pub fn from_items(items: &[(u16, Vec<u8>)]) -> Result<Extras, ProtoError> {
+        // (None at all comes as no message: a relay forwards the flag
+        // only with items to send; and each item once.)
+        let mut keys: Vec<u16> = items.iter().map(|(k, _)| *k).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if items.is_empty() || keys.len() != items.len() {
+            return Err(ProtoError::BadField("extras: none, or an item twice"));
+        }
         let mut extras = Extras::default();
         for (key, value) in items {
             match *key {
@@ -1747,7 +1755,11 @@ mod tests {
             existing: true,
             chmod: Some((0o022, "Dg+s,Fgo-w".into())),
         };
-        for extras in [Extras::default(), all.clone()] {
+        let one = Extras {
+            existing: true,
+            ..Extras::default()
+        };
+        for extras in [one, all.clone()] {
             assert_eq!(Extras::from_items(&extras.items()), Ok(extras));
         }
         assert!(!Extras::default().any() && all.any());
@@ -1760,6 +1772,11 @@ mod tests {
             "a flag has no value"
         );
         assert!(Extras::from_items(&[(999, vec![])]).is_err(), "unknown");
+        assert!(Extras::from_items(&[]).is_err(), "no items");
+        assert!(
+            Extras::from_items(&[(2, vec![]), (2, vec![])]).is_err(),
+            "twice"
+        );
         assert!(Extras::from_items(&[(1, vec![1, 2])]).is_err(), "not a u64");
     }
 

@@ -525,6 +525,17 @@ pub async fn receive(
             ok = false;
             continue;
         }
+        // (`--existing`: the first name was not there, so it was not
+        // made, and this one is left as it is.)
+        if opts.policy.existing
+            && !base.place(&e.target).is_ok_and(|(dir, name)| {
+                rustix::fs::statat(&dir, name.as_c_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok()
+            })
+        {
+            answers.send(e.index, Ok(()));
+            continue;
+        }
         // (Into nothing, the names are most likely free.)
         match base.make_hard_link(e, opts.policy.check == resync::Check::Never) {
             Ok(dir) => {
@@ -1151,6 +1162,11 @@ impl Creator<'_> {
                     .map_err(|err| failed(&err));
                 self.answers.send(e.index, r);
             }
+            // (`--ignore-existing`: another name there is left as it is,
+            // not linked again to what its file's first name is there.)
+            EntryKind::HardLink if self.opts.policy.ignore_existing && !self.absent(&e.path) => {
+                self.answers.send(e.index, Ok(()));
+            }
             EntryKind::HardLink => self.hard_links.push(e),
             _ => {
                 let r = self
@@ -1203,16 +1219,29 @@ impl Creator<'_> {
             Some(k) => &e.path[..k],
             None => &b""[..],
         };
-        let gone = self.not_made.contains(parent)
-            || e.kind != EntryKind::File
-                && !self.base.place(&e.path).is_ok_and(|(dir, name)| {
-                    rustix::fs::statat(&dir, name.as_c_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-                        .is_ok()
-                });
+        let gone =
+            self.not_made.contains(parent) || e.kind != EntryKind::File && self.absent(&e.path);
         if gone && e.kind == EntryKind::Dir {
             self.not_made.insert(e.path.clone());
         }
         gone
+    }
+
+    /// Whether nothing is under `path` at the destination (its directory
+    /// missing too). Only that: a name that cannot be looked at is not
+    /// taken for absent (what comes next fails for it, saying why).
+    fn absent(&self, path: &[u8]) -> bool {
+        let looked = self.base.place(path).and_then(|(dir, name)| {
+            let st =
+                rustix::fs::statat(&dir, name.as_c_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW);
+            Ok(st?)
+        });
+        match looked {
+            Ok(_) => false,
+            Err(e) => e
+                .chain()
+                .any(|c| c.downcast_ref::<rustix::io::Errno>() == Some(&rustix::io::Errno::NOENT)),
+        }
     }
 
     /// `e` passed over, nothing (more) made of it: a file answered as

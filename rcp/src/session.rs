@@ -99,7 +99,33 @@ pub struct Params {
     pub walk_helper: bool,
 }
 
+/// Which end of a copy the server is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Sender,
+    Receiver,
+}
+
 impl Params {
+    /// What a request asks of a server that is `side`: the choices only
+    /// the client's own end acts on are left out (a server from before
+    /// one would refuse it for nothing): `--chmod` in a push (the client
+    /// walks), `--max-delete`, `--delete-excluded` and `--link-dest` in a
+    /// pull (the client receives). `--existing` goes both ways: a sender
+    /// waits for the answers it makes the receiver give.
+    fn asked_of(&self, side: Side) -> Params {
+        let mut asked = self.clone();
+        match side {
+            Side::Receiver => asked.extras.chmod = None,
+            Side::Sender => {
+                asked.extras.max_delete = None;
+                asked.extras.delete_excluded = false;
+                asked.link_dests = Arc::default();
+            }
+        }
+        asked
+    }
+
     fn flags(&self) -> u32 {
         let mut f = 0;
         if self.recursive {
@@ -515,14 +541,15 @@ async fn client_session(
                 }
                 Some(_) => flags::CHAIN,
             };
+            let asked = params.asked_of(Side::Receiver);
             let push = Msg::Push {
-                flags: params.flags() | chained,
+                flags: asked.flags() | chained,
                 streams: params.streams,
                 sources: sources.len() as u32,
                 dest,
             };
             control.send_message(&push.encode()).await?;
-            send_tail(&control, &params).await?;
+            send_tail(&control, &asked).await?;
             if let Some(hops) = &chain {
                 send_hops(&control, hops).await?;
             }
@@ -547,13 +574,14 @@ async fn client_session(
                     open,
                 ));
             }
+            let asked = params.asked_of(Side::Sender);
             let pull = Msg::Pull {
-                flags: params.flags(),
+                flags: asked.flags(),
                 streams: params.streams,
                 sources,
             };
             control.send_message(&pull.encode()).await?;
-            send_tail(&control, &params).await?;
+            send_tail(&control, &asked).await?;
             if let Some(names) = &params.listed {
                 send_names(&control, names).await?;
             }

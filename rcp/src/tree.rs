@@ -1424,13 +1424,26 @@ impl Base {
                 owner_set = owner_wrong;
             }
         }
+        // Without -p, as rsync: a directory this copy made gets the
+        // source's mode (after --chmod) less the umask, with the setgid
+        // bit it took from its parent; one that was there keeps its own.
+        // (Each was 0755 less the umask: a private directory's copy, or
+        // one there already, was opened to all.)
+        let made_here = || {
+            let made = self.made.lock().expect("made dirs lock");
+            made.contains(&(st.st_dev, st.st_ino))
+        };
         let mode = if how.preserve {
-            how.powers.mode(e.mode)
+            Some(how.powers.mode(e.mode))
+        } else if made_here() {
+            Some((e.mode & 0o777 & !umask()) | (st.st_mode & 0o2000))
         } else {
-            0o755 & !umask()
+            None
         };
         // (A change of owner may clear setgid: the mode goes after it.)
-        if owner_set || st.st_mode & 0o7777 != mode {
+        if let Some(mode) = mode
+            && (owner_set || st.st_mode & 0o7777 != mode)
+        {
             rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))?;
         }
         if how.time_differs(e, &st) {

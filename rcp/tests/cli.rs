@@ -1528,3 +1528,63 @@ fn bwlimit_holds_the_data_to_its_rate_in_every_mode() {
         );
     }
 }
+
+/// Without -p, as rsync: a directory the copy makes gets the source's
+/// mode less the umask (and the setgid bit of its parent), and one that
+/// was there keeps its own. (Every directory was made 0755 less the
+/// umask: a private directory's copy, and one there already, were opened
+/// to all.) Compared with rsync's modes, locally and through a remote
+/// shell.
+#[test]
+fn without_p_directories_keep_their_privacy_as_with_rsync() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = Scratch::new("dir-modes");
+    let src = t.path("src");
+    for (d, mode) in [("priv", 0o700), ("pub", 0o775), ("old", 0o777)] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+        std::fs::set_permissions(src.join(d), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    std::fs::write(src.join("priv/f"), b"secret").unwrap();
+    let made = |root: &Path| {
+        std::fs::create_dir_all(root.join("src/old")).unwrap();
+        std::fs::set_permissions(root.join("src/old"), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        std::fs::set_permissions(root.join("src"), std::fs::Permissions::from_mode(0o2775))
+            .unwrap();
+    };
+    let oracle = t.path("oracle");
+    made(&oracle);
+    let ok = Command::new("rsync")
+        .arg("-r")
+        .arg(&src)
+        .arg(format!("{}/", oracle.display()))
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let (rsh, path) = fake_rsh(&t);
+    for how in ["local", "remote shell"] {
+        let into = t.path(&format!("into-{}", how.replace(' ', "-")));
+        made(&into);
+        let to = match how {
+            "local" => format!("{}/", into.display()),
+            _ => format!("localhost:{}/", into.display()),
+        };
+        let out = Command::new(RCP)
+            .args(["-r", "-q", "--rsh", s(&rsh)])
+            .arg(&src)
+            .arg(&to)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{how}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for d in ["src", "src/old", "src/priv", "src/pub"] {
+            let mode = |root: &Path| std::fs::metadata(root.join(d)).unwrap().mode() & 0o7777;
+            assert_eq!(mode(&into), mode(&oracle), "{how}: {d}: {:o}", mode(&into));
+        }
+    }
+}

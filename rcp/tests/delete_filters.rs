@@ -398,6 +398,86 @@ fn chmod_changes_modes_as_rsyncs_in_every_mode() {
 }
 
 #[test]
+fn existing_with_hard_links_does_what_rsync_does() {
+    let t = Scratch::new("existing-links");
+    let src = t.path("src");
+    write(&src.join("h1"), b"new", 1_600_000_000);
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::hard_link(src.join("h1"), src.join("d/h2")).unwrap();
+    set_times(&src.join("d"), 1_500_000_000, 0);
+    set_times(&src, 1_500_000_000, 0);
+    // Both names there, each its own file, with --existing
+    // --ignore-existing: both stay as they are, not one linked to the
+    // other. One name there with --existing: the other is not made, and
+    // the copy fails for nothing.
+    let both = |into: &Path| {
+        write(&into.join("src/h1"), b"old h1", 1_500_000_000);
+        write(&into.join("src/d/h2"), b"old h2", 1_500_000_000);
+    };
+    let one = |into: &Path| write(&into.join("src/d/h2"), b"old h2", 1_500_000_000);
+    let (rsh, path) = fake_rsh(&t);
+    for (k, (before, extra)) in [
+        (
+            &both as &dyn Fn(&Path),
+            &["--existing", "--ignore-existing"][..],
+        ),
+        (&one, &["--existing", "--delete"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut flags: Vec<&OsStr> = vec![OsStr::new("-aH")];
+        flags.extend(extra.iter().map(OsStr::new));
+        let oracle = t.path(&format!("oracle{k}"));
+        before(&oracle);
+        set_times(&oracle.join("src/d"), 1_500_000_000, 0);
+        set_times(&oracle.join("src"), 1_500_000_000, 0);
+        rsync_into(&flags, &src, &oracle);
+        for how in ["local", "remote shell"] {
+            let into = t.path(&format!("into{k}-{}", how.replace(' ', "-")));
+            before(&into);
+            set_times(&into.join("src/d"), 1_500_000_000, 0);
+            set_times(&into.join("src"), 1_500_000_000, 0);
+            let to = match how {
+                "local" => format!("{}/", into.display()),
+                _ => format!("localhost:{}/", into.display()),
+            };
+            let mut args = flags.clone();
+            args.extend([
+                OsStr::new("--rsh"),
+                rsh.as_os_str(),
+                src.as_os_str(),
+                OsStr::new(&to),
+            ]);
+            rcp_ok(&args, &path);
+            assert_same(&format!("{how} {extra:?}"), &oracle, &into);
+        }
+    }
+    // Only a name other than the first (as rcp walks: `d/h2`) there, with
+    // --existing: the copy fails for nothing, and --delete runs. rsync
+    // makes that name the first and updates it; rcp, which sent nothing
+    // for the first, leaves it as it was.
+    let into = t.path("only-h1");
+    write(&into.join("src/h1"), b"old h1", 1_500_000_000);
+    write(&into.join("src/gone"), b"gone", 1_500_000_000);
+    let args = [
+        OsStr::new("-aH"),
+        OsStr::new("--existing"),
+        OsStr::new("--delete"),
+    ];
+    rcp_ok(
+        &[
+            &args[..],
+            &[src.as_os_str(), OsStr::new(&format!("{}/", into.display()))],
+        ]
+        .concat(),
+        &path,
+    );
+    assert_eq!(std::fs::read(into.join("src/h1")).unwrap(), b"old h1");
+    assert!(!into.join("src/d").exists() && !into.join("src/gone").exists());
+}
+
+#[test]
 fn max_delete_stops_where_rsync_stops_in_every_mode() {
     let t = Scratch::new("max-delete");
     let src = t.path("src");
