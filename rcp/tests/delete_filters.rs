@@ -5,7 +5,7 @@
 //! destination.
 
 use std::ffi::{OsStr, OsString};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use rand::rngs::SmallRng;
@@ -113,15 +113,34 @@ fn stale(into: &Path, outside: &Path) {
 
 /// What a copy needs to run in each mode: the daemon of push and pull,
 /// its secret, and the stand-in for ssh of remote-shell mode.
-struct Modes<'a> {
-    daemon: &'a Daemon,
-    key: &'a Path,
-    rsh: &'a Path,
+struct Modes {
+    daemon: Daemon,
+    key: PathBuf,
+    rsh: PathBuf,
+    /// `PATH` with this build's rcp first (the remote shell finds it).
+    path: String,
 }
 
-impl Modes<'_> {
+/// The four ways a copy runs.
+const EVERY_MODE: [&str; 4] = ["local", "push", "pull", "remote shell"];
+
+impl Modes {
+    /// A daemon serving `t` (with `daemon_args`), its secret, a remote
+    /// shell.
+    fn new(t: &Scratch, daemon_args: &[&str]) -> Modes {
+        let key = secret(t, "key");
+        let daemon = Daemon::start_with(&[t.dir()], &key, daemon_args);
+        let (rsh, path) = fake_rsh(t);
+        Modes {
+            daemon,
+            key,
+            rsh,
+            path,
+        }
+    }
+
     /// `rcp ARGS src into` in `mode` (local, push, pull or remote shell).
-    fn run(&self, mode: &str, args: Vec<&OsStr>, src: &Path, into: &Path, path: &str) {
+    fn run(&self, mode: &str, args: Vec<&OsStr>, src: &Path, into: &Path) {
         let mut args: Vec<OsString> = args.into_iter().map(OsStr::to_os_string).collect();
         let (from, to) = match mode {
             "local" => (s(src).to_string(), s(into).to_string()),
@@ -137,7 +156,29 @@ impl Modes<'_> {
         }
         args.extend([from.into(), to.into()]);
         let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
-        rcp_ok(&args, path);
+        rcp_ok(&args, &self.path);
+    }
+
+    /// `flags` through rsync from `src` into `oracle` and through rcp in
+    /// every mode into destinations named after `name`, each made ready by
+    /// `before` first, then compared with rsync's entry by entry.
+    fn as_rsync(
+        &self,
+        t: &Scratch,
+        name: &str,
+        flags: &[&OsStr],
+        src: &Path,
+        oracle: &Path,
+        before: &dyn Fn(&Path),
+    ) {
+        before(oracle);
+        rsync_into(flags, src, oracle);
+        for mode in EVERY_MODE {
+            let into = t.path(&format!("{name}-{}", mode.replace(' ', "-")));
+            before(&into);
+            self.run(mode, flags.to_vec(), src, &into);
+            assert_same(&format!("{mode} {flags:?}"), oracle, &into);
+        }
     }
 }
 
@@ -148,21 +189,15 @@ fn delete_leaves_what_rsync_delete_leaves_in_every_mode() {
     source(&src);
     let outside = t.path("outside");
     write(&outside.join("precious"), b"never deleted", 1_500_000_000);
-    let key = secret(&t, "key");
-    let daemon = Daemon::start(&[t.dir()], &key);
-    let (rsh, path) = fake_rsh(&t);
-    let modes = Modes {
-        daemon: &daemon,
-        key: &key,
-        rsh: &rsh,
-    };
-    let rules = ["--exclude", "*.o", "--exclude", "cache/"];
-
+    let modes = Modes::new(&t, &[]);
+    let flags: Vec<&OsStr> = ["-a", "--delete", "--exclude", "*.o", "--exclude", "cache/"]
+        .iter()
+        .map(OsStr::new)
+        .collect();
     let oracle = t.path("oracle");
-    stale(&oracle, &outside);
-    let mut flags: Vec<&OsStr> = vec![OsStr::new("-a"), OsStr::new("--delete")];
-    flags.extend(rules.iter().map(OsStr::new));
-    rsync_into(&flags, &src, &oracle);
+    modes.as_rsync(&t, "into", &flags, &src, &oracle, &|into| {
+        stale(into, &outside)
+    });
     // rsync removed the stale entries and the symlinks, and kept what the
     // rules protect (else the comparison proves little).
     assert!(!oracle.join("src/old").exists() && !oracle.join("src/gone.txt").exists());
@@ -172,18 +207,11 @@ fn delete_leaves_what_rsync_delete_leaves_in_every_mode() {
         "kept inside what would go"
     );
     assert!(std::fs::symlink_metadata(oracle.join("src/escape")).is_err());
-
-    for mode in ["local", "push", "pull", "remote shell"] {
-        let into = t.path(&format!("into-{}", mode.replace(' ', "-")));
-        stale(&into, &outside);
-        modes.run(mode, flags.clone(), &src, &into, &path);
-        assert_same(mode, &oracle, &into);
-        assert_eq!(
-            std::fs::read(outside.join("precious")).unwrap(),
-            b"never deleted",
-            "{mode}: deleting followed a symlink out"
-        );
-    }
+    assert_eq!(
+        std::fs::read(outside.join("precious")).unwrap(),
+        b"never deleted",
+        "deleting followed a symlink out"
+    );
 }
 
 #[test]
@@ -218,21 +246,13 @@ fn min_and_max_size_leave_out_what_rsync_leaves_out_in_every_mode() {
             set_times(&into.join(d), 1_400_000_000, 0);
         }
     };
-    let key = secret(&t, "key");
-    let daemon = Daemon::start(&[t.dir()], &key);
-    let (rsh, path) = fake_rsh(&t);
-    let modes = Modes {
-        daemon: &daemon,
-        key: &key,
-        rsh: &rsh,
-    };
+    let modes = Modes::new(&t, &[]);
     let flags: Vec<&OsStr> = ["-aH", "--delete", "--min-size=10", "--max-size=1K"]
         .iter()
         .map(OsStr::new)
         .collect();
     let oracle = t.path("oracle");
-    before(&oracle);
-    rsync_into(&flags, &src, &oracle);
+    modes.as_rsync(&t, "into", &flags, &src, &oracle, &before);
     // (Else the comparison proves little.)
     assert_eq!(
         std::fs::read(oracle.join("src/d/big")).unwrap(),
@@ -240,12 +260,6 @@ fn min_and_max_size_leave_out_what_rsync_leaves_out_in_every_mode() {
     );
     assert!(!oracle.join("src/over-1k").exists() && !oracle.join("src/gone").exists());
     assert!(oracle.join("src/exact-1k").exists() && oracle.join("src/ten").exists());
-    for mode in ["local", "push", "pull", "remote shell"] {
-        let into = t.path(&format!("into-{}", mode.replace(' ', "-")));
-        before(&into);
-        modes.run(mode, flags.clone(), &src, &into, &path);
-        assert_same(mode, &oracle, &into);
-    }
     // Crossed bounds would send nothing: refused as a usage error.
     let out = rcp(
         &[
@@ -254,7 +268,7 @@ fn min_and_max_size_leave_out_what_rsync_leaves_out_in_every_mode() {
             src.as_os_str(),
             t.path("nowhere").as_os_str(),
         ],
-        &path,
+        &modes.path,
     );
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("is above --max-size"));
@@ -267,34 +281,22 @@ fn delete_excluded_removes_what_rsync_removes_in_every_mode() {
     source(&src);
     let outside = t.path("outside");
     write(&outside.join("precious"), b"never deleted", 1_500_000_000);
-    let key = secret(&t, "key");
-    let daemon = Daemon::start(&[t.dir()], &key);
-    let (rsh, path) = fake_rsh(&t);
-    let modes = Modes {
-        daemon: &daemon,
-        key: &key,
-        rsh: &rsh,
-    };
+    let modes = Modes::new(&t, &[]);
     let flags: Vec<&OsStr> = ["-a", "--delete", "--delete-excluded", "--exclude", "*.o"]
         .iter()
         .map(OsStr::new)
         .collect();
     let oracle = t.path("oracle");
-    stale(&oracle, &outside);
-    rsync_into(&flags, &src, &oracle);
+    modes.as_rsync(&t, "into", &flags, &src, &oracle, &|into| {
+        stale(into, &outside)
+    });
     // What the rule protects without --delete-excluded went.
     assert!(!oracle.join("src/d1/protected.o").exists());
-    for mode in ["local", "push", "pull", "remote shell"] {
-        let into = t.path(&format!("into-{}", mode.replace(' ', "-")));
-        stale(&into, &outside);
-        modes.run(mode, flags.clone(), &src, &into, &path);
-        assert_same(mode, &oracle, &into);
-        assert_eq!(
-            std::fs::read(outside.join("precious")).unwrap(),
-            b"never deleted",
-            "{mode}: deleting followed a symlink out"
-        );
-    }
+    assert_eq!(
+        std::fs::read(outside.join("precious")).unwrap(),
+        b"never deleted",
+        "deleting followed a symlink out"
+    );
 }
 
 #[test]
@@ -314,29 +316,16 @@ fn existing_makes_nothing_new_as_rsync_in_every_mode() {
             set_times(&into.join("src").join(d), 1_400_000_000, 0);
         }
     };
-    let key = secret(&t, "key");
-    let daemon = Daemon::start(&[t.dir()], &key);
-    let (rsh, path) = fake_rsh(&t);
-    let modes = Modes {
-        daemon: &daemon,
-        key: &key,
-        rsh: &rsh,
-    };
+    let modes = Modes::new(&t, &[]);
     for extra in [&["--existing"][..], &["--existing", "--ignore-existing"]] {
         let mut flags: Vec<&OsStr> = vec![OsStr::new("-a"), OsStr::new("--delete")];
         flags.extend(extra.iter().map(OsStr::new));
         let oracle = t.path(&format!("oracle{}", extra.len()));
-        before(&oracle);
-        rsync_into(&flags, &src, &oracle);
+        let name = format!("into{}", extra.len());
+        modes.as_rsync(&t, &name, &flags, &src, &oracle, &before);
         // (Else the comparison proves little.)
         assert!(!oracle.join("src/d1").exists() && !oracle.join("src/b.c").exists());
         assert!(!oracle.join("src/gone.txt").exists());
-        for mode in ["local", "push", "pull", "remote shell"] {
-            let into = t.path(&format!("into{}-{}", extra.len(), mode.replace(' ', "-")));
-            before(&into);
-            modes.run(mode, flags.clone(), &src, &into, &path);
-            assert_same(&format!("{mode} {extra:?}"), &oracle, &into);
-        }
     }
 }
 
@@ -355,15 +344,8 @@ fn chmod_changes_modes_as_rsyncs_in_every_mode() {
         std::fs::set_permissions(src.join(p), std::fs::Permissions::from_mode(mode)).unwrap();
     }
     set_times(&src.join("d1"), 1_500_000_000, 0);
-    let key = secret(&t, "key");
     // (Setgid bits are kept by a daemon that may set owners.)
-    let daemon = Daemon::start_with(&[t.dir()], &key, &["--allow-owners"]);
-    let (rsh, path) = fake_rsh(&t);
-    let modes = Modes {
-        daemon: &daemon,
-        key: &key,
-        rsh: &rsh,
-    };
+    let modes = Modes::new(&t, &["--allow-owners"]);
     // The rules' modes are set (-p). Rules naming no one keep the umask's
     // bits (022 here); a second --chmod adds its rules to the first's.
     for (k, flags) in [
@@ -379,7 +361,7 @@ fn chmod_changes_modes_as_rsyncs_in_every_mode() {
         for mode in ["local", "push", "pull", "remote shell"] {
             let into = t.path(&format!("into{k}-{}", mode.replace(' ', "-")));
             std::fs::create_dir_all(&into).unwrap();
-            modes.run(mode, flags.clone(), &src, &into, &path);
+            modes.run(mode, flags.clone(), &src, &into);
             assert_same(&format!("{mode} {flags:?}"), &oracle, &into);
             // Again: unchanged, nothing sent (the modes sent are the
             // rules', and the destination has them).
@@ -389,7 +371,7 @@ fn chmod_changes_modes_as_rsyncs_in_every_mode() {
                     &[OsStr::new("--json"), src.as_os_str(), into.as_os_str()],
                 ]
                 .concat(),
-                &path,
+                &modes.path,
             );
             let json = String::from_utf8_lossy(&out.stdout);
             assert!(json.contains("\"bytes\":0,"), "{mode} {flags:?}: {json}");
@@ -762,14 +744,7 @@ fn files_from_sends_what_rsync_files_from_sends_in_every_mode() {
         "d0/sub/b.c\n# a comment\n; another\n\nd1\n/keep/a.c\n./d0//link\ncache/\nd0/sub/b.c\nd0/sub/a.o\nnotes.txt\n",
     )
     .unwrap();
-    let key = secret(&t, "key");
-    let daemon = Daemon::start(&[t.dir()], &key);
-    let (rsh, path) = fake_rsh(&t);
-    let modes = Modes {
-        daemon: &daemon,
-        key: &key,
-        rsh: &rsh,
-    };
+    let modes = Modes::new(&t, &[]);
     let files_from = format!("--files-from={}", list.display());
     let cases: [&[&str]; 3] = [&["-a"], &["-a", "-r"], &["-a", "-r", "--exclude", "*.o"]];
     for (n, flags) in cases.iter().enumerate() {
@@ -796,7 +771,7 @@ fn files_from_sends_what_rsync_files_from_sends_in_every_mode() {
             let into = t.path(&format!("into-{n}-{}", mode.replace(' ', "-")));
             let mut args: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
             args.extend(["--files-from", s(&list)].map(OsStr::new));
-            modes.run(mode, args, &src, &into, &path);
+            modes.run(mode, args, &src, &into);
             assert_same(&format!("{mode} {flags:?}"), &oracle, &into);
         }
     }
@@ -805,11 +780,18 @@ fn files_from_sends_what_rsync_files_from_sends_in_every_mode() {
     std::fs::write(&empty, "# nothing\n").unwrap();
     let into = t.path("into-empty");
     let started = std::time::Instant::now();
-    let args = ["-a", "--files-from", s(&empty), "--secret-file", s(&key)].map(OsStr::new);
+    let args = [
+        "-a",
+        "--files-from",
+        s(&empty),
+        "--secret-file",
+        s(&modes.key),
+    ]
+    .map(OsStr::new);
     let mut args = args.to_vec();
-    let from = daemon.url(&src);
+    let from = modes.daemon.url(&src);
     args.extend([OsStr::new(&from), into.as_os_str()]);
-    rcp_ok(&args, &path);
+    rcp_ok(&args, &modes.path);
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
     assert_eq!(std::fs::read_dir(&into).unwrap().count(), 0);
     // The list from stdin, NUL-separated.
