@@ -182,6 +182,15 @@ fn random_file(path: &Path, len: usize, seed: u64) {
     std::fs::write(path, test_support::pattern(len, seed)).unwrap();
 }
 
+/// Fails, saying `what`, unless `copy` holds what `original` does (not
+/// printing either: they are large).
+fn assert_copy(copy: &Path, original: &Path, what: &str) {
+    assert!(
+        std::fs::read(copy).unwrap() == std::fs::read(original).unwrap(),
+        "{what} differs"
+    );
+}
+
 #[test]
 fn a_file_a_sparse_file_and_a_tree_reach_all_eight_nodes() {
     let t = Scratch::new("bcast-all");
@@ -523,10 +532,7 @@ fn a_source_file_that_vanishes_is_said_once_and_every_node_is_ok() {
         let disk = c.disk(k + 1).join("tree");
         assert!(good, "{name}: {why}");
         assert!(!disk.join("gone").exists(), "{name}: nothing of it");
-        assert!(
-            std::fs::read(disk.join("f0")).unwrap() == std::fs::read(tree.join("f0")).unwrap(),
-            "{name}: f0 differs"
-        );
+        assert_copy(&disk.join("f0"), &tree.join("f0"), &format!("{name}: f0"));
     }
 }
 
@@ -554,10 +560,10 @@ fn size_limits_reach_every_node() {
     for k in 1..=3 {
         let disk = c.disk(k).join("tree");
         assert!(!disk.join("big").exists(), "node {k}: big left out");
-        assert!(
-            std::fs::read(disk.join("small")).unwrap()
-                == std::fs::read(tree.join("small")).unwrap(),
-            "node {k}: small differs"
+        assert_copy(
+            &disk.join("small"),
+            &tree.join("small"),
+            &format!("node {k}: small"),
         );
     }
 }
@@ -593,10 +599,7 @@ fn link_dest_links_where_a_node_has_the_snapshot_and_the_data_goes_on_to_one_wit
     for k in 1..=2 {
         let new = c.disk(k).join("new");
         for f in ["f", "g"] {
-            assert!(
-                std::fs::read(new.join(f)).unwrap() == std::fs::read(tree.join(f)).unwrap(),
-                "node {k}: {f} differs"
-            );
+            assert_copy(&new.join(f), &tree.join(f), &format!("node {k}: {f}"));
         }
     }
     let linked = |f: &str| {
