@@ -21,6 +21,17 @@ use crate::proto::EntryKind;
 use crate::resync::{Found, There};
 use crate::tree::{self, Base, DestDir, Fidelity, PartFile};
 
+/// The status of what is under `path` at the destination (not following
+/// a symlink), its directory reached on the way.
+pub fn status(base: &Base, path: &[u8]) -> anyhow::Result<Stat> {
+    Ok(status_in(&base.place(path)?)?)
+}
+
+/// [`status`] with the directory reached already (`Base::place`).
+pub fn status_in((parent, name): &(Arc<DestDir>, CString)) -> rustix::io::Result<Stat> {
+    rustix::fs::statat(parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+}
+
 /// What is under `e`'s name, and its status when it is a regular file.
 pub fn look(base: &Base, e: &Entry) -> anyhow::Result<(Found, Option<Stat>)> {
     look_in(&base.place(&e.path)?, e)

@@ -528,12 +528,7 @@ pub async fn receive(
         }
         // (`--existing`: the first name was not there, so it was not
         // made, and this one is left as it is.)
-        if opts.policy.existing
-            && !base.place(&e.target).is_ok_and(|(dir, name)| {
-                rustix::fs::statat(&dir, name.as_c_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-                    .is_ok()
-            })
-        {
+        if opts.policy.existing && existing::status(&base, &e.target).is_err() {
             answers.send(e.index, Ok(()));
             continue;
         }
@@ -1247,8 +1242,8 @@ impl Creator<'_> {
                 self.answers.skipped(e.index);
             }
             kind => {
-                let in_place = existing::in_place(self.base, &e, xattrs, self.how);
-                if in_place || !linked(self) {
+                // (Where nothing could be linked, nothing more is looked at.)
+                if !linked(self) || existing::in_place(self.base, &e, xattrs, self.how) {
                     self.item(&e, there.as_ref(), false);
                 }
                 self.answers.send(e.index, Ok(()));

@@ -11,7 +11,7 @@ use crate::arrivals::{Action, Arrivals, Shape};
 use crate::existing;
 use crate::proto::{Entry, EntryKind};
 use crate::resync::Decision;
-use crate::tree::{self, Base};
+use crate::tree::Base;
 use rfabric::link::Chunk;
 
 impl Creator<'_> {
@@ -36,12 +36,7 @@ impl Creator<'_> {
     /// missing too). Only that: a name that cannot be looked at is not
     /// taken for absent (what comes next fails for it, saying why).
     pub(super) fn absent(&self, path: &[u8]) -> bool {
-        let looked = self.base.place(path).and_then(|(dir, name)| {
-            let st =
-                rustix::fs::statat(&dir, name.as_c_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW);
-            Ok(st?)
-        });
-        match looked {
+        match existing::status(self.base, path) {
             Ok(_) => false,
             Err(e) => e
                 .chain()
@@ -113,9 +108,8 @@ impl Creator<'_> {
         if device && !self.how.powers.owners {
             return None;
         }
-        let id_of = |placed: &(Arc<tree::DestDir>, std::ffi::CString)| {
-            let (dir, name) = placed;
-            rustix::fs::statat(dir, name.as_c_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+        let id_of = |placed: &_| {
+            existing::status_in(placed)
                 .ok()
                 .map(|st| (st.st_dev, st.st_ino))
         };
