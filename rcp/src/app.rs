@@ -254,6 +254,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
             max_delete: a.max_delete,
             delete_excluded: a.delete_excluded,
             existing: a.existing,
+            force: a.force,
             chmod: chmod_of(&a)?,
         },
         link_dests: Arc::new(

@@ -232,6 +232,13 @@ pub struct CopyArgs {
     /// destination too (without it, excluded names there are left alone).
     #[arg(long, requires = "delete")]
     pub delete_excluded: bool,
+    /// Where the source has a file, symlink or special file and the
+    /// destination a directory with something in it, remove that
+    /// directory and all in it (except what --exclude rules protect), as
+    /// --delete does. Without either, such a directory stays and the entry
+    /// fails; an empty one is always replaced.
+    #[arg(long)]
+    pub force: bool,
     /// Change the permissions of what is sent, as chmod(1) would, before
     /// they are applied: comma-separated rules such as go-w, u=rwX,
     /// Dg+s (D: directories only, F: everything else), or an octal mode;

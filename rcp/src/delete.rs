@@ -14,12 +14,16 @@
 //! make two names collide on purpose.
 
 use std::collections::{HashMap, HashSet};
+use std::ffi::CStr;
 use std::hash::{BuildHasher, RandomState};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Mutex;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use rustix::fs::{AtFlags, FileType};
+use rustix::io::Errno;
 
+use crate::filter::Filter;
 use crate::tree::{self, Base};
 
 /// The names the sender sent, by directory.
@@ -131,6 +135,107 @@ impl Budget {
     }
 }
 
+/// Entries removed, in the order removed, each with whether it is a
+/// directory.
+pub type Removed = Vec<(Vec<u8>, bool)>;
+
+/// The receiver's rules for a directory standing where a file, symlink
+/// or special file must go ([`tree::Clearing`]; see `tree/way.rs`), as
+/// rsync's: an empty one goes; one with something in it only with
+/// `--delete` or `--force` (`force`), and then each entry in it is
+/// removed as `--delete` removes (named, counted by `--max-delete`, in
+/// rsync's order), except what the rules protect, which stays with the
+/// directory. The directory itself is not named, as rsync does not name
+/// it. A dry run removes nothing and names what a run would.
+#[derive(Debug)]
+pub struct InTheWay {
+    force: bool,
+    dry: bool,
+    one_file_system: bool,
+    /// What the rules exclude stays (none with `--delete-excluded`).
+    filter: Option<Filter>,
+    /// What was removed so far, and `--max-delete`'s budget, which the
+    /// deletions after the copy go on spending ([`InTheWay::finish`]).
+    done: Mutex<(Removed, Budget)>,
+}
+
+impl InTheWay {
+    pub fn new(
+        force: bool,
+        dry: bool,
+        one_file_system: bool,
+        filter: Option<Filter>,
+        max_delete: Option<u64>,
+    ) -> InTheWay {
+        InTheWay {
+            force,
+            dry,
+            one_file_system,
+            filter,
+            done: Mutex::new((Vec::new(), Budget::new(max_delete))),
+        }
+    }
+
+    /// Whether a directory in the way may be emptied.
+    pub fn forced(&self) -> bool {
+        self.force
+    }
+
+    /// The entries removed (and whether each is a directory), and what is
+    /// left of `--max-delete`'s budget.
+    pub fn finish(&self) -> (Removed, Budget) {
+        std::mem::take(&mut *self.done.lock().expect("in the way lock"))
+    }
+}
+
+impl tree::Clearing for InTheWay {
+    fn clear(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()> {
+        if !self.dry {
+            match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
+                Ok(()) => return Ok(()),
+                Err(Errno::NOTEMPTY | Errno::EXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !self.force {
+            if self.dry {
+                return Ok(());
+            }
+            eprintln!(
+                "rcp: cannot delete non-empty directory: {}",
+                tree::show(path)
+            );
+            bail!("the directory there is not empty (--delete or --force would remove it)");
+        }
+        let keep = |path: &[u8], is_dir| {
+            self.filter
+                .as_ref()
+                .is_some_and(|f| f.excludes(path, is_dir))
+        };
+        let mut done = self.done.lock().expect("in the way lock");
+        let (removed, budget) = &mut *done;
+        let mut how = Clean {
+            keep: &keep,
+            dry: self.dry,
+            one_file_system: self.one_file_system,
+            budget: std::mem::take(budget),
+        };
+        let before = removed.len();
+        let dir = dir.try_clone_to_owned()?;
+        let gone = remove(&dir, name.to_bytes(), path, true, &mut how, removed);
+        *budget = how.budget;
+        // (The directory itself goes unnamed, as rsync's; what went from
+        // inside it is named.)
+        if removed.len() > before && removed.last().is_some_and(|(p, _)| p == path) {
+            removed.pop();
+        }
+        match gone? {
+            Gone::Yes => Ok(()),
+            _ => bail!("the directory there holds what may not go"),
+        }
+    }
+}
+
 /// The order rsync removes a directory's entries in, and names them with
 /// `-i`: its directories (each one's contents first) before its other
 /// entries, each kind in reverse byte order of their names, a directory's
@@ -168,14 +273,14 @@ pub fn extraneous(
     keep: &dyn Fn(&[u8], bool) -> bool,
     dry: bool,
     one_file_system: bool,
-    max_delete: Option<u64>,
+    budget: Budget,
 ) -> Deleted {
     let mut done = Deleted::default();
     let mut how = Clean {
         keep,
         dry,
         one_file_system,
-        budget: Budget::new(max_delete),
+        budget,
     };
     // The file system of each top-level entry at the destination.
     let mut tops: HashMap<Vec<u8>, u64> = HashMap::new();

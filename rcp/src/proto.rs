@@ -491,6 +491,9 @@ pub struct Extras {
     /// `--chmod` (key 4: the client's umask, u32, then the rules' text):
     /// the sender's walk changes the modes it sends (`crate::chmod`).
     pub chmod: Option<(u32, String)>,
+    /// `--force` (key 5, no value): a directory with something in it,
+    /// standing where a non-directory must go, is emptied and removed.
+    pub force: bool,
 }
 
 impl Extras {
@@ -498,6 +501,7 @@ impl Extras {
     const DELETE_EXCLUDED: u16 = 2;
     const EXISTING: u16 = 3;
     const CHMOD: u16 = 4;
+    const FORCE: u16 = 5;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -518,6 +522,9 @@ impl Extras {
         if let Some((umask, rules)) = &self.chmod {
             let value = [&umask.to_le_bytes()[..], rules.as_bytes()].concat();
             items.push((Extras::CHMOD, value));
+        }
+        if self.force {
+            items.push((Extras::FORCE, Vec::new()));
         }
         items
     }
@@ -543,6 +550,7 @@ impl Extras {
                 }
                 Extras::DELETE_EXCLUDED if value.is_empty() => extras.delete_excluded = true,
                 Extras::EXISTING if value.is_empty() => extras.existing = true,
+                Extras::FORCE if value.is_empty() => extras.force = true,
                 Extras::CHMOD if value.len() > 4 => {
                     let (umask, rules) = value.split_at(4);
                     let umask = u32::from_le_bytes(umask.try_into().expect("four bytes"));
@@ -553,7 +561,7 @@ impl Extras {
                     extras.chmod = Some((umask, rules.to_string()));
                 }
                 Extras::CHMOD => return Err(ProtoError::BadField("extras.chmod")),
-                Extras::DELETE_EXCLUDED | Extras::EXISTING => {
+                Extras::DELETE_EXCLUDED | Extras::EXISTING | Extras::FORCE => {
                     return Err(ProtoError::BadField("extras: a flag with a value"));
                 }
                 _ => {
@@ -1741,6 +1749,7 @@ mod tests {
                     delete_excluded: true,
                     existing: true,
                     chmod: Some((0o077, "a+rX".into())),
+                    force: true,
                 }
                 .items(),
             },
@@ -1754,6 +1763,7 @@ mod tests {
             delete_excluded: true,
             existing: true,
             chmod: Some((0o022, "Dg+s,Fgo-w".into())),
+            force: true,
         };
         let one = Extras {
             existing: true,
@@ -1770,6 +1780,10 @@ mod tests {
         assert!(
             Extras::from_items(&[(2, vec![1])]).is_err(),
             "a flag has no value"
+        );
+        assert!(
+            Extras::from_items(&[(5, vec![0])]).is_err(),
+            "--force has none"
         );
         assert!(Extras::from_items(&[(999, vec![])]).is_err(), "unknown");
         assert!(Extras::from_items(&[]).is_err(), "no items");

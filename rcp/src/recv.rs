@@ -104,6 +104,10 @@ pub struct RecvOptions {
     pub max_delete: Option<u64>,
     /// `--delete-excluded`: what the rules exclude is removed too.
     pub delete_excluded: bool,
+    /// `--force`: a directory with something in it, standing where a
+    /// non-directory must go, is emptied and removed (as with `--delete`;
+    /// see `tree/way.rs`).
+    pub force: bool,
 }
 
 /// Where `-i`'s lines go.
@@ -211,6 +215,17 @@ pub async fn receive(
         .with_context(|| format!("cannot start the {} storage engine", opts.engine))?;
     // Read the umask before any file is created here.
     tree::umask();
+    // A directory standing where a non-directory must go is cleared by
+    // the copy's rules (`tree/way.rs`).
+    let way = Arc::new(delete::InTheWay::new(
+        opts.delete || opts.force,
+        opts.dry_run,
+        opts.one_file_system,
+        (!opts.delete_excluded).then(|| filter.clone()),
+        opts.max_delete,
+    ));
+    let mut base = base;
+    base.making_way(Arc::clone(&way) as Arc<dyn tree::Clearing>);
     let base = Arc::new(base);
     let mut files: HashMap<u32, File> = HashMap::new();
     let mut finals = Finals::default();
@@ -550,6 +565,13 @@ pub async fn receive(
             }
         }
     }
+    // What went to make way for an entry, and what is left of
+    // `--max-delete`'s budget for what follows.
+    let (cleared, budget) = way.finish();
+    stats.deleted = cleared.len() as u64;
+    for (path, is_dir) in cleared {
+        tell_removed(&answers, opts.itemize, path, is_dir);
+    }
     // What the destination has that the source does not, once all of the
     // copy succeeded (and before directory times are set: removing
     // changes them).
@@ -569,19 +591,11 @@ pub async fn receive(
             &keep,
             opts.dry_run,
             opts.one_file_system,
-            opts.max_delete,
+            budget,
         );
-        stats.deleted = deleted.removed.len() as u64;
+        stats.deleted += deleted.removed.len() as u64;
         for (path, is_dir) in deleted.removed {
-            if opts.itemize != Itemize::Off {
-                // (A directory with a `/` after it, as rsync names it.)
-                let mut name = path.clone();
-                if is_dir {
-                    name.push(b'/');
-                }
-                answers.itemized(*b"*deleting  ", name);
-            }
-            answers.removed(path);
+            tell_removed(&answers, opts.itemize, path, is_dir);
         }
         for (index, path, e) in deleted.failed {
             let (kind, reason) = self::failed(&e);
@@ -651,6 +665,19 @@ pub async fn receive(
         digests,
         failed,
     })
+}
+
+/// Tells the sender (and `-i`) that entry `path` was removed.
+fn tell_removed(answers: &Answers, itemize: Itemize, path: Vec<u8>, is_dir: bool) {
+    if itemize != Itemize::Off {
+        // (A directory with a `/` after it, as rsync names it.)
+        let mut name = path.clone();
+        if is_dir {
+            name.push(b'/');
+        }
+        answers.itemized(*b"*deleting  ", name);
+    }
+    answers.removed(path);
 }
 
 /// The files being finished (digest check, commit), and what the finished
@@ -813,8 +840,9 @@ struct Creator<'a> {
     /// A broadcast node's: where its answers about files meet the next
     /// node's.
     merging: Option<Arc<Merging>>,
-    /// Failures no answer tells (a broadcast node's: an `EntryFailed`
-    /// before the data would keep it from the nodes after this one).
+    /// Failures of this side's own: each also answered, unless a
+    /// broadcast node's (an `EntryFailed` before the data would keep it
+    /// from the nodes after this one).
     failed_here: Vec<Failure>,
     /// Files received (or found there already).
     files: u64,
@@ -1102,7 +1130,7 @@ impl Creator<'_> {
                             self.failed_here.push(Failure { path, kind, reason });
                             self.answer_file(e.index, Said::Nothing);
                         }
-                        Err(err) => self.answers.send(e.index, Err(failed(&err))),
+                        Err(err) => self.entry_failed(&e, &err),
                     }
                     return Ok(actions);
                 }
@@ -1151,32 +1179,40 @@ impl Creator<'_> {
             {
                 self.answers.send(e.index, Ok(()));
             }
-            EntryKind::Symlink => {
-                let r = self
-                    .base
-                    .make_symlink(&e, &xattrs, self.how)
-                    .map_err(|err| failed(&err));
-                self.answers.send(e.index, r);
-            }
+            EntryKind::Symlink => match self.base.make_symlink(&e, &xattrs, self.how) {
+                Ok(()) => self.answers.send(e.index, Ok(())),
+                Err(err) => self.entry_failed(&e, &err),
+            },
             // (`--ignore-existing`: another name there is left as it is,
             // not linked again to what its file's first name is there.)
             EntryKind::HardLink if self.opts.policy.ignore_existing && !self.absent(&e.path) => {
                 self.answers.send(e.index, Ok(()));
             }
             EntryKind::HardLink => self.hard_links.push(e),
-            _ => {
-                let r = self
-                    .base
-                    .make_special(&e, &xattrs, self.how)
-                    .map_err(|err| failed(&err));
-                self.answers.send(e.index, r);
-            }
+            _ => match self.base.make_special(&e, &xattrs, self.how) {
+                Ok(()) => self.answers.send(e.index, Ok(())),
+                Err(err) => self.entry_failed(&e, &err),
+            },
         }
         Ok(actions)
     }
 }
 
 impl Creator<'_> {
+    /// Entry `e` failed here: the sender is told, and so is whoever reads
+    /// this side's failures (the user, in a pull; a broadcast's report).
+    /// (Without the second, a symlink that could not be made in a pull
+    /// was said nowhere, and the copy ended with status 0.)
+    fn entry_failed(&mut self, e: &Entry, err: &anyhow::Error) {
+        let (kind, reason) = failed(err);
+        self.answers.send(e.index, Err((kind, reason.clone())));
+        self.failed_here.push(Failure {
+            path: tree::show(&e.path),
+            kind,
+            reason,
+        });
+    }
+
     /// What this node needs of file `index`: to the sender, or, in a
     /// chain that merges answers, to be merged with the next node's.
     fn answer_file(&self, index: u32, said: Said) {
@@ -1217,6 +1253,10 @@ impl Creator<'_> {
     ) -> anyhow::Result<Vec<Action<Arc<Chunk>>>> {
         let actions = arrivals.announce(e.index, Shape::Other)?;
         let there = existing::there(self.base, &e);
+        // (What a run would remove to make way for it is named.)
+        if e.kind != EntryKind::Dir && there.as_ref().is_some_and(|t| t.kind == EntryKind::Dir) {
+            let _ = self.base.would_make_way(&e);
+        }
         // (What a run would link from a `--link-dest` is named by none.)
         let linked =
             |this: &Self| e.kind != EntryKind::Dir && this.link_dest_holding(&e, xattrs).is_some();

@@ -110,8 +110,8 @@ impl Params {
     /// What a request asks of a server that is `side`: the choices only
     /// the client's own end acts on are left out (a server from before
     /// one would refuse it for nothing): `--chmod` in a push (the client
-    /// walks), `--max-delete`, `--delete-excluded` and `--link-dest` in a
-    /// pull (the client receives). `--existing` goes both ways: a sender
+    /// walks), `--max-delete`, `--delete-excluded`, `--force` and
+    /// `--link-dest` in a pull (the client receives). `--existing` goes both ways: a sender
     /// waits for the answers it makes the receiver give.
     fn asked_of(&self, side: Side) -> Params {
         let mut asked = self.clone();
@@ -120,6 +120,7 @@ impl Params {
             Side::Sender => {
                 asked.extras.max_delete = None;
                 asked.extras.delete_excluded = false;
+                asked.extras.force = false;
                 asked.link_dests = Arc::default();
             }
         }
@@ -279,6 +280,7 @@ impl Params {
             bwlimit: self.bwlimit.filter(|_| client),
             max_delete: self.extras.max_delete,
             delete_excluded: self.extras.delete_excluded,
+            force: self.extras.force,
         }
     }
 }

@@ -32,9 +32,12 @@ use crate::staying::{Job, Staying};
 mod symlinks;
 mod together;
 mod unnamed;
+mod way;
 pub use symlinks::{Symlinks, leads_outside};
 use together::Together;
 use unnamed::Linking;
+pub use way::Clearing;
+use way::{EmptyOnly, Spot};
 
 /// Splits a peer's relative path into checked components: not empty, not
 /// absolute, no `.` or `..`, no NUL, no empty component.
@@ -1035,6 +1038,9 @@ pub struct Base {
     /// `--link-dest`: trees laid out as this one, files are linked from
     /// ([`crate::linkdest`]).
     link_dests: Vec<Base>,
+    /// What clears a directory standing where a non-directory must go
+    /// ([`way`]).
+    way: Arc<dyn Clearing>,
 }
 
 /// The directories entries went into lately, the latest first. Entries of
@@ -1263,6 +1269,9 @@ pub struct PartFile {
     /// The mode it was made with, where it is known (made afresh, no
     /// default ACL): where it is already the final one, no chmod either.
     made_mode: Option<u32>,
+    /// What clears a directory standing under its name ([`way`]; none:
+    /// only an empty one goes).
+    way: Option<Arc<dyn Clearing>>,
 }
 
 /// What a file being received is called until it is in place.
@@ -1286,7 +1295,14 @@ impl Base {
             unnamed: std::sync::Mutex::default(),
             together: std::sync::Mutex::default(),
             link_dests: Vec::new(),
+            way: Arc::new(EmptyOnly),
         }
+    }
+
+    /// How a directory standing where a non-directory must go is cleared
+    /// (by default only an empty one is: see [`way`]).
+    pub fn making_way(&mut self, way: Arc<dyn Clearing>) {
+        self.way = way;
     }
 
     /// Whether the entry tree's top takes the destination's own name (a
@@ -1363,9 +1379,42 @@ impl Base {
         Ok((dir, name))
     }
 
+    /// A dry run's look at a directory standing where non-directory `e`
+    /// would go: what clearing it would remove is named, and nothing is
+    /// removed ([`way`]).
+    pub fn would_make_way(&self, e: &Entry) -> anyhow::Result<()> {
+        let (parent, name) = self.place(&e.path)?;
+        let spot = Spot {
+            dir: parent.as_fd(),
+            name: &name,
+            path: &e.path,
+            kind: e.kind,
+        };
+        spot.clear(&*self.way)
+    }
+
     pub fn make_dir(&self, e: &Entry) -> anyhow::Result<()> {
         let (parent, name) = self.place(&e.path)?;
-        match rustix::fs::mkdirat(&parent, name.as_c_str(), Mode::from_raw_mode(0o700)) {
+        let made = match rustix::fs::mkdirat(&parent, name.as_c_str(), Mode::from_raw_mode(0o700)) {
+            // Something else than a directory has its name (a file, or a
+            // symlink, to a directory or not): it goes, as rsync makes way
+            // for a directory.
+            Err(rustix::io::Errno::EXIST)
+                if rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) != FileType::Directory) =>
+            {
+                rustix::fs::unlinkat(&parent, name.as_c_str(), AtFlags::empty())
+                    .and_then(|()| {
+                        rustix::fs::mkdirat(&parent, name.as_c_str(), Mode::from_raw_mode(0o700))
+                    })
+                    .with_context(|| {
+                        format!("could not make way for new directory {}", show(&e.path))
+                    })?;
+                Ok(())
+            }
+            r => r,
+        };
+        match made {
             Ok(()) => {
                 // (Known by its inode: a name can be swapped, not that.)
                 if let Ok(st) =
@@ -1472,7 +1521,8 @@ impl Base {
             }
             Ok(())
         };
-        put_in_place(&parent, &temp, &name, finish, || {
+        let spot = (&*self.way, &e.path[..], e.kind);
+        put_in_place(&parent, &temp, &name, spot, finish, || {
             format!("cannot put symlink {} in place", show(&e.path))
         })
     }
@@ -1527,7 +1577,8 @@ impl Base {
             }
             Ok(())
         };
-        put_in_place(&parent, &temp, &name, finish, || {
+        let spot = (&*self.way, &e.path[..], e.kind);
+        put_in_place(&parent, &temp, &name, spot, finish, || {
             format!("cannot put {} in place", show(&e.path))
         })
     }
@@ -1623,7 +1674,14 @@ impl Base {
             }
             Linked::OtherName => Ok(()),
         };
-        put_in_place(&parent, &temp, &name, still, shown)?;
+        let kind = match kind {
+            FileType::RegularFile => EntryKind::File,
+            FileType::Symlink => EntryKind::Symlink,
+            FileType::CharacterDevice | FileType::BlockDevice => EntryKind::CharDevice,
+            _ => EntryKind::Fifo,
+        };
+        let spot = (&*self.way, path, kind);
+        put_in_place(&parent, &temp, &name, spot, still, shown)?;
         Ok(parent)
     }
 
@@ -1664,6 +1722,7 @@ impl Base {
                     fresh: true,
                     mode_right,
                     made_mode,
+                    way: Some(Arc::clone(&self.way)),
                 }));
             }
         }
@@ -1689,6 +1748,7 @@ impl Base {
                 rustix::fs::ftruncate(&incoming.fd, 0)?;
             }
             incoming.name = name;
+            incoming.way = Some(Arc::clone(&self.way));
             if resume && held.st_size == 0 {
                 incoming.start_from_final()?;
             }
@@ -1748,6 +1808,7 @@ fn open_part(
         fresh,
         mode_right,
         made_mode,
+        way: None,
     }))
 }
 
@@ -1927,24 +1988,47 @@ impl PartFile {
             parent,
             naming,
             name,
+            way,
             ..
         } = self;
         let fd = Arc::new(fd);
+        let way = way.as_deref().unwrap_or(&EmptyOnly);
+        let spot = Spot {
+            dir: parent.as_fd(),
+            name: &name,
+            path: &e.path,
+            kind: EntryKind::File,
+        };
+        let rename = |temp: &CString| {
+            rustix::fs::renameat(&parent, temp.as_c_str(), &parent, name.as_c_str())
+                .map_err(Into::into)
+        };
         match naming {
             // A sync of its own is linked with the rename (one pair of
             // io_uring operations, one job of the threads engine).
             Naming::Temp(temp) if matches!(parent.durability, Durability::EachFile) => {
-                engine.sync_and_rename(&fd, &parent, temp, name).await?;
+                let linked = engine
+                    .sync_and_rename(&fd, &parent, temp.clone(), name.clone())
+                    .await;
+                match linked {
+                    // (Synced: only the rename is made again.)
+                    Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => {
+                        spot.clear(way)?;
+                        rename(&temp).context("cannot rename into place")?;
+                    }
+                    r => r?,
+                }
             }
             // Otherwise nothing to hand off: renamed here once durable.
             Naming::Temp(temp) => {
                 parent.durability.make(&fd, engine).await?;
-                rustix::fs::renameat(&parent, temp.as_c_str(), &parent, name.as_c_str())
-                    .context("cannot rename into place")?;
+                spot.put(way, "cannot rename into place", || rename(&temp))?;
             }
             Naming::Unnamed(how) => {
                 parent.durability.make(&fd, engine).await?;
-                unnamed::place(&fd, how, &parent, &name).context("cannot link into place")?;
+                unnamed::place(&fd, how, &parent, &name, |put| {
+                    spot.put(way, "cannot link into place", put)
+                })?;
                 if !parent.made_here {
                     remove_leftover(&parent, &name)?;
                 }
@@ -2021,21 +2105,37 @@ impl Fidelity {
 /// Finishes `temp`, made in `parent` already, with `finish`, then renames
 /// it to `name`; on any failure the temporary name goes, and the error
 /// says `what`.
+///
+/// A directory under `name` is cleared first by `way` ([`way`]; `path`
+/// and `kind` say what the entry is).
 fn put_in_place(
     parent: &DestDir,
     temp: &CString,
     name: &CString,
+    (way, path, kind): (&dyn Clearing, &[u8], EntryKind),
     finish: impl FnOnce() -> anyhow::Result<()>,
     what: impl FnOnce() -> String,
 ) -> anyhow::Result<()> {
-    let placed = finish().and_then(|()| {
-        rustix::fs::renameat(parent, temp.as_c_str(), parent, name.as_c_str())?;
-        Ok(())
-    });
-    placed.with_context(|| {
+    let what = what();
+    let placed = match finish() {
+        Err(e) => Err(e.context(what)),
+        Ok(()) => {
+            let spot = Spot {
+                dir: parent.as_fd(),
+                name,
+                path,
+                kind,
+            };
+            spot.put(way, &what, || {
+                rustix::fs::renameat(parent, temp.as_c_str(), parent, name.as_c_str())
+                    .map_err(Into::into)
+            })
+        }
+    };
+    if placed.is_err() {
         let _ = rustix::fs::unlinkat(parent, temp.as_c_str(), AtFlags::empty());
-        what()
-    })
+    }
+    placed
 }
 
 /// What [`Base::link_in_place`] links: another name of a file received

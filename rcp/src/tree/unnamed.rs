@@ -72,29 +72,33 @@ pub(crate) fn link(
 
 /// Puts unnamed file `fd` in place as `name` in `dir`: linked there if the
 /// name is free, else linked under a temporary name and renamed over what
-/// is there (as a named temporary file would be).
+/// is there (as a named temporary file would be), the rename run by
+/// `renaming` (which makes way for it: [`super::way`]).
 pub(crate) fn place(
     fd: &OwnedFd,
     how: Linking,
     dir: &DestDir,
     name: &CString,
+    renaming: impl FnOnce(&mut dyn FnMut() -> std::io::Result<()>) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     match link(fd, how, dir, name) {
         Ok(()) => return Ok(()),
         Err(Errno::EXIST) => {}
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(anyhow::Error::from(e).context("cannot link into place")),
     }
     let temp = loop {
         let temp = temp_name(name)?;
         match link(fd, how, dir, &temp) {
             Ok(()) => break temp,
             Err(Errno::EXIST) => continue,
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(anyhow::Error::from(e).context("cannot link into place")),
         }
     };
-    rustix::fs::renameat(dir, temp.as_c_str(), dir, name.as_c_str()).map_err(|e| {
+    renaming(&mut || {
+        rustix::fs::renameat(dir, temp.as_c_str(), dir, name.as_c_str()).map_err(Into::into)
+    })
+    .inspect_err(|_| {
         let _ = rustix::fs::unlinkat(dir, temp.as_c_str(), AtFlags::empty());
-        anyhow::Error::from(e)
     })
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use test_support::{Scratch, free_port};
 
+pub mod modes;
 pub mod trees;
 pub mod xfs;
 

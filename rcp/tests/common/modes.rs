@@ -1,0 +1,131 @@
+//! A copy run the four ways it runs (locally, pushed to and pulled from
+//! `rcp serve`, through a remote shell), beside rsync run the same way.
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use test_support::Scratch;
+
+use super::trees::assert_same;
+use super::{Daemon, RCP, fake_rsh, s, secret};
+
+pub fn rcp(args: &[&OsStr], path: &str) -> std::process::Output {
+    Command::new(RCP)
+        .args(["-q", "--chunk-size", "64K"])
+        .args(args)
+        .env("PATH", path)
+        .output()
+        .expect("rcp runs")
+}
+
+pub fn rcp_ok(args: &[&OsStr], path: &str) {
+    let out = rcp(args, path);
+    assert!(
+        out.status.success(),
+        "rcp {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn rsync_into(flags: &[&OsStr], src: &Path, into: &Path) {
+    let out = Command::new("rsync")
+        .args(flags)
+        .arg(src)
+        .arg(format!("{}/", into.display()))
+        .output()
+        .expect("rsync runs");
+    assert!(
+        out.status.success(),
+        "rsync {flags:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// What a copy needs to run in each mode: the daemon of push and pull,
+/// its secret, and the stand-in for ssh of remote-shell mode.
+pub struct Modes {
+    pub daemon: Daemon,
+    pub key: PathBuf,
+    pub rsh: PathBuf,
+    /// `PATH` with this build's rcp first (the remote shell finds it).
+    pub path: String,
+}
+
+/// The four ways a copy runs.
+pub const EVERY_MODE: [&str; 4] = ["local", "push", "pull", "remote shell"];
+
+impl Modes {
+    /// A daemon serving `t` (with `daemon_args`), its secret, a remote
+    /// shell.
+    pub fn new(t: &Scratch, daemon_args: &[&str]) -> Modes {
+        let key = secret(t, "key");
+        let daemon = Daemon::start_with(&[t.dir()], &key, daemon_args);
+        let (rsh, path) = fake_rsh(t);
+        Modes {
+            daemon,
+            key,
+            rsh,
+            path,
+        }
+    }
+
+    /// `rcp ARGS src into` in `mode` (local, push, pull or remote shell):
+    /// its output.
+    pub fn run_out(
+        &self,
+        mode: &str,
+        args: Vec<&OsStr>,
+        src: &Path,
+        into: &Path,
+    ) -> std::process::Output {
+        let mut args: Vec<OsString> = args.into_iter().map(OsStr::to_os_string).collect();
+        let (from, to) = match mode {
+            "local" => (s(src).to_string(), s(into).to_string()),
+            "push" => (s(src).to_string(), self.daemon.url(into)),
+            "pull" => (self.daemon.url(src), s(into).to_string()),
+            _ => {
+                args.extend(["--rsh".into(), self.rsh.as_os_str().to_os_string()]);
+                (s(src).to_string(), format!("localhost:{}", into.display()))
+            }
+        };
+        if mode == "push" || mode == "pull" {
+            args.extend(["--secret-file".into(), self.key.as_os_str().to_os_string()]);
+        }
+        args.extend([from.into(), to.into()]);
+        let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        rcp(&args, &self.path)
+    }
+
+    /// [`Modes::run_out`], which must succeed.
+    pub fn run(&self, mode: &str, args: Vec<&OsStr>, src: &Path, into: &Path) {
+        let out = self.run_out(mode, args.clone(), src, into);
+        assert!(
+            out.status.success(),
+            "rcp {args:?} ({mode}) failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `flags` through rsync from `src` into `oracle` and through rcp in
+    /// every mode into destinations named after `name`, each made ready by
+    /// `before` first, then compared with rsync's entry by entry.
+    pub fn as_rsync(
+        &self,
+        t: &Scratch,
+        name: &str,
+        flags: &[&OsStr],
+        src: &Path,
+        oracle: &Path,
+        before: &dyn Fn(&Path),
+    ) {
+        before(oracle);
+        rsync_into(flags, src, oracle);
+        for mode in EVERY_MODE {
+            let into = t.path(&format!("{name}-{}", mode.replace(' ', "-")));
+            before(&into);
+            self.run(mode, flags.to_vec(), src, &into);
+            assert_same(&format!("{mode} {flags:?}"), oracle, &into);
+        }
+    }
+}
