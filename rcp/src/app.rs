@@ -79,6 +79,24 @@ pub enum PlanError {
     OntoItself(String),
     #[error("at most {most} --link-dest directories, not {0}", most = crate::linkdest::MOST)]
     TooManyLinkDests(usize),
+    #[error("{0}")]
+    BadSuffix(&'static str),
+}
+
+/// `-b`, `--backup-dir`, `--suffix`: the suffix of backups, when they
+/// are made (`~` by default, none with `--backup-dir`).
+fn backup_of(a: &CopyArgs) -> Result<Option<Vec<u8>>, PlanError> {
+    let with_dir = a.backup_dir.is_some();
+    if !a.backup && !with_dir {
+        return Ok(None);
+    }
+    let suffix = match &a.suffix {
+        Some(s) => s.as_bytes().to_vec(),
+        None if with_dir => Vec::new(),
+        None => b"~".to_vec(),
+    };
+    crate::backup::check_suffix(&suffix, with_dir).map_err(PlanError::BadSuffix)?;
+    Ok(Some(suffix))
 }
 
 /// Push, pull, local or broadcast: the destination is remote and every
@@ -238,6 +256,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
     if a.link_dest.len() > crate::linkdest::MOST {
         return Err(PlanError::TooManyLinkDests(a.link_dest.len()).into());
     }
+    let backup = backup_of(&a)?;
     let policy = a.policy();
     if policy.sizes.min > policy.sizes.max {
         return Err(PlanError::SizesCrossed(policy.sizes.min, policy.sizes.max).into());
@@ -256,6 +275,11 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
             existing: a.existing,
             force: a.force,
             chmod: chmod_of(&a)?,
+            backup,
+            backup_dir: a
+                .backup_dir
+                .as_ref()
+                .map(|d| d.as_os_str().as_encoded_bytes().to_vec()),
         },
         link_dests: Arc::new(
             a.link_dest
@@ -330,6 +354,8 @@ fn listed_nodes(a: &CopyArgs) -> anyhow::Result<Option<Vec<String>>> {
 fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
     let refused = [
         (a.delete, "--delete"),
+        (a.force, "--force"),
+        (a.backup || a.backup_dir.is_some(), "--backup"),
         (a.dry_run, "--dry-run"),
         (a.itemize_changes, "--itemize-changes"),
         (a.files_from.is_some(), "--files-from"),

@@ -239,6 +239,22 @@ pub struct CopyArgs {
     /// fails; an empty one is always replaced.
     #[arg(long)]
     pub force: bool,
+    /// Keep what the copy replaces or deletes at the destination, renamed
+    /// to NAME~ beside it (see --suffix, --backup-dir) instead of lost.
+    /// Without --backup-dir, --delete leaves names ending in the suffix,
+    /// and directory times are not set (as rsync).
+    #[arg(short = 'b', long)]
+    pub backup: bool,
+    /// Put the backups (-b, which this implies) in DIR, laid out as the
+    /// destination: DIR/path/NAME. A relative DIR is relative to the
+    /// destination directory (--backup-dir=../backup-2026-12-06); it must
+    /// be on the destination's file system, and is made if missing.
+    #[arg(long, value_name = "DIR")]
+    pub backup_dir: Option<PathBuf>,
+    /// What a backup's name ends in: ~ by default, nothing with
+    /// --backup-dir (a suffix may be empty only then).
+    #[arg(long, value_name = "SUFFIX")]
+    pub suffix: Option<String>,
     /// Change the permissions of what is sent, as chmod(1) would, before
     /// they are applied: comma-separated rules such as go-w, u=rwX,
     /// Dg+s (D: directories only, F: everything else), or an octal mode;

@@ -1,6 +1,11 @@
 //! `--delete`: what the destination has that the source does not is
 //! removed, after the copy and only if all of it succeeded (rsync's
-//! `--delete-after`: a failed copy deletes nothing).
+//! `--delete-after`: a failed copy deletes nothing extraneous).
+//!
+//! The same removal clears a directory in the way of an entry of another
+//! kind as the entry is put in place ([`InTheWay`], with `--delete` or
+//! `--force`): that is the entry's own making, not a deletion of what the
+//! source lacks, and happens during the copy, as rsync's.
 //!
 //! Only directories the copy sent are cleaned, and only their entries the
 //! sender did not name. Removal works on directory descriptors opened
@@ -23,6 +28,7 @@ use anyhow::{Context, bail};
 use rustix::fs::{AtFlags, FileType};
 use rustix::io::Errno;
 
+use crate::backup::Backups;
 use crate::filter::Filter;
 use crate::tree::{self, Base};
 
@@ -140,7 +146,7 @@ impl Budget {
 pub type Removed = Vec<(Vec<u8>, bool)>;
 
 /// The receiver's rules for a directory standing where a file, symlink
-/// or special file must go ([`tree::Clearing`]; see `tree/way.rs`), as
+/// or special file must go ([`tree::MakingWay`]; see `tree/way.rs`), as
 /// rsync's: an empty one goes; one with something in it only with
 /// `--delete` or `--force` (`force`), and then each entry in it is
 /// removed as `--delete` removes (named, counted by `--max-delete`, in
@@ -154,6 +160,8 @@ pub struct InTheWay {
     one_file_system: bool,
     /// What the rules exclude stays (none with `--delete-excluded`).
     filter: Option<Filter>,
+    /// `--backup`: what goes is renamed to its backup.
+    backups: Option<Backups>,
     /// What was removed so far, and `--max-delete`'s budget, which the
     /// deletions after the copy go on spending ([`InTheWay::finish`]).
     done: Mutex<(Removed, Budget)>,
@@ -166,19 +174,21 @@ impl InTheWay {
         one_file_system: bool,
         filter: Option<Filter>,
         max_delete: Option<u64>,
+        backups: Option<Backups>,
     ) -> InTheWay {
         InTheWay {
             force,
             dry,
             one_file_system,
             filter,
+            backups,
             done: Mutex::new((Vec::new(), Budget::new(max_delete))),
         }
     }
 
-    /// Whether a directory in the way may be emptied.
-    pub fn forced(&self) -> bool {
-        self.force
+    /// `--backup`'s, where backups are made.
+    pub fn backups(&self) -> Option<&Backups> {
+        self.backups.as_ref()
     }
 
     /// The entries removed (and whether each is a directory), and what is
@@ -188,19 +198,24 @@ impl InTheWay {
     }
 }
 
-impl tree::Clearing for InTheWay {
+impl tree::MakingWay for InTheWay {
     fn clear(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()> {
-        if !self.dry {
-            match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
-                Ok(()) => return Ok(()),
-                Err(Errno::NOTEMPTY | Errno::EXIST) => {}
-                Err(e) => return Err(e.into()),
+        let empty = match self.dry {
+            // (A dry run looks whether a run would find it empty.)
+            true => {
+                let inner = tree::open_dir_beneath(dir, &[name.to_bytes()])?;
+                names(&inner)?.is_empty()
             }
+            false => match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
+                Ok(()) => true,
+                Err(Errno::NOTEMPTY | Errno::EXIST) => false,
+                Err(e) => return Err(e.into()),
+            },
+        };
+        if empty {
+            return Ok(());
         }
         if !self.force {
-            if self.dry {
-                return Ok(());
-            }
             eprintln!(
                 "rcp: cannot delete non-empty directory: {}",
                 tree::show(path)
@@ -211,7 +226,9 @@ impl tree::Clearing for InTheWay {
             self.filter
                 .as_ref()
                 .is_some_and(|f| f.excludes(path, is_dir))
+                || self.backups.as_ref().is_some_and(|b| b.protects(path))
         };
+        let dir = dir.try_clone_to_owned()?;
         let mut done = self.done.lock().expect("in the way lock");
         let (removed, budget) = &mut *done;
         let mut how = Clean {
@@ -219,19 +236,34 @@ impl tree::Clearing for InTheWay {
             dry: self.dry,
             one_file_system: self.one_file_system,
             budget: std::mem::take(budget),
+            backups: self.backups.as_ref(),
         };
-        let before = removed.len();
-        let dir = dir.try_clone_to_owned()?;
-        let gone = remove(&dir, name.to_bytes(), path, true, &mut how, removed);
+        let held_before = how.budget.held_back;
+        // (The directory itself is neither counted nor named, as rsync's;
+        // what goes from inside it is both.)
+        let gone = remove(
+            &dir,
+            name.to_bytes(),
+            path,
+            Removal::InTheWay,
+            &mut how,
+            removed,
+        );
+        let held = how.budget.held_back > held_before;
         *budget = how.budget;
-        // (The directory itself goes unnamed, as rsync's; what went from
-        // inside it is named.)
-        if removed.len() > before && removed.last().is_some_and(|(p, _)| p == path) {
-            removed.pop();
-        }
         match gone? {
             Gone::Yes => Ok(()),
+            _ if held => {
+                bail!("the directory there holds what --max-delete left")
+            }
             _ => bail!("the directory there holds what may not go"),
+        }
+    }
+
+    fn back_up(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()> {
+        match &self.backups {
+            Some(b) if !self.dry => b.back_up(dir, name, path),
+            _ => Ok(()),
         }
     }
 }
@@ -254,9 +286,9 @@ fn rsync_order(names: &mut [(Vec<u8>, bool)]) {
 }
 
 /// Removes, from each directory the sender sent (`dirs`: entry index and
-/// path), the entries it did not send, unless `keep` (the filter rules)
-/// protects them (given the path and whether it is a directory). `dry`
-/// (`-n`): only says what it would remove.
+/// path), the entries it did not send, unless `how.keep` (the filter
+/// rules) protects them (given the path and whether it is a directory).
+/// `how.dry` (`-n`): only says what it would remove.
 ///
 /// `one_file_system` (`-x`), as rsync's: each top-level entry's file
 /// system at the destination is the one its subtree's cleaning keeps to.
@@ -270,18 +302,9 @@ pub fn extraneous(
     base: &Base,
     sent: &Sent,
     dirs: impl Iterator<Item = (u32, Vec<u8>)>,
-    keep: &dyn Fn(&[u8], bool) -> bool,
-    dry: bool,
-    one_file_system: bool,
-    budget: Budget,
+    mut how: Clean<'_>,
 ) -> Deleted {
     let mut done = Deleted::default();
-    let mut how = Clean {
-        keep,
-        dry,
-        one_file_system,
-        budget,
-    };
     // The file system of each top-level entry at the destination.
     let mut tops: HashMap<Vec<u8>, u64> = HashMap::new();
     for (index, dir_path) in dirs {
@@ -304,12 +327,28 @@ pub fn extraneous(
     done
 }
 
-/// How [`clean`] removes.
-struct Clean<'a> {
-    keep: &'a dyn Fn(&[u8], bool) -> bool,
-    dry: bool,
-    one_file_system: bool,
-    budget: Budget,
+/// How [`extraneous`] removes.
+pub struct Clean<'a> {
+    /// What stays: the filter rules (given a path and whether it is a
+    /// directory).
+    pub keep: &'a dyn Fn(&[u8], bool) -> bool,
+    pub dry: bool,
+    /// `-x` (see [`extraneous`]).
+    pub one_file_system: bool,
+    pub budget: Budget,
+    /// `--backup`: a non-directory is renamed to its backup.
+    pub backups: Option<&'a Backups>,
+}
+
+impl std::fmt::Debug for Clean<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Clean")
+            .field("dry", &self.dry)
+            .field("one_file_system", &self.one_file_system)
+            .field("budget", &self.budget)
+            .field("backups", &self.backups)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Whether an entry [`remove`] was given went.
@@ -370,7 +409,7 @@ fn clean(
         if (how.keep)(&path, is_dir) {
             continue;
         }
-        remove(&dir, &name, &path, is_dir, how, removed)
+        remove(&dir, &name, &path, Removal::of(is_dir), how, removed)
             .with_context(|| format!("cannot delete {}", tree::show(&path)))?;
     }
     Ok(())
@@ -413,17 +452,19 @@ fn remove(
     dir: &OwnedFd,
     name: &[u8],
     path: &[u8],
-    is_dir: bool,
+    what: Removal,
     how: &mut Clean<'_>,
     removed: &mut Vec<(Vec<u8>, bool)>,
 ) -> anyhow::Result<Gone> {
     let cname = std::ffi::CString::new(name)?;
-    if !is_dir {
+    if what == Removal::NotDir {
         if !how.budget.spend() {
             return Ok(Gone::HeldBack);
         }
-        if !how.dry {
-            rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::empty())?;
+        match how.backups {
+            _ if how.dry => {}
+            Some(b) => b.move_away(dir.as_fd(), cname.as_c_str(), path)?,
+            None => rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::empty())?,
         }
         removed.push((path.to_vec(), false));
         return Ok(Gone::Yes);
@@ -444,7 +485,7 @@ fn remove(
         let gone = if (how.keep)(&child, d) {
             Gone::NotEmpty
         } else {
-            remove(&inner, &n, &child, d, how, removed)?
+            remove(&inner, &n, &child, Removal::of(d), how, removed)?
         };
         stays = match (stays, gone) {
             (_, Gone::MountInside) | (Gone::MountInside, _) => Gone::MountInside,
@@ -472,14 +513,47 @@ fn remove(
         }
         Gone::Yes => {}
     }
-    if !how.budget.spend() {
+    let counted = what == Removal::Dir;
+    if counted && !how.budget.spend() {
         return Ok(Gone::HeldBack);
     }
     if !how.dry {
-        rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::REMOVEDIR)?;
+        match rustix::fs::unlinkat(dir, cname.as_c_str(), AtFlags::REMOVEDIR) {
+            // (`--backup` without `--backup-dir`: the backups of what it
+            // held are in it, as rsync leaves them.)
+            Err(Errno::NOTEMPTY) if how.backups.is_some_and(Backups::beside_their_files) => {
+                eprintln!(
+                    "rcp: cannot delete non-empty directory: {}",
+                    tree::show(path)
+                );
+                return Ok(Gone::NotEmpty);
+            }
+            r => r?,
+        }
     }
-    removed.push((path.to_vec(), true));
+    if counted {
+        removed.push((path.to_vec(), true));
+    }
     Ok(Gone::Yes)
+}
+
+/// What [`remove`] removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Removal {
+    NotDir,
+    Dir,
+    /// A directory in the way of an entry ([`InTheWay`]): what it holds
+    /// is removed as a directory's, counted and named; it is neither.
+    InTheWay,
+}
+
+impl Removal {
+    fn of(is_dir: bool) -> Removal {
+        match is_dir {
+            true => Removal::Dir,
+            false => Removal::NotDir,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -79,6 +79,10 @@ pub fn there(base: &Base, e: &Entry) -> Option<There> {
         mode: st.st_mode & 0o7777,
         uid: st.st_uid,
         gid: st.st_gid,
+        same_target: kind != EntryKind::Symlink
+            || e.kind != EntryKind::Symlink
+            || rustix::fs::readlinkat(&*parent, name.as_c_str(), Vec::new())
+                .is_ok_and(|t| t.as_bytes() == e.target),
     })
 }
 

@@ -41,6 +41,7 @@
 pub mod app;
 pub mod archive;
 pub mod arrivals;
+pub mod backup;
 pub mod broadcast;
 pub mod chain;
 pub mod chmod;

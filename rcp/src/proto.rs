@@ -494,6 +494,13 @@ pub struct Extras {
     /// `--force` (key 5, no value): a directory with something in it,
     /// standing where a non-directory must go, is emptied and removed.
     pub force: bool,
+    /// `--backup` (key 6: the suffix, which may be empty only with key
+    /// 7): what the copy replaces or removes is renamed to a backup
+    /// (`crate::backup`).
+    pub backup: Option<Vec<u8>>,
+    /// `--backup-dir` (key 7: the directory as given, only with key 6):
+    /// backups go there, laid out as the destination.
+    pub backup_dir: Option<Vec<u8>>,
 }
 
 impl Extras {
@@ -502,6 +509,8 @@ impl Extras {
     const EXISTING: u16 = 3;
     const CHMOD: u16 = 4;
     const FORCE: u16 = 5;
+    const BACKUP: u16 = 6;
+    const BACKUP_DIR: u16 = 7;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -525,6 +534,12 @@ impl Extras {
         }
         if self.force {
             items.push((Extras::FORCE, Vec::new()));
+        }
+        if let Some(suffix) = &self.backup {
+            items.push((Extras::BACKUP, suffix.clone()));
+        }
+        if let Some(dir) = &self.backup_dir {
+            items.push((Extras::BACKUP_DIR, dir.clone()));
         }
         items
     }
@@ -561,6 +576,11 @@ impl Extras {
                     extras.chmod = Some((umask, rules.to_string()));
                 }
                 Extras::CHMOD => return Err(ProtoError::BadField("extras.chmod")),
+                Extras::BACKUP => extras.backup = Some(value.clone()),
+                Extras::BACKUP_DIR if !value.is_empty() && !value.contains(&0) => {
+                    extras.backup_dir = Some(value.clone());
+                }
+                Extras::BACKUP_DIR => return Err(ProtoError::BadField("extras.backup_dir")),
                 Extras::DELETE_EXCLUDED | Extras::EXISTING | Extras::FORCE => {
                     return Err(ProtoError::BadField("extras: a flag with a value"));
                 }
@@ -570,6 +590,17 @@ impl Extras {
                     ));
                 }
             }
+        }
+        // (A suffix as `--suffix` takes it; a directory only with it.)
+        match &extras.backup {
+            Some(suffix) => {
+                crate::backup::check_suffix(suffix, extras.backup_dir.is_some())
+                    .map_err(|_| ProtoError::BadField("extras.backup"))?;
+            }
+            None if extras.backup_dir.is_some() => {
+                return Err(ProtoError::BadField("extras: a backup dir without backup"));
+            }
+            None => {}
         }
         Ok(extras)
     }
@@ -1750,6 +1781,8 @@ mod tests {
                     existing: true,
                     chmod: Some((0o077, "a+rX".into())),
                     force: true,
+                    backup: Some(Vec::new()),
+                    backup_dir: Some(b"../bak".to_vec()),
                 }
                 .items(),
             },
@@ -1764,6 +1797,8 @@ mod tests {
             existing: true,
             chmod: Some((0o022, "Dg+s,Fgo-w".into())),
             force: true,
+            backup: Some(b".old".to_vec()),
+            backup_dir: Some(b"/bak".to_vec()),
         };
         let one = Extras {
             existing: true,

@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::archive::{Keep, Powers, Xattr, XattrInbox};
 use crate::arrivals::{Action, Arrivals, Place, Shape};
+use crate::backup::Backups;
 use crate::chain::{Merging, Relay};
 use crate::delete;
 use crate::digest::{self, Algorithm};
@@ -217,15 +218,18 @@ pub async fn receive(
     tree::umask();
     // A directory standing where a non-directory must go is cleared by
     // the copy's rules (`tree/way.rs`).
+    let mut base = base;
     let way = Arc::new(delete::InTheWay::new(
         opts.delete || opts.force,
         opts.dry_run,
         opts.one_file_system,
         (!opts.delete_excluded).then(|| filter.clone()),
         opts.max_delete,
+        base.take_backups(),
     ));
-    let mut base = base;
-    base.making_way(Arc::clone(&way) as Arc<dyn tree::Clearing>);
+    // (`--backup` without `--backup-dir`: rsync's `--omit-dir-times`.)
+    let dir_times = !way.backups().is_some_and(Backups::beside_their_files);
+    base.making_way(Arc::clone(&way) as Arc<dyn tree::MakingWay>);
     let base = Arc::new(base);
     let mut files: HashMap<u32, File> = HashMap::new();
     let mut finals = Finals::default();
@@ -289,6 +293,7 @@ pub async fn receive(
         not_made: HashSet::new(),
         last_dir: None,
         xattrs: XattrInbox::default(),
+        dir_times,
     };
     // Entries found unchanged on threads of their own, where a batch's
     // entries are compared with what is there (and nothing else is asked
@@ -583,15 +588,23 @@ pub async fn receive(
             .map(|(d, _)| (d.index, d.path.clone()));
         // What the rules exclude is not the copy's to delete (unless
         // `--delete-excluded`).
-        let keep = |path: &[u8], is_dir| !opts.delete_excluded && filter.excludes(path, is_dir);
+        // (Nor what `--backup` made beside its files: rsync's `P *~`.)
+        let keep = |path: &[u8], is_dir| {
+            !opts.delete_excluded
+                && (filter.excludes(path, is_dir)
+                    || way.backups().is_some_and(|b| b.protects(path)))
+        };
         let deleted = delete::extraneous(
             &base,
             sent,
             dirs,
-            &keep,
-            opts.dry_run,
-            opts.one_file_system,
-            budget,
+            delete::Clean {
+                keep: &keep,
+                dry: opts.dry_run,
+                one_file_system: opts.one_file_system,
+                budget,
+                backups: way.backups(),
+            },
         );
         stats.deleted += deleted.removed.len() as u64;
         for (path, is_dir) in deleted.removed {
@@ -632,7 +645,7 @@ pub async fn receive(
     for (d, xattrs) in finishing.iter().rev() {
         // (One the sender could not list failed already: its metadata is
         // set where it can be, and not said failed twice.)
-        if let Err(e) = base.finish_dir(d, xattrs, how)
+        if let Err(e) = base.finish_dir(d, xattrs, how, dir_times)
             && !new.unread.contains(&d.index)
         {
             let (kind, reason) = self::failed(&e);
@@ -840,6 +853,9 @@ struct Creator<'a> {
     /// A broadcast node's: where its answers about files meet the next
     /// node's.
     merging: Option<Arc<Merging>>,
+    /// Whether directory times are set (not with `--backup` without
+    /// `--backup-dir`).
+    dir_times: bool,
     /// Failures of this side's own: each also answered, unless a
     /// broadcast node's (an `EntryFailed` before the data would keep it
     /// from the nodes after this one).
@@ -1014,6 +1030,9 @@ impl Creator<'_> {
         // passed over (a file by the policy, below), and a directory that
         // is not there with all in it.
         if self.opts.policy.existing && self.not_there(&e) {
+            return self.pass_over(arrivals, &e);
+        }
+        if self.opts.policy.ignore_existing && self.left_as_is(&e) {
             return self.pass_over(arrivals, &e);
         }
         // `--min-size`, `--max-size`: a file outside them is left alone
@@ -1237,7 +1256,10 @@ impl Creator<'_> {
         if self.opts.itemize == Itemize::Off {
             return;
         }
-        if let Some(code) = resync::itemize(e, there, sent, self.kept()) {
+        let mut kept = self.kept();
+        // (Times not set are not differences.)
+        kept.times &= e.kind != EntryKind::Dir || self.dir_times;
+        if let Some(code) = resync::itemize(e, there, sent, kept) {
             self.answers.itemized(code, itemized_name(e));
         }
     }
@@ -1253,10 +1275,16 @@ impl Creator<'_> {
     ) -> anyhow::Result<Vec<Action<Arc<Chunk>>>> {
         let actions = arrivals.announce(e.index, Shape::Other)?;
         let there = existing::there(self.base, &e);
-        // (What a run would remove to make way for it is named.)
-        if e.kind != EntryKind::Dir && there.as_ref().is_some_and(|t| t.kind == EntryKind::Dir) {
-            let _ = self.base.would_make_way(&e);
-        }
+        // What a run would remove to make way for an entry it makes is
+        // named; where it could not, a run would fail the entry, and so
+        // does this one (a file is said not to make way, and is counted
+        // skipped, as all files of a dry run).
+        let in_the_way =
+            e.kind != EntryKind::Dir && there.as_ref().is_some_and(|t| t.kind == EntryKind::Dir);
+        let make_way = |this: &Self| match in_the_way {
+            true => this.base.would_make_way(&e),
+            false => Ok(()),
+        };
         // (What a run would link from a `--link-dest` is named by none.)
         let linked =
             |this: &Self| e.kind != EntryKind::Dir && this.link_dest_holding(&e, xattrs).is_some();
@@ -1277,13 +1305,21 @@ impl Creator<'_> {
                     Decision::Skip { metadata: false } => {}
                     Decision::Skip { metadata: true } => self.item(&e, there.as_ref(), false),
                     Decision::Send | Decision::Compare if linked(self) => {}
-                    Decision::Send | Decision::Compare => self.item(&e, there.as_ref(), true),
+                    Decision::Send | Decision::Compare => match make_way(self) {
+                        Ok(()) => self.item(&e, there.as_ref(), true),
+                        Err(err) => eprintln!("rcp: {}: {err:#}", tree::show(&e.path)),
+                    },
                 }
                 self.answers.skipped(e.index);
             }
             kind => {
                 // (Where nothing could be linked, nothing more is looked at.)
-                if !linked(self) || existing::in_place(self.base, &e, xattrs, self.how) {
+                let linked = linked(self);
+                if let Err(err) = make_way(self) {
+                    self.entry_failed(&e, &err);
+                    return Ok(actions);
+                }
+                if !linked || existing::in_place(self.base, &e, xattrs, self.how) {
                     self.item(&e, there.as_ref(), false);
                 }
                 self.answers.send(e.index, Ok(()));

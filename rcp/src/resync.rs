@@ -213,6 +213,9 @@ pub struct There {
     pub mode: u32,
     pub uid: u32,
     pub gid: u32,
+    /// A symlink there points where the entry's does (true for all
+    /// else).
+    pub same_target: bool,
 }
 
 /// What a copy keeps, as far as `-i` reports differences of it.
@@ -260,6 +263,11 @@ pub fn itemize(e: &Entry, there: Option<&There>, sent: bool, kept: Kept) -> Opti
     let mut code = [b'.'; 11];
     code[0] = if sent { b'>' } else { b'.' };
     code[1] = x;
+    // (A symlink made again to point elsewhere: rsync's `cLc`.)
+    if !t.same_target {
+        code[0] = b'c';
+        code[2] = b'c';
+    }
     code[3] = differs(e.kind == EntryKind::File && t.size != e.size, b's');
     code[4] = differs(kept.times && t.mtime != (e.mtime_sec, e.mtime_nsec), b't');
     code[5] = differs(kept.perms && t.mode & 0o7777 != e.mode, b'p');
@@ -433,6 +441,7 @@ mod tests {
             mode: 0o644,
             uid: 0,
             gid: 0,
+            same_target: true,
         };
         assert_eq!(shown(Some(same), false), None, "nothing changes: no line");
         let changed = There {
@@ -468,6 +477,21 @@ mod tests {
         assert_eq!(
             &itemize(&d, Some(&later), false, kept).unwrap(),
             b".d..t......"
+        );
+        let link = Entry {
+            kind: EntryKind::Symlink,
+            target: b"new".to_vec(),
+            ..d.clone()
+        };
+        let elsewhere = There {
+            kind: EntryKind::Symlink,
+            mode: link.mode,
+            same_target: false,
+            ..same
+        };
+        assert_eq!(
+            &itemize(&link, Some(&elsewhere), false, kept).unwrap(),
+            b"cLc........"
         );
         // Without -p, neither times nor modes are differences.
         let plain = Kept {

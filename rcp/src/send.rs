@@ -30,7 +30,7 @@ mod remove;
 mod waiting;
 mod walk;
 use data::{ChunkAt, ChunkRead, DataSender, DataStep, StreamsGone, stripe, why_streams_failed};
-pub use remove::{Origins, SameName};
+pub use remove::{Origins, SameName, one_name_each};
 use waiting::Waiting;
 pub use walk::Walk;
 

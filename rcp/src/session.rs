@@ -13,6 +13,7 @@ use rfabric::transport::{Backend, Connection};
 use rfabric::wire::Role;
 
 use crate::archive::Keep;
+use crate::backup;
 use crate::chain::{self, Onward, Relay};
 use crate::connect::link_config;
 use crate::digest::Algorithm;
@@ -110,9 +111,10 @@ impl Params {
     /// What a request asks of a server that is `side`: the choices only
     /// the client's own end acts on are left out (a server from before
     /// one would refuse it for nothing): `--chmod` in a push (the client
-    /// walks), `--max-delete`, `--delete-excluded`, `--force` and
-    /// `--link-dest` in a pull (the client receives). `--existing` goes both ways: a sender
-    /// waits for the answers it makes the receiver give.
+    /// walks), `--max-delete`, `--delete-excluded`, `--force`, the
+    /// backups and `--link-dest` in a pull (the client receives).
+    /// `--existing` goes both ways: a sender waits for the answers it
+    /// makes the receiver give.
     fn asked_of(&self, side: Side) -> Params {
         let mut asked = self.clone();
         match side {
@@ -121,6 +123,7 @@ impl Params {
                 asked.extras.max_delete = None;
                 asked.extras.delete_excluded = false;
                 asked.extras.force = false;
+                (asked.extras.backup, asked.extras.backup_dir) = (None, None);
                 asked.link_dests = Arc::default();
             }
         }
@@ -576,6 +579,13 @@ async fn client_session(
                     open,
                 ));
             }
+            if let Some(suffix) = &params.extras.backup {
+                let at = dest.as_os_str().as_encoded_bytes();
+                let dir = params.extras.backup_dir.as_deref();
+                let make = |p: &[u8]| backup::make_as_given(Path::new(tree::os(p)));
+                let backups = backup::open(suffix, dir, at, &base, false, make)?;
+                base.backing_up(backups);
+            }
             let asked = params.asked_of(Side::Sender);
             let pull = Msg::Pull {
                 flags: asked.flags(),
@@ -855,6 +865,7 @@ fn start_walk(local: Sources, params: &Params) -> anyhow::Result<send::Walk> {
         owners: params.owners.clone(),
         chmod,
     };
+    send::one_name_each(&local)?;
     let origins = match params.remove_sources {
         true => Some(send::Origins::of(&local)?),
         false => None,
@@ -1083,6 +1094,22 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 };
                 let dests = linkdest::bases(&params.link_dests, &at, renamed, confined, open);
                 base.linking_from(dests);
+            }
+            if let Some(suffix) = &params.extras.backup {
+                // (Beneath the roots, as the destination.)
+                let at = requested_path(&dest)?.into_os_string().into_encoded_bytes();
+                let dir = params.extras.backup_dir.as_deref();
+                let confined = !config.own_files;
+                let make = |p: &[u8]| match confined {
+                    true => {
+                        let path = requested_path(p)?;
+                        let (root, parts) = tree::under_roots(&path, &config.roots)?;
+                        backup::make_beneath(tree::open_root(root)?, &parts)
+                    }
+                    false => backup::make_as_given(Path::new(tree::os(p))),
+                };
+                let backups = backup::open(suffix, dir, &at, &base, confined, make)?;
+                base.backing_up(backups);
             }
             let mut relay = match &chain {
                 Some(hops) => {

@@ -36,7 +36,7 @@ mod way;
 pub use symlinks::{Symlinks, leads_outside};
 use together::Together;
 use unnamed::Linking;
-pub use way::Clearing;
+pub use way::MakingWay;
 use way::{EmptyOnly, Spot};
 
 /// Splits a peer's relative path into checked components: not empty, not
@@ -1040,7 +1040,10 @@ pub struct Base {
     link_dests: Vec<Base>,
     /// What clears a directory standing where a non-directory must go
     /// ([`way`]).
-    way: Arc<dyn Clearing>,
+    way: Arc<dyn MakingWay>,
+    /// `--backup`: where what is replaced or removed goes, until the
+    /// receiver takes it for its rules ([`Base::take_backups`]).
+    backups: Option<crate::backup::Backups>,
 }
 
 /// The directories entries went into lately, the latest first. Entries of
@@ -1271,7 +1274,7 @@ pub struct PartFile {
     made_mode: Option<u32>,
     /// What clears a directory standing under its name ([`way`]; none:
     /// only an empty one goes).
-    way: Option<Arc<dyn Clearing>>,
+    way: Option<Arc<dyn MakingWay>>,
 }
 
 /// What a file being received is called until it is in place.
@@ -1296,13 +1299,31 @@ impl Base {
             together: std::sync::Mutex::default(),
             link_dests: Vec::new(),
             way: Arc::new(EmptyOnly),
+            backups: None,
         }
     }
 
+    /// `--backup`: what is replaced or removed here goes to `backups`.
+    pub fn backing_up(&mut self, backups: crate::backup::Backups) {
+        self.backups = Some(backups);
+    }
+
+    pub fn take_backups(&mut self) -> Option<crate::backup::Backups> {
+        self.backups.take()
+    }
+
     /// How a directory standing where a non-directory must go is cleared
-    /// (by default only an empty one is: see [`way`]).
-    pub fn making_way(&mut self, way: Arc<dyn Clearing>) {
+    /// (by default only an empty one is: see [`way`]), and what is
+    /// replaced kept (`--backup`).
+    pub fn making_way(&mut self, way: Arc<dyn MakingWay>) {
         self.way = way;
+    }
+
+    /// A new descriptor of the directory entry paths start in, and the
+    /// name its top takes for a copy under a new name (`--backup-dir`
+    /// lays its tree out as the destination's).
+    pub fn root(&self) -> anyhow::Result<(OwnedFd, Option<Vec<u8>>)> {
+        Ok((rustix::io::dup(&self.dir)?, self.rename_top.clone()))
     }
 
     /// Whether the entry tree's top takes the destination's own name (a
@@ -1398,18 +1419,29 @@ impl Base {
         let made = match rustix::fs::mkdirat(&parent, name.as_c_str(), Mode::from_raw_mode(0o700)) {
             // Something else than a directory has its name (a file, or a
             // symlink, to a directory or not): it goes, as rsync makes way
-            // for a directory.
+            // for a directory. Not the destination itself, named as the
+            // copy's new name (rsync: "cannot overwrite non-directory with
+            // a directory"; `rcp -r dir /dev/null` as root would remove
+            // it), which fails below.
             Err(rustix::io::Errno::EXIST)
-                if rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-                    .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) != FileType::Directory) =>
+                if (self.rename_top.is_none() || e.path.contains(&b'/'))
+                    && rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+                        .is_ok_and(|st| {
+                            FileType::from_raw_mode(st.st_mode) != FileType::Directory
+                        }) =>
             {
-                rustix::fs::unlinkat(&parent, name.as_c_str(), AtFlags::empty())
-                    .and_then(|()| {
-                        rustix::fs::mkdirat(&parent, name.as_c_str(), Mode::from_raw_mode(0o700))
-                    })
-                    .with_context(|| {
-                        format!("could not make way for new directory {}", show(&e.path))
-                    })?;
+                // (`--backup`: kept under its backup name instead.)
+                self.way.back_up(parent.as_fd(), &name, &e.path)?;
+                match rustix::fs::unlinkat(&parent, name.as_c_str(), AtFlags::empty()) {
+                    Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+                    Err(e) => Err(e),
+                }
+                .and_then(|()| {
+                    rustix::fs::mkdirat(&parent, name.as_c_str(), Mode::from_raw_mode(0o700))
+                })
+                .with_context(|| {
+                    format!("could not make way for new directory {}", show(&e.path))
+                })?;
                 Ok(())
             }
             r => r,
@@ -1449,7 +1481,15 @@ impl Base {
     /// Applies a directory's metadata, mode and times, after its contents
     /// arrived: each only where it differs (a re-sync of an unchanged
     /// tree changes no directory).
-    pub fn finish_dir(&self, e: &Entry, xattrs: &[Xattr], how: Fidelity) -> anyhow::Result<()> {
+    /// (`times`: whether its times are set; not with `--backup` without
+    /// `--backup-dir`, as rsync's.)
+    pub fn finish_dir(
+        &self,
+        e: &Entry,
+        xattrs: &[Xattr],
+        how: Fidelity,
+        times: bool,
+    ) -> anyhow::Result<()> {
         let (parent, name) = self.place(&e.path)?;
         let dir = open_dir_beneath(&parent, &[name.as_bytes()])?;
         let st = rustix::fs::fstat(&dir)?;
@@ -1495,8 +1535,8 @@ impl Base {
         {
             rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))?;
         }
-        if how.time_differs(e, &st) {
-            rustix::fs::futimens(&dir, &times(e))?;
+        if times && how.time_differs(e, &st) {
+            rustix::fs::futimens(&dir, &self::times(e))?;
         }
         Ok(())
     }
@@ -2006,23 +2046,34 @@ impl PartFile {
         match naming {
             // A sync of its own is linked with the rename (one pair of
             // io_uring operations, one job of the threads engine).
+            // (A file that cannot be put in place leaves no temporary
+            // file: the next run sends it whole again.)
             Naming::Temp(temp) if matches!(parent.durability, Durability::EachFile) => {
-                let linked = engine
-                    .sync_and_rename(&fd, &parent, temp.clone(), name.clone())
-                    .await;
-                match linked {
-                    // (Synced: only the rename is made again.)
-                    Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => {
-                        spot.clear(way)?;
-                        rename(&temp).context("cannot rename into place")?;
+                let placed = async {
+                    way.back_up(parent.as_fd(), &name, &e.path)?;
+                    let linked = engine
+                        .sync_and_rename(&fd, &parent, temp.clone(), name.clone())
+                        .await;
+                    match linked {
+                        // (Synced: only the rename is made again.)
+                        Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => {
+                            spot.clear(way)?;
+                            rename(&temp).context("cannot rename into place")
+                        }
+                        r => Ok(r?),
                     }
-                    r => r?,
-                }
+                };
+                placed.await.inspect_err(|_| {
+                    let _ = rustix::fs::unlinkat(&parent, temp.as_c_str(), AtFlags::empty());
+                })?;
             }
             // Otherwise nothing to hand off: renamed here once durable.
             Naming::Temp(temp) => {
                 parent.durability.make(&fd, engine).await?;
-                spot.put(way, "cannot rename into place", || rename(&temp))?;
+                spot.put(way, "cannot rename into place", || rename(&temp))
+                    .inspect_err(|_| {
+                        let _ = rustix::fs::unlinkat(&parent, temp.as_c_str(), AtFlags::empty());
+                    })?;
             }
             Naming::Unnamed(how) => {
                 parent.durability.make(&fd, engine).await?;
@@ -2112,7 +2163,7 @@ fn put_in_place(
     parent: &DestDir,
     temp: &CString,
     name: &CString,
-    (way, path, kind): (&dyn Clearing, &[u8], EntryKind),
+    (way, path, kind): (&dyn MakingWay, &[u8], EntryKind),
     finish: impl FnOnce() -> anyhow::Result<()>,
     what: impl FnOnce() -> String,
 ) -> anyhow::Result<()> {

@@ -6,7 +6,7 @@
 //! with `--delete` or `--force`, and never with what the rules protect.
 
 use std::ffi::OsStr;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{MetadataExt, symlink};
 use std::path::Path;
 use std::process::Command;
 
@@ -235,5 +235,132 @@ fn another_name_of_a_file_makes_way_for_itself() {
             std::fs::metadata(&b).unwrap().ino(),
             "{mode}: not one file"
         );
+    }
+}
+
+/// A file of several chunks (received under a temporary name, not
+/// unnamed) makes way as a small one does, on both storage engines and
+/// with a sync of each file's own (the rename linked to it); one that
+/// cannot leaves no temporary file.
+#[test]
+fn a_file_of_several_chunks_makes_way_on_every_path() {
+    let t = Scratch::new("make-way-big");
+    let src = t.path("src");
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    write(&src.join("big"), &big);
+    let (_rsh, path) = common::fake_rsh(&t);
+    for engine in ["threads", "io_uring"] {
+        for durability in ["", "each-file"] {
+            let into = t.path(&format!("into-{engine}-{durability}"));
+            write(&into.join("src/big/inside"), b"in the way");
+            let run = |force: bool| {
+                let mut cmd = Command::new(common::RCP);
+                cmd.args(["-q", "--chunk-size", "64K", "-a", "--io-engine", engine]);
+                if force {
+                    cmd.arg("--force");
+                }
+                cmd.arg(&src).arg(&into).env("PATH", &path);
+                if !durability.is_empty() {
+                    cmd.env("RCP_TEST_DURABILITY", durability);
+                }
+                cmd.output().unwrap()
+            };
+            let out = run(false);
+            let what = format!("{engine} {durability}");
+            if !out.status.success()
+                && String::from_utf8_lossy(&out.stderr).contains("io_uring")
+                && engine == "io_uring"
+            {
+                eprintln!("skipped: no io_uring here");
+                continue;
+            }
+            assert!(!out.status.success(), "{what}: made way without --force");
+            assert!(into.join("src/big/inside").is_file(), "{what}");
+            assert_eq!(
+                common::temporaries_in(&into.join("src")),
+                Vec::<String>::new(),
+                "{what}: a temporary file left"
+            );
+            let out = run(true);
+            assert!(
+                out.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(std::fs::read(into.join("src/big")).unwrap(), big, "{what}");
+        }
+    }
+}
+
+/// `--ignore-existing` leaves a name that is there whatever it holds,
+/// unless both are directories, as rsync's: nothing makes way.
+#[test]
+fn ignore_existing_makes_no_way_as_rsync_in_every_mode() {
+    if !rsync_available() {
+        eprintln!("skipped: no rsync");
+        return;
+    }
+    let t = Scratch::new("make-way-ignore");
+    let src = t.path("src");
+    source(&src);
+    let modes = Modes::new(&t, &[]);
+    let f = flags(&["-a", "--delete", "--ignore-existing"]);
+    let oracle = t.path("oracle");
+    before(&oracle);
+    // (rsync then fails each file in a directory it did not make, 23;
+    // rcp leaves them out with their directory, as `--existing` does.)
+    let out = Command::new("rsync")
+        .args(&f)
+        .arg(&src)
+        .arg(format!("{}/", oracle.display()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(23));
+    // (rsync then gives the file and the symlink left where a directory
+    // comes that directory's time, as if they were it; rcp leaves them
+    // as they were.)
+    let untimed = |root: &Path| {
+        for n in ["src/to-dir", "src/link-to-dir"] {
+            set_times(&root.join(n), 1_400_000_000, 0);
+        }
+    };
+    untimed(&oracle);
+    for mode in EVERY_MODE {
+        let into = t.path(&format!("ignore-{}", mode.replace(' ', "-")));
+        before(&into);
+        modes.run(mode, f.clone(), &src, &into);
+        assert_eq!(
+            std::fs::symlink_metadata(into.join("src/to-dir"))
+                .unwrap()
+                .mtime(),
+            1_400_000_000,
+            "{mode}: left as it was"
+        );
+        untimed(&into);
+        assert_same(&format!("{mode} {f:?}"), &oracle, &into);
+    }
+    // (rsync left each, else the comparison proves little.)
+    let top = oracle.join("src");
+    assert!(top.join("to-dir").is_file() && top.join("from-full-dir/g").is_file());
+    assert!(top.join("link-from-empty-dir").is_dir());
+}
+
+/// The destination itself, named as a copy's new name, is never made way
+/// for: a directory copied onto a file fails, and the file stays.
+#[test]
+fn a_directory_copied_onto_a_file_fails_and_leaves_it() {
+    let t = Scratch::new("make-way-top");
+    let src = t.path("src");
+    source(&src);
+    let file = t.path("a-file");
+    write(&file, b"precious");
+    let (_rsh, path) = common::fake_rsh(&t);
+    for extra in [&[][..], &["--force", "--delete"][..]] {
+        let mut args: Vec<&OsStr> = vec![OsStr::new("-a")];
+        args.extend(extra.iter().map(OsStr::new));
+        args.extend([src.as_os_str(), file.as_os_str()]);
+        let out = rcp(&args, &path);
+        assert!(!out.status.success(), "{extra:?}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"precious", "{extra:?}");
     }
 }

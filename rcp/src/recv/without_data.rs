@@ -32,6 +32,31 @@ impl Creator<'_> {
         gone
     }
 
+    /// `--ignore-existing`: whether `e` is left as it is because its name
+    /// is taken at the destination, whatever by (as rsync's: unless both
+    /// are directories; a file is the policy's to decide, another name
+    /// of one the link loop's), or because its directory was left so. A
+    /// directory left is noted, so that all in it is left too. (Without
+    /// it, a symlink there was made again, and a file where a directory
+    /// comes made way for it.)
+    pub(super) fn left_as_is(&mut self, e: &Entry) -> bool {
+        let parent = match e.path.iter().rposition(|&b| b == b'/') {
+            Some(k) => &e.path[..k],
+            None => &b""[..],
+        };
+        let left = self.not_made.contains(parent)
+            || !matches!(e.kind, EntryKind::File | EntryKind::HardLink)
+                && existing::status(self.base, &e.path).is_ok_and(|st| {
+                    e.kind != EntryKind::Dir
+                        || rustix::fs::FileType::from_raw_mode(st.st_mode)
+                            != rustix::fs::FileType::Directory
+                });
+        if left && e.kind == EntryKind::Dir {
+            self.not_made.insert(e.path.clone());
+        }
+        left
+    }
+
     /// Whether nothing is under `path` at the destination (its directory
     /// missing too). Only that: a name that cannot be looked at is not
     /// taken for absent (what comes next fails for it, saying why).

@@ -176,14 +176,27 @@ pub struct Origins {
     listed: Option<OwnedFd>,
 }
 
-/// Two sources arrive under one name: which of them an entry came from
-/// cannot be told, so neither may be removed.
+/// Two sources arrive under one name: one would replace the other at
+/// the destination (or, a directory and a file, make way for it), and
+/// which of them an entry came from cannot be told (so neither could be
+/// removed by `--remove-source-files`).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "--remove-source-files: two sources arrive as {0:?}; copy them apart, or into \
+    "two sources arrive as {0:?}: one would replace the other; copy them apart, or into \
      destinations of their own"
 )]
 pub struct SameName(pub String);
+
+/// Refuses `sources` where two operands arrive under one name.
+pub fn one_name_each(sources: &Sources) -> Result<(), SameName> {
+    if let Sources::Operands(ops) = sources {
+        let mut tops = HashSet::new();
+        if let Some(s) = ops.iter().find(|s| !tops.insert(&s.top)) {
+            return Err(SameName(tree::show(&s.top)));
+        }
+    }
+    Ok(())
+}
 
 impl Origins {
     /// The directories of `sources`, held apart from the walk's; refused
@@ -191,10 +204,7 @@ impl Origins {
     pub fn of(sources: &Sources) -> anyhow::Result<Origins> {
         Ok(match sources {
             Sources::Operands(ops) => {
-                let mut tops = HashSet::new();
-                if let Some(s) = ops.iter().find(|s| !tops.insert(&s.top)) {
-                    return Err(SameName(tree::show(&s.top)).into());
-                }
+                one_name_each(sources)?;
                 Origins {
                     operands: ops
                         .iter()

@@ -14,7 +14,11 @@
 //! and the rename made again. A copy where nothing is in the way makes no
 //! call more. Clearing takes the receiver's rules (`--delete`, `--force`,
 //! the filter, `--max-delete`), which this module does not know: it asks
-//! them through [`Clearing`] (`crate::delete::InTheWay`).
+//! them through [`MakingWay`] (`crate::delete::InTheWay`).
+//!
+//! The same rules keep what is replaced, with `--backup`: a non-directory
+//! under the name is renamed to its backup just before the new entry is
+//! renamed there ([`MakingWay::back_up`], `crate::backup`).
 //!
 //! [`Base::make_dir`]: super::Base::make_dir
 
@@ -29,19 +33,26 @@ use crate::proto::EntryKind;
 
 use super::show;
 
-/// What clears a directory standing where a non-directory must go.
-pub trait Clearing: Send + Sync + std::fmt::Debug {
+/// What the receiver's rules do with what stands where an entry goes.
+pub trait MakingWay: Send + Sync + std::fmt::Debug {
     /// Removes directory `name` in `dir` (entry path `path`), all in it
-    /// first, where the receiver's rules let it; else an error saying why
-    /// (it has said what it could not remove).
+    /// first, where the receiver's rules let it (a non-directory standing
+    /// where a directory must go is backed up, then removed); else an
+    /// error saying why (it has said what it could not remove).
     fn clear(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()>;
+
+    /// `--backup`: renames a non-directory under `name` in `dir` (entry
+    /// path `path`) to its backup, before an entry is put in its place.
+    fn back_up(&self, _dir: BorrowedFd<'_>, _name: &CStr, _path: &[u8]) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 /// Without rules to clear by, only an empty directory goes.
 #[derive(Debug)]
 pub(crate) struct EmptyOnly;
 
-impl Clearing for EmptyOnly {
+impl MakingWay for EmptyOnly {
     fn clear(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()> {
         match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
             Ok(()) => Ok(()),
@@ -76,15 +87,17 @@ pub(crate) struct Spot<'a> {
 }
 
 impl Spot<'_> {
-    /// Runs `put` (a rename or link onto the name); where a directory
-    /// stands there (`EISDIR`), clears it by `way` and runs `put` once
-    /// more. An error of `put`'s says `what` failed.
+    /// Runs `put` (a rename or link onto the name), what is there backed
+    /// up first (`--backup`); where a directory stands there (`EISDIR`),
+    /// clears it by `way` and runs `put` once more. An error of `put`'s
+    /// says `what` failed.
     pub(crate) fn put<T>(
         &self,
-        way: &dyn Clearing,
+        way: &dyn MakingWay,
         what: &str,
         mut put: impl FnMut() -> std::io::Result<T>,
     ) -> anyhow::Result<T> {
+        way.back_up(self.dir, self.name, self.path)?;
         match put() {
             Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => {
                 self.clear(way)?;
@@ -95,7 +108,7 @@ impl Spot<'_> {
     }
 
     /// Clears the directory under the name, or fails as rsync does.
-    pub(crate) fn clear(&self, way: &dyn Clearing) -> anyhow::Result<()> {
+    pub(crate) fn clear(&self, way: &dyn MakingWay) -> anyhow::Result<()> {
         way.clear(self.dir.as_fd(), self.name, self.path)
             .map_err(|e| anyhow::anyhow!("could not make way for new {}: {e}", called(self.kind)))
     }

@@ -1,0 +1,286 @@
+//! `--backup` (`-b`), `--backup-dir DIR`, `--suffix SUFFIX`, as rsync's:
+//! what the copy replaces or removes at the destination is renamed
+//! instead of lost.
+//!
+//! * A file, symlink or special file replaced by what the copy sends (new
+//!   data, or an entry of another kind) is renamed to its backup just
+//!   before the new one is renamed into its place.
+//! * One `--delete` removes (or a directory in the way is cleared of,
+//!   see `tree/way.rs`) is renamed to its backup instead. Directories are
+//!   not backed up: what they hold is, and they go once empty.
+//! * The backup of `d/name` is `d/name~` (the suffix, `~` by default), or
+//!   with `--backup-dir DIR` it is `DIR/d/name` plus the suffix (none by
+//!   default), in directories made as needed with the modes of the
+//!   destination's. A relative DIR is relative to the destination, as
+//!   `--link-dest`'s. An earlier backup of that name is replaced.
+//! * Without `--backup-dir`, `--delete` leaves the names that end in the
+//!   suffix (rsync adds the rule `P *~`), and directory times are not
+//!   set (rsync forces `--omit-dir-times`: each backup made in a
+//!   directory dates it).
+//!
+//! Renames only: a backup is never a copy, so it costs one `rename` a
+//! file, and `--backup-dir` must be on the destination's file system (a
+//! file whose backup cannot be made there fails, and stays as it was).
+//! Only the entry itself moves: a name is renamed, not followed.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, bail};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::tree;
+
+/// Why a suffix cannot be used. **Sans I/O.**
+pub fn check_suffix(suffix: &[u8], with_dir: bool) -> Result<(), &'static str> {
+    if suffix.contains(&b'/') || suffix.contains(&0) {
+        return Err("--suffix may not hold a '/'");
+    }
+    if suffix.is_empty() && !with_dir {
+        return Err("--suffix may be empty only with --backup-dir");
+    }
+    Ok(())
+}
+
+/// The backup name of `name` with `suffix`. **Sans I/O.**
+pub fn backup_name(name: &[u8], suffix: &[u8]) -> Vec<u8> {
+    [name, suffix].concat()
+}
+
+/// Where and how a copy's backups are made.
+#[derive(Debug)]
+pub struct Backups {
+    suffix: Vec<u8>,
+    dir: Option<BackupDir>,
+}
+
+/// `--backup-dir`: a tree laid out as the destination.
+#[derive(Debug)]
+struct BackupDir {
+    /// The backup directory, and the destination's base (whose
+    /// directories' modes the ones made in it take).
+    root: OwnedFd,
+    dest: OwnedFd,
+    /// A copy under a new name: the entry tree's top is the destination
+    /// itself, so the backup directory itself in the backup tree; else
+    /// the top is a name in both.
+    top: Option<Vec<u8>>,
+    /// The backup directory reached last, by the entry path's
+    /// directories: backups come a directory at a time.
+    last: Mutex<Option<(Vec<u8>, Arc<OwnedFd>)>>,
+}
+
+impl Backups {
+    /// Backups beside what they back up, `suffix` (checked) added.
+    pub fn beside(suffix: Vec<u8>) -> Backups {
+        Backups { suffix, dir: None }
+    }
+
+    /// Backups in `root` (opened), laid out as the destination `dest`
+    /// (the destination's base: see `tree::Base`; `top`, the name of a
+    /// copy under a new name, which `root` itself stands for).
+    pub fn into_dir(
+        suffix: Vec<u8>,
+        root: OwnedFd,
+        dest: OwnedFd,
+        top: Option<Vec<u8>>,
+    ) -> Backups {
+        let dir = BackupDir {
+            root,
+            dest,
+            top,
+            last: Mutex::new(None),
+        };
+        Backups {
+            suffix,
+            dir: Some(dir),
+        }
+    }
+
+    /// Whether `--delete` leaves entry `path`: a backup made beside what
+    /// it backs up (rsync's `P *~`).
+    pub fn protects(&self, path: &[u8]) -> bool {
+        let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+        self.dir.is_none() && name.ends_with(&self.suffix)
+    }
+
+    /// Whether backups stay in their files' directories (no
+    /// `--backup-dir`): then directory times are left as they are, and a
+    /// directory `--delete` empties stays, holding them.
+    pub fn beside_their_files(&self) -> bool {
+        self.dir.is_none()
+    }
+
+    /// Renames what stands under `name` in `dir` (entry path `path`) to
+    /// its backup, unless nothing or a directory stands there.
+    pub fn back_up(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()> {
+        match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) != FileType::Directory => {}
+            Ok(_) | Err(Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        self.move_away(dir, name, path)
+    }
+
+    /// Renames non-directory `name` in `dir` (entry path `path`) to its
+    /// backup.
+    pub fn move_away(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()> {
+        let to = CString::new(backup_name(name.to_bytes(), &self.suffix))?;
+        let shown = || format!("cannot back up {}", tree::show(path));
+        match &self.dir {
+            None => rustix::fs::renameat(dir, name, dir, to.as_c_str()).with_context(shown),
+            Some(b) => {
+                let into = b.dir_for(path).with_context(shown)?;
+                match rustix::fs::renameat(dir, name, &*into, to.as_c_str()) {
+                    Err(Errno::XDEV) => Err(anyhow::anyhow!(
+                        "{}: --backup-dir is on another file system than the destination",
+                        shown()
+                    )),
+                    r => r.with_context(shown),
+                }
+            }
+        }
+    }
+}
+
+impl BackupDir {
+    /// The backup tree's directory for entry `path`'s, made as needed
+    /// with the destination's directories' modes.
+    fn dir_for(&self, path: &[u8]) -> anyhow::Result<Arc<OwnedFd>> {
+        let mut parts = tree::relative(path)?;
+        parts.pop();
+        let key = parts.join(&b'/');
+        let mut last = self.last.lock().expect("backup dir lock");
+        if let Some((k, fd)) = &*last
+            && *k == key
+        {
+            return Ok(Arc::clone(fd));
+        }
+        let mut here = rustix::io::dup(&self.root)?;
+        let mut there = rustix::io::dup(&self.dest)?;
+        for (i, part) in parts.iter().enumerate() {
+            // (Under a new name, the top is the destination itself: the
+            // backup directory itself in the backup tree.)
+            let (in_dest, in_backup): (&[u8], Option<&[u8]>) = match (&self.top, i) {
+                (Some(top), 0) => (top, None),
+                _ => (part, Some(part)),
+            };
+            there = tree::open_dir_beneath(&there, &[in_dest])?;
+            let Some(name) = in_backup else { continue };
+            here = match tree::open_dir_beneath(&here, &[name]) {
+                Ok(fd) => fd,
+                Err(_) => {
+                    let mode = rustix::fs::fstat(&there)?.st_mode & 0o7777;
+                    let cname = CString::new(name)?;
+                    match rustix::fs::mkdirat(&here, cname.as_c_str(), Mode::from_raw_mode(0o700)) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => {
+                            return Err(e).with_context(|| {
+                                format!("cannot make {} in --backup-dir", tree::show(name))
+                            });
+                        }
+                    }
+                    let fd = tree::open_dir_beneath(&here, &[name])?;
+                    // (The mode of the directory it stands for.)
+                    let _ = rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode));
+                    fd
+                }
+            };
+        }
+        let fd = Arc::new(here);
+        *last = Some((key, Arc::clone(&fd)));
+        Ok(fd)
+    }
+}
+
+/// The backups of a copy into `dest` (its path as given, the receiver's
+/// `base` opened for it): beside their files with `suffix`, or in `dir`,
+/// relative to `dest` where it is not absolute, as `--link-dest`'s
+/// (`crate::linkdest::resolve`), opened by `make`, which makes what is
+/// missing. `confined` (a daemon's): the directory is reached by the
+/// text of its path, beneath the daemon's roots.
+pub fn open(
+    suffix: &[u8],
+    dir: Option<&[u8]>,
+    dest: &[u8],
+    base: &tree::Base,
+    confined: bool,
+    make: impl Fn(&[u8]) -> anyhow::Result<OwnedFd>,
+) -> anyhow::Result<Backups> {
+    let Some(dir) = dir else {
+        return Ok(Backups::beside(suffix.to_vec()));
+    };
+    let by_text = crate::linkdest::resolve(dir, dest);
+    let as_given = match dir.starts_with(b"/") {
+        true => dir.to_vec(),
+        false => [dest, b"/", dir].concat(),
+    };
+    let opened = match confined {
+        true => make(&by_text),
+        false => make(&as_given),
+    }
+    .with_context(|| format!("cannot open --backup-dir {}", tree::show(&by_text)))?;
+    let (root, top) = base.root()?;
+    Ok(Backups::into_dir(suffix.to_vec(), opened, root, top))
+}
+
+/// Opens directory `path` as given, made with what leads to it where
+/// missing: a `--backup-dir` of the user's own side.
+pub fn make_as_given(path: &std::path::Path) -> anyhow::Result<OwnedFd> {
+    std::fs::create_dir_all(path)?;
+    tree::open_root(path)
+}
+
+/// Opens (making it and what leads to it where missing) directory `path`
+/// beneath `root`, following no symlink: a `--backup-dir` of `rcp serve`.
+pub fn make_beneath(root: impl AsFd, parts: &[&[u8]]) -> anyhow::Result<OwnedFd> {
+    let mut cur = rustix::io::dup(root)?;
+    for part in parts {
+        let name = CString::new(*part)?;
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        cur = match rustix::fs::openat(&cur, name.as_c_str(), flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => {
+                match rustix::fs::mkdirat(&cur, name.as_c_str(), Mode::from_raw_mode(0o777)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                rustix::fs::openat(&cur, name.as_c_str(), flags, Mode::empty())?
+            }
+            Err(e) => {
+                bail!(
+                    "cannot open {}: {e} (not a directory, or a symlink)",
+                    tree::show(part)
+                )
+            }
+        };
+    }
+    Ok(cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suffixes_are_checked_as_rsync_checks_them() {
+        assert!(check_suffix(b"~", false).is_ok());
+        assert!(check_suffix(b"", true).is_ok());
+        assert!(
+            check_suffix(b"", false).is_err(),
+            "a backup would be the file"
+        );
+        assert!(check_suffix(b"a/b", true).is_err());
+        assert_eq!(backup_name(b"f", b".bak"), b"f.bak");
+    }
+
+    #[test]
+    fn only_backups_beside_their_files_are_protected_from_delete() {
+        let beside = Backups::beside(b"~".to_vec());
+        assert!(beside.protects(b"src/d/f~") && !beside.protects(b"src/d/f"));
+        assert!(!beside.protects(b"src/d~/f"), "the name, not a directory's");
+        assert!(beside.beside_their_files());
+    }
+}
