@@ -7,7 +7,6 @@
 use std::ffi::OsStr;
 use std::os::unix::fs::{MetadataExt, symlink};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use test_support::Scratch;
 
@@ -92,20 +91,6 @@ fn second_source(src: &Path) {
     std::fs::remove_file(src.join("same")).unwrap();
 }
 
-fn rsync(flags: &[&OsStr], src: &Path, into: &Path) {
-    let out = Command::new("rsync")
-        .args(flags)
-        .arg(src)
-        .arg(format!("{}/", into.display()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "rsync {flags:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn backups_as_rsyncs(name: &str, flags: &[&str], backup_dir: Option<&str>) {
     if !rsync_available() {
         eprintln!("skipped: no rsync");
@@ -136,7 +121,7 @@ fn backups_as_rsyncs(name: &str, flags: &[&str], backup_dir: Option<&str>) {
     }
     for run in 1..=2 {
         let f = with(&oracle);
-        rsync(&f.iter().map(OsStr::new).collect::<Vec<_>>(), &src, &oracle);
+        rsync_into(&f.iter().map(OsStr::new).collect::<Vec<_>>(), &src, &oracle);
         same_dir_times(&oracle);
         for (mode, into) in EVERY_MODE.iter().zip(&intos) {
             let f = with(into);

@@ -79,20 +79,29 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     all
 }
 
+/// A scratch directory with the source in it and the four ways to copy,
+/// where rsync is there to compare with.
+fn with_rsync(name: &str) -> Option<(Scratch, std::path::PathBuf, Modes)> {
+    if !rsync_available() {
+        eprintln!("skipped: no rsync");
+        return None;
+    }
+    let t = Scratch::new(name);
+    let src = t.path("src");
+    source(&src);
+    let modes = Modes::new(&t, &[]);
+    Some((t, src, modes))
+}
+
 fn flags(f: &[&'static str]) -> Vec<&'static OsStr> {
     f.iter().map(|a| OsStr::new(*a)).collect()
 }
 
 #[test]
 fn with_delete_or_force_what_is_in_the_way_goes_as_with_rsync_in_every_mode() {
-    if !rsync_available() {
-        eprintln!("skipped: no rsync");
+    let Some((t, src, modes)) = with_rsync("make-way") else {
         return;
-    }
-    let t = Scratch::new("make-way");
-    let src = t.path("src");
-    source(&src);
-    let modes = Modes::new(&t, &[]);
+    };
     for (name, f) in [
         ("delete", flags(&["-a", "--delete"])),
         ("force", flags(&["-a", "--force"])),
@@ -111,14 +120,9 @@ fn with_delete_or_force_what_is_in_the_way_goes_as_with_rsync_in_every_mode() {
 /// whole; the rest of the copy goes on.
 #[test]
 fn a_directory_holding_what_may_not_go_stays_and_its_entry_fails_in_every_mode() {
-    if !rsync_available() {
-        eprintln!("skipped: no rsync");
+    let Some((t, src, modes)) = with_rsync("make-way-refused") else {
         return;
-    }
-    let t = Scratch::new("make-way-refused");
-    let src = t.path("src");
-    source(&src);
-    let modes = Modes::new(&t, &[]);
+    };
     for (name, f, refused) in [
         (
             "plain",
@@ -133,12 +137,7 @@ fn a_directory_holding_what_may_not_go_stays_and_its_entry_fails_in_every_mode()
     ] {
         let oracle = t.path(&format!("oracle-{name}"));
         before(&oracle);
-        let out = Command::new("rsync")
-            .args(&f)
-            .arg(&src)
-            .arg(format!("{}/", oracle.display()))
-            .output()
-            .unwrap();
+        let out = rsync_out(&f, &src, &oracle);
         assert_eq!(out.status.code(), Some(23), "rsync {f:?}: a partial copy");
         for mode in EVERY_MODE {
             let into = t.path(&format!("{name}-{}", mode.replace(' ', "-")));
@@ -163,14 +162,9 @@ fn a_directory_holding_what_may_not_go_stays_and_its_entry_fails_in_every_mode()
 /// entry, with rsync's lines, and changes nothing.
 #[test]
 fn a_dry_run_names_what_would_make_way_as_rsync_in_every_mode() {
-    if !rsync_available() {
-        eprintln!("skipped: no rsync");
+    let Some((t, src, modes)) = with_rsync("make-way-dry") else {
         return;
-    }
-    let t = Scratch::new("make-way-dry");
-    let src = t.path("src");
-    source(&src);
-    let modes = Modes::new(&t, &[]);
+    };
     let f = flags(&["-a", "-n", "-i", "--delete"]);
     let lines = |out: &[u8]| {
         let mut l: Vec<String> = String::from_utf8_lossy(out)
@@ -182,12 +176,7 @@ fn a_dry_run_names_what_would_make_way_as_rsync_in_every_mode() {
     };
     let oracle = t.path("oracle");
     before(&oracle);
-    let out = Command::new("rsync")
-        .args(&f)
-        .arg(&src)
-        .arg(format!("{}/", oracle.display()))
-        .output()
-        .unwrap();
+    let out = rsync_out(&f, &src, &oracle);
     assert!(out.status.success());
     let want = lines(&out.stdout);
     assert!(want.contains(&"*deleting   src/from-full-dir/deep/er/f".to_string()));
@@ -296,25 +285,15 @@ fn a_file_of_several_chunks_makes_way_on_every_path() {
 /// unless both are directories, as rsync's: nothing makes way.
 #[test]
 fn ignore_existing_makes_no_way_as_rsync_in_every_mode() {
-    if !rsync_available() {
-        eprintln!("skipped: no rsync");
+    let Some((t, src, modes)) = with_rsync("make-way-ignore") else {
         return;
-    }
-    let t = Scratch::new("make-way-ignore");
-    let src = t.path("src");
-    source(&src);
-    let modes = Modes::new(&t, &[]);
+    };
     let f = flags(&["-a", "--delete", "--ignore-existing"]);
     let oracle = t.path("oracle");
     before(&oracle);
     // (rsync then fails each file in a directory it did not make, 23;
     // rcp leaves them out with their directory, as `--existing` does.)
-    let out = Command::new("rsync")
-        .args(&f)
-        .arg(&src)
-        .arg(format!("{}/", oracle.display()))
-        .output()
-        .unwrap();
+    let out = rsync_out(&f, &src, &oracle);
     assert_eq!(out.status.code(), Some(23));
     // (rsync then gives the file and the symlink left where a directory
     // comes that directory's time, as if they were it; rcp leaves them

@@ -28,13 +28,19 @@ pub fn rcp_ok(args: &[&OsStr], path: &str) {
     );
 }
 
-pub fn rsync_into(flags: &[&OsStr], src: &Path, into: &Path) {
-    let out = Command::new("rsync")
+/// `rsync FLAGS src into/`: its output, whatever its status.
+pub fn rsync_out(flags: &[&OsStr], src: &Path, into: &Path) -> std::process::Output {
+    Command::new("rsync")
         .args(flags)
         .arg(src)
         .arg(format!("{}/", into.display()))
         .output()
-        .expect("rsync runs");
+        .expect("rsync runs")
+}
+
+/// [`rsync_out`], which must succeed.
+pub fn rsync_into(flags: &[&OsStr], src: &Path, into: &Path) {
+    let out = rsync_out(flags, src, into);
     assert!(
         out.status.success(),
         "rsync {flags:?} failed: {}",
