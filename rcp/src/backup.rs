@@ -3,8 +3,9 @@
 //! instead of lost.
 //!
 //! * A file, symlink or special file replaced by what the copy sends (new
-//!   data, or an entry of another kind) is renamed to its backup just
-//!   before the new one is renamed into its place.
+//!   data, or an entry of another kind) is linked under its backup's name
+//!   just before the new one is renamed over it: the name never goes
+//!   missing ([`Backups::back_up`]; rsync renames it away first).
 //! * One `--delete` removes (or a directory in the way is cleared of,
 //!   see `tree/way.rs`) is renamed to its backup instead. Directories are
 //!   not backed up: what they hold is, and they go once empty.
@@ -12,16 +13,18 @@
 //!   with `--backup-dir DIR` it is `DIR/d/name` plus the suffix (none by
 //!   default), in directories made as needed with the modes of the
 //!   destination's. A relative DIR is relative to the destination, as
-//!   `--link-dest`'s. An earlier backup of that name is replaced.
+//!   `--link-dest`'s, opened (and made) at the first backup. An earlier
+//!   backup of that name is replaced.
 //! * Without `--backup-dir`, `--delete` leaves the names that end in the
 //!   suffix (rsync adds the rule `P *~`), and directory times are not
 //!   set (rsync forces `--omit-dir-times`: each backup made in a
 //!   directory dates it).
 //!
-//! Renames only: a backup is never a copy, so it costs one `rename` a
-//! file, and `--backup-dir` must be on the destination's file system (a
-//! file whose backup cannot be made there fails, and stays as it was).
-//! Only the entry itself moves: a name is renamed, not followed.
+//! Links and renames only: a backup is never a copy, so it costs a call
+//! or two a file, and `--backup-dir` must be on the destination's file
+//! system (a file whose backup cannot be made there fails, and stays as
+//! it was). Only the entry itself moves: a name is linked or renamed,
+//! never followed.
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -56,12 +59,19 @@ pub struct Backups {
     dir: Option<BackupDir>,
 }
 
+/// Opens the backup directory, given whether the copy's top is a file
+/// under a new name (then a relative DIR is relative to the directory
+/// that file is in, as rsync's): made where missing.
+pub type OpenDir = Box<dyn Fn(bool) -> anyhow::Result<OwnedFd> + Send + Sync>;
+
 /// `--backup-dir`: a tree laid out as the destination.
-#[derive(Debug)]
 struct BackupDir {
-    /// The backup directory, and the destination's base (whose
-    /// directories' modes the ones made in it take).
-    root: OwnedFd,
+    /// Opened at the first backup: a dry run, or a run that replaces
+    /// nothing, makes no directory.
+    open: OpenDir,
+    root: std::sync::OnceLock<Result<OwnedFd, String>>,
+    /// The destination's base (whose directories' modes the ones made in
+    /// the backup tree take).
     dest: OwnedFd,
     /// A copy under a new name: the entry tree's top is the destination
     /// itself, so the backup directory itself in the backup tree; else
@@ -72,23 +82,40 @@ struct BackupDir {
     last: Mutex<Option<(Vec<u8>, Arc<OwnedFd>)>>,
 }
 
+impl std::fmt::Debug for BackupDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackupDir")
+            .field("root", &self.root)
+            .field("top", &self.top)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a backup goes: a directory, and the name in it.
+enum Target {
+    /// Beside the file, in its own directory.
+    Beside(CString),
+    In(Arc<OwnedFd>, CString),
+}
+
 impl Backups {
     /// Backups beside what they back up, `suffix` (checked) added.
     pub fn beside(suffix: Vec<u8>) -> Backups {
         Backups { suffix, dir: None }
     }
 
-    /// Backups in `root` (opened), laid out as the destination `dest`
-    /// (the destination's base: see `tree::Base`; `top`, the name of a
-    /// copy under a new name, which `root` itself stands for).
+    /// Backups in the directory `open` opens, laid out as the destination
+    /// whose base is `dest` (see `tree::Base`; `top`, the name of a copy
+    /// under a new name, which the backup directory itself stands for).
     pub fn into_dir(
         suffix: Vec<u8>,
-        root: OwnedFd,
+        open: OpenDir,
         dest: OwnedFd,
         top: Option<Vec<u8>>,
     ) -> Backups {
         let dir = BackupDir {
-            root,
+            open,
+            root: std::sync::OnceLock::new(),
             dest,
             top,
             last: Mutex::new(None),
@@ -113,44 +140,113 @@ impl Backups {
         self.dir.is_none()
     }
 
-    /// Renames what stands under `name` in `dir` (entry path `path`) to
-    /// its backup, unless nothing or a directory stands there.
+    /// Keeps what stands under `name` in `dir` (entry path `path`), unless
+    /// nothing or a directory stands there, as its backup, before an
+    /// entry is renamed over it: linked under the backup's name (an
+    /// earlier backup of it replaced), so that the name holds the old
+    /// entry until the new one replaces it, and still holds it if that
+    /// fails. (Where it cannot be linked, as a file of another owner under
+    /// `protected_hardlinks`, it is renamed.)
     pub fn back_up(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()> {
         match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if FileType::from_raw_mode(st.st_mode) != FileType::Directory => {}
             Ok(_) | Err(Errno::NOENT) => return Ok(()),
             Err(e) => return Err(e.into()),
         }
-        self.move_away(dir, name, path)
+        let shown = || format!("cannot back up {}", tree::show(path));
+        let target = self.target(dir, name, path).with_context(shown)?;
+        let (into, to) = target.at(dir);
+        make_room(into, to, self.dir.is_some()).with_context(shown)?;
+        match rustix::fs::linkat(dir, name, into, to, AtFlags::empty()) {
+            Ok(()) => Ok(()),
+            Err(Errno::PERM | Errno::MLINK) => self.move_away(dir, name, path),
+            Err(e) => Err(on_another_fs(e)).with_context(shown),
+        }
     }
 
     /// Renames non-directory `name` in `dir` (entry path `path`) to its
-    /// backup.
+    /// backup, as `--delete` removes it (an earlier backup of it
+    /// replaced). A backup beside its file is not backed up again, as
+    /// rsync's: it goes (`--delete-excluded`, a directory cleared).
     pub fn move_away(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()> {
-        let to = CString::new(backup_name(name.to_bytes(), &self.suffix))?;
         let shown = || format!("cannot back up {}", tree::show(path));
-        match &self.dir {
-            None => rustix::fs::renameat(dir, name, dir, to.as_c_str()).with_context(shown),
-            Some(b) => {
-                let into = b.dir_for(path).with_context(shown)?;
-                match rustix::fs::renameat(dir, name, &*into, to.as_c_str()) {
-                    Err(Errno::XDEV) => Err(anyhow::anyhow!(
-                        "{}: --backup-dir is on another file system than the destination",
-                        shown()
-                    )),
-                    r => r.with_context(shown),
-                }
-            }
+        if self.protects(path) {
+            return rustix::fs::unlinkat(dir, name, AtFlags::empty()).with_context(shown);
         }
+        let target = self.target(dir, name, path).with_context(shown)?;
+        let (into, to) = target.at(dir);
+        make_room(into, to, self.dir.is_some()).with_context(shown)?;
+        rustix::fs::renameat(dir, name, into, to)
+            .map_err(on_another_fs)
+            .with_context(shown)
+    }
+
+    /// Where the backup of `name` in `dir` (entry path `path`) goes:
+    /// never onto `name` itself (a `--backup-dir` that is the entry's own
+    /// directory, without a suffix: a rename there would do nothing, and
+    /// the entry after it would replace the file with no backup left).
+    fn target(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<Target> {
+        let to = CString::new(backup_name(name.to_bytes(), &self.suffix))?;
+        let Some(b) = &self.dir else {
+            return Ok(Target::Beside(to));
+        };
+        let into = b.dir_for(path)?;
+        let id = |fd: BorrowedFd<'_>| rustix::fs::fstat(fd).map(|st| (st.st_dev, st.st_ino));
+        if to.as_bytes() == name.to_bytes() && id(into.as_fd())? == id(dir)? {
+            bail!(
+                "--backup-dir is the directory {} is in, and without --suffix its backup would \
+                 be itself",
+                tree::show(path)
+            );
+        }
+        Ok(Target::In(into, to))
+    }
+}
+
+impl Target {
+    fn at<'a>(&'a self, dir: BorrowedFd<'a>) -> (BorrowedFd<'a>, &'a CStr) {
+        match self {
+            Target::Beside(to) => (dir, to),
+            Target::In(into, to) => (into.as_fd(), to),
+        }
+    }
+}
+
+/// Clears the name `to` in `into` for a backup: an earlier backup there
+/// goes (a non-directory; in a `--backup-dir`, an empty directory too).
+fn make_room(into: BorrowedFd<'_>, to: &CStr, own_tree: bool) -> anyhow::Result<()> {
+    match rustix::fs::unlinkat(into, to, AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Err(Errno::ISDIR) if own_tree => rustix::fs::unlinkat(into, to, AtFlags::REMOVEDIR)
+            .context("a directory with something in it stands where the backup goes"),
+        Err(Errno::ISDIR) => bail!("a directory stands where the backup goes"),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn on_another_fs(e: Errno) -> anyhow::Error {
+    match e {
+        Errno::XDEV => {
+            anyhow::anyhow!("--backup-dir is on another file system than the destination")
+        }
+        e => e.into(),
     }
 }
 
 impl BackupDir {
     /// The backup tree's directory for entry `path`'s, made as needed
-    /// with the destination's directories' modes.
+    /// with the destination's directories' modes (what stands in the way
+    /// in the backup tree, not a directory, goes).
     fn dir_for(&self, path: &[u8]) -> anyhow::Result<Arc<OwnedFd>> {
         let mut parts = tree::relative(path)?;
         parts.pop();
+        // (A top-level entry under a new name is the copy's one file.)
+        let file_top = self.top.is_some() && parts.is_empty();
+        let root = self
+            .root
+            .get_or_init(|| (self.open)(file_top).map_err(|e| format!("{e:#}")))
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         let key = parts.join(&b'/');
         let mut last = self.last.lock().expect("backup dir lock");
         if let Some((k, fd)) = &*last
@@ -158,7 +254,7 @@ impl BackupDir {
         {
             return Ok(Arc::clone(fd));
         }
-        let mut here = rustix::io::dup(&self.root)?;
+        let mut here = rustix::io::dup(root)?;
         let mut there = rustix::io::dup(&self.dest)?;
         for (i, part) in parts.iter().enumerate() {
             // (Under a new name, the top is the destination itself: the
@@ -174,6 +270,12 @@ impl BackupDir {
                 Err(_) => {
                     let mode = rustix::fs::fstat(&there)?.st_mode & 0o7777;
                     let cname = CString::new(name)?;
+                    // (An earlier backup of a file of this name.)
+                    if rustix::fs::statat(&here, cname.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+                        .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) != FileType::Directory)
+                    {
+                        rustix::fs::unlinkat(&here, cname.as_c_str(), AtFlags::empty())?;
+                    }
                     match rustix::fs::mkdirat(&here, cname.as_c_str(), Mode::from_raw_mode(0o700)) {
                         Ok(()) | Err(Errno::EXIST) => {}
                         Err(e) => {
@@ -197,33 +299,44 @@ impl BackupDir {
 
 /// The backups of a copy into `dest` (its path as given, the receiver's
 /// `base` opened for it): beside their files with `suffix`, or in `dir`,
-/// relative to `dest` where it is not absolute, as `--link-dest`'s
-/// (`crate::linkdest::resolve`), opened by `make`, which makes what is
-/// missing. `confined` (a daemon's): the directory is reached by the
-/// text of its path, beneath the daemon's roots.
+/// relative to the destination directory where it is not absolute, as
+/// `--link-dest`'s (`crate::linkdest::resolve`): `dest`, or, for one file
+/// copied under a new name, the directory it is in. `make` opens it (made
+/// where missing) at the first backup. `confined` (a daemon's): the
+/// directory is reached by the text of its path, beneath the daemon's
+/// roots.
 pub fn open(
     suffix: &[u8],
     dir: Option<&[u8]>,
     dest: &[u8],
     base: &tree::Base,
     confined: bool,
-    make: impl Fn(&[u8]) -> anyhow::Result<OwnedFd>,
+    make: impl Fn(&[u8]) -> anyhow::Result<OwnedFd> + Send + Sync + 'static,
 ) -> anyhow::Result<Backups> {
     let Some(dir) = dir else {
         return Ok(Backups::beside(suffix.to_vec()));
     };
-    let by_text = crate::linkdest::resolve(dir, dest);
-    let as_given = match dir.starts_with(b"/") {
-        true => dir.to_vec(),
-        false => [dest, b"/", dir].concat(),
-    };
-    let opened = match confined {
-        true => make(&by_text),
-        false => make(&as_given),
-    }
-    .with_context(|| format!("cannot open --backup-dir {}", tree::show(&by_text)))?;
+    let (dir, dest) = (dir.to_vec(), dest.to_vec());
+    let open: OpenDir = Box::new(move |file_top| {
+        let at: &[u8] = match (file_top, dest.iter().rposition(|&b| b == b'/')) {
+            (false, _) => &dest,
+            (true, Some(0)) => b"/",
+            (true, Some(k)) => &dest[..k],
+            (true, None) => b".",
+        };
+        let by_text = crate::linkdest::resolve(&dir, at);
+        let as_given = match dir.starts_with(b"/") {
+            true => dir.clone(),
+            false => [at, b"/", &dir].concat(),
+        };
+        match confined {
+            true => make(&by_text),
+            false => make(&as_given),
+        }
+        .with_context(|| format!("cannot open --backup-dir {}", tree::show(&by_text)))
+    });
     let (root, top) = base.root()?;
-    Ok(Backups::into_dir(suffix.to_vec(), opened, root, top))
+    Ok(Backups::into_dir(suffix.to_vec(), open, root, top))
 }
 
 /// Opens directory `path` as given, made with what leads to it where

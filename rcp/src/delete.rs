@@ -125,6 +125,11 @@ impl Budget {
         }
     }
 
+    /// Whether one more entry may go (nothing spent).
+    fn allows(&self) -> bool {
+        self.left != Some(0)
+    }
+
     /// Whether one more entry may go (it is spent), else counted kept.
     fn spend(&mut self) -> bool {
         match &mut self.left {
@@ -223,10 +228,10 @@ impl tree::MakingWay for InTheWay {
             bail!("the directory there is not empty (--delete or --force would remove it)");
         }
         let keep = |path: &[u8], is_dir| {
-            self.filter
-                .as_ref()
-                .is_some_and(|f| f.excludes(path, is_dir))
-                || self.backups.as_ref().is_some_and(|b| b.protects(path))
+            // (No filter: `--delete-excluded`, which protects nothing.)
+            self.filter.as_ref().is_some_and(|f| {
+                f.excludes(path, is_dir) || self.backups.as_ref().is_some_and(|b| b.protects(path))
+            })
         };
         let dir = dir.try_clone_to_owned()?;
         let mut done = self.done.lock().expect("in the way lock");
@@ -513,8 +518,11 @@ fn remove(
         }
         Gone::Yes => {}
     }
+    // (Spent once it went: one that stays holding backups is no
+    // deletion.)
     let counted = what == Removal::Dir;
-    if counted && !how.budget.spend() {
+    if counted && !how.budget.allows() {
+        how.budget.spend();
         return Ok(Gone::HeldBack);
     }
     if !how.dry {
@@ -532,6 +540,7 @@ fn remove(
         }
     }
     if counted {
+        how.budget.spend();
         removed.push((path.to_vec(), true));
     }
     Ok(Gone::Yes)

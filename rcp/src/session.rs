@@ -1100,10 +1100,11 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 let at = requested_path(&dest)?.into_os_string().into_encoded_bytes();
                 let dir = params.extras.backup_dir.as_deref();
                 let confined = !config.own_files;
-                let make = |p: &[u8]| match confined {
+                let roots = config.roots.clone();
+                let make = move |p: &[u8]| match confined {
                     true => {
                         let path = requested_path(p)?;
-                        let (root, parts) = tree::under_roots(&path, &config.roots)?;
+                        let (root, parts) = tree::under_roots(&path, &roots)?;
                         backup::make_beneath(tree::open_root(root)?, &parts)
                     }
                     false => backup::make_as_given(Path::new(tree::os(p))),

@@ -37,7 +37,7 @@ pub use symlinks::{Symlinks, leads_outside};
 use together::Together;
 use unnamed::Linking;
 pub use way::MakingWay;
-use way::{EmptyOnly, Spot};
+use way::{EmptyOnly, Remade, Spot};
 
 /// Splits a peer's relative path into checked components: not empty, not
 /// absolute, no `.` or `..`, no NUL, no empty component.
@@ -1561,10 +1561,19 @@ impl Base {
             }
             Ok(())
         };
-        let spot = (&*self.way, &e.path[..], e.kind);
-        put_in_place(&parent, &temp, &name, spot, finish, || {
-            format!("cannot put symlink {} in place", show(&e.path))
-        })
+        // (The same link there is remade for its metadata, not backed up.)
+        let same = rustix::fs::readlinkat(&*parent, name.as_c_str(), Vec::new())
+            .is_ok_and(|t| t.as_bytes() == e.target);
+        let remade = Remade(&*self.way);
+        let way: &dyn MakingWay = if same { &remade } else { &*self.way };
+        put_in_place(
+            &parent,
+            &temp,
+            &name,
+            (way, &e.path, e.kind),
+            finish,
+            || format!("cannot put symlink {} in place", show(&e.path)),
+        )
     }
 
     /// A FIFO, socket or device node (`-D`), made under a temporary name
@@ -1617,10 +1626,19 @@ impl Base {
             }
             Ok(())
         };
-        let spot = (&*self.way, &e.path[..], e.kind);
-        put_in_place(&parent, &temp, &name, spot, finish, || {
-            format!("cannot put {} in place", show(&e.path))
-        })
+        // (The same node there is remade for its metadata, not backed up.)
+        let same = rustix::fs::statat(&*parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == file_type && st.st_rdev == rdev);
+        let remade = Remade(&*self.way);
+        let way: &dyn MakingWay = if same { &remade } else { &*self.way };
+        put_in_place(
+            &parent,
+            &temp,
+            &name,
+            (way, &e.path, e.kind),
+            finish,
+            || format!("cannot put {} in place", show(&e.path)),
+        )
     }
 
     /// Another name (`-H`) for the file received as `e.target`, which is in

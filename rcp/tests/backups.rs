@@ -122,6 +122,15 @@ fn backups_as_rsyncs(name: &str, flags: &[&str], backup_dir: Option<&str>) {
     for run in 1..=2 {
         let f = with(&oracle);
         rsync_into(&f.iter().map(OsStr::new).collect::<Vec<_>>(), &src, &oracle);
+        // (rsync made backups, else the comparison proves little.)
+        let made = walk(&oracle)
+            .iter()
+            .filter(|p| std::fs::read(p).is_ok_and(|d| d == b"old"))
+            .count();
+        assert!(
+            run == 2 || made >= 1,
+            "run {run}: the first contents of `changed` not backed up"
+        );
         same_dir_times(&oracle);
         for (mode, into) in EVERY_MODE.iter().zip(&intos) {
             let f = with(into);
@@ -253,6 +262,19 @@ fn a_bad_suffix_or_a_backup_dir_outside_a_daemons_roots_is_refused() {
     let key = common::secret(&t, "key2");
     let daemon = common::Daemon::start(&[served.dir()], &key);
     let outside = t.path("outside-bak");
+    // (A copy there first: the backup directory is opened only when a
+    // backup is made.)
+    let url = daemon.url(served.dir());
+    let secret = [OsStr::new("--secret-file"), key.as_os_str()];
+    let mut first = vec![OsStr::new("-a")];
+    first.extend(secret);
+    first.extend([src.as_os_str(), OsStr::new(&url)]);
+    rcp_ok(&first, &path);
+    write(
+        &src.join("changed"),
+        b"changed again, so backed up",
+        1_750_000_000,
+    );
     let out = rcp(
         &[
             OsStr::new("-a"),
@@ -269,4 +291,119 @@ fn a_bad_suffix_or_a_backup_dir_outside_a_daemons_roots_is_refused() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("outside the served roots"), "{err}");
     assert!(!outside.exists(), "made outside the roots");
+}
+
+/// The mistakes a backup must survive: a `--backup-dir` that is the
+/// file's own directory without a suffix (the backup would be the file
+/// itself: it fails, and the file stays), a dry run (nothing made), a
+/// file copied under a new name (a relative DIR is beside it, as
+/// rsync's), backups beside their files under `--delete-excluded` (gone,
+/// not backed up again), a symlink whose time alone changes (made again,
+/// not backed up).
+#[test]
+fn backups_survive_the_mistakes() {
+    let t = Scratch::new("backup-mistakes");
+    let (_rsh, path) = common::fake_rsh(&t);
+    let run = |args: &[&OsStr]| rcp(args, &path);
+    let src = t.path("src");
+    write(&src.join("f"), b"new", 1_700_000_000);
+    let into = t.path("into");
+    write(&into.join("src/f"), b"old", 1_500_000_000);
+    let out = run(&[
+        OsStr::new("-a"),
+        OsStr::new("--backup-dir=."),
+        src.as_os_str(),
+        into.as_os_str(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("would be itself"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(into.join("src/f")).unwrap(), b"old");
+    // A dry run makes no backup directory.
+    let out = run(&[
+        OsStr::new("-an"),
+        OsStr::new("--backup-dir=../dry-bak"),
+        src.as_os_str(),
+        into.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!t.path("dry-bak").exists(), "a dry run made it");
+    // One file under a new name: DIR beside it.
+    let one = t.path("one");
+    write(&one, b"one, new", 1_700_000_000);
+    let renamed = t.path("out/g");
+    write(&renamed, b"g, old", 1_500_000_000);
+    let out = run(&[
+        OsStr::new("-a"),
+        OsStr::new("--backup-dir=old"),
+        one.as_os_str(),
+        renamed.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(t.path("out/old/g")).unwrap(), b"g, old");
+    // `--delete-excluded` beside the files: a backup goes, and is not
+    // backed up again (rsync's).
+    write(&into.join("src/x.tmp"), b"excluded", 1_500_000_000);
+    for _ in 0..2 {
+        let out = run(&[
+            OsStr::new("-a"),
+            OsStr::new("-b"),
+            OsStr::new("--delete"),
+            OsStr::new("--delete-excluded"),
+            OsStr::new("--exclude=*.tmp"),
+            src.as_os_str(),
+            into.as_os_str(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut names: Vec<String> = std::fs::read_dir(into.join("src"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["f"], "backups piled up or stayed");
+    // A symlink whose time alone changed is made again, not backed up.
+    let links = t.path("links");
+    std::fs::create_dir_all(&links).unwrap();
+    symlink("f", links.join("l")).unwrap();
+    set_times(&links.join("l"), 1_700_000_000, 0);
+    let at = t.path("links-into");
+    std::fs::create_dir_all(at.join("links")).unwrap();
+    symlink("f", at.join("links/l")).unwrap();
+    set_times(&at.join("links/l"), 1_500_000_000, 0);
+    let out = run(&[
+        OsStr::new("-a"),
+        OsStr::new("-b"),
+        links.as_os_str(),
+        at.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::symlink_metadata(at.join("links/l~")).is_err(),
+        "backed up"
+    );
+    assert_eq!(
+        std::fs::symlink_metadata(at.join("links/l"))
+            .unwrap()
+            .mtime(),
+        1_700_000_000
+    );
 }

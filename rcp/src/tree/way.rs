@@ -65,6 +65,19 @@ impl MakingWay for EmptyOnly {
     }
 }
 
+/// The rules of `.0`, for an entry made again as it was (a symlink to
+/// the same target, a special file of the same kind and device, whose
+/// metadata alone changes): nothing of what it replaces is lost, so
+/// nothing is backed up (rsync changes such an entry in place).
+#[derive(Debug)]
+pub(crate) struct Remade<'a>(pub &'a dyn MakingWay);
+
+impl MakingWay for Remade<'_> {
+    fn clear(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()> {
+        self.0.clear(dir, name, path)
+    }
+}
+
 /// What rsync calls an entry of `kind` when it cannot make way for it.
 fn called(kind: EntryKind) -> &'static str {
     match kind {
