@@ -142,11 +142,13 @@ impl Backups {
 
     /// Keeps what stands under `name` in `dir` (entry path `path`), unless
     /// nothing or a directory stands there, as its backup, before an
-    /// entry is renamed over it: linked under the backup's name (an
-    /// earlier backup of it replaced), so that the name holds the old
-    /// entry until the new one replaces it, and still holds it if that
-    /// fails. (Where it cannot be linked, as a file of another owner under
-    /// `protected_hardlinks`, it is renamed.)
+    /// entry is renamed over it: linked under a temporary name beside
+    /// the backup and renamed onto it (an earlier backup of it replaced
+    /// at once, and kept if anything fails), so that the name holds the
+    /// old entry until the new one replaces it, and still holds it if
+    /// that fails. (Where it cannot be linked, as a file of another owner
+    /// under `protected_hardlinks`, or on a file system without links, it
+    /// is renamed.)
     pub fn back_up(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()> {
         match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if FileType::from_raw_mode(st.st_mode) != FileType::Directory => {}
@@ -156,12 +158,22 @@ impl Backups {
         let shown = || format!("cannot back up {}", tree::show(path));
         let target = self.target(dir, name, path).with_context(shown)?;
         let (into, to) = target.at(dir);
-        make_room(into, to, self.dir.is_some()).with_context(shown)?;
-        match rustix::fs::linkat(dir, name, into, to, AtFlags::empty()) {
-            Ok(()) => Ok(()),
-            Err(Errno::PERM | Errno::MLINK) => self.move_away(dir, name, path),
-            Err(e) => Err(on_another_fs(e)).with_context(shown),
-        }
+        let temp = loop {
+            let temp = tree::temp_name(to)?;
+            match rustix::fs::linkat(dir, name, into, temp.as_c_str(), AtFlags::empty()) {
+                Ok(()) => break temp,
+                Err(Errno::EXIST) => continue,
+                Err(Errno::PERM | Errno::MLINK | Errno::OPNOTSUPP | Errno::NOSYS) => {
+                    return self.rename_onto(dir, name, into, to).with_context(shown);
+                }
+                Err(e) => return Err(on_another_fs(e)).with_context(shown),
+            }
+        };
+        self.rename_onto(into, &temp, into, to)
+            .inspect_err(|_| {
+                let _ = rustix::fs::unlinkat(into, temp.as_c_str(), AtFlags::empty());
+            })
+            .with_context(shown)
     }
 
     /// Renames non-directory `name` in `dir` (entry path `path`) to its
@@ -175,10 +187,42 @@ impl Backups {
         }
         let target = self.target(dir, name, path).with_context(shown)?;
         let (into, to) = target.at(dir);
-        make_room(into, to, self.dir.is_some()).with_context(shown)?;
-        rustix::fs::renameat(dir, name, into, to)
-            .map_err(on_another_fs)
-            .with_context(shown)
+        self.rename_onto(dir, name, into, to).with_context(shown)
+    }
+
+    /// The name the backup of `name` takes.
+    pub fn name_of(&self, name: &[u8]) -> Vec<u8> {
+        backup_name(name, &self.suffix)
+    }
+
+    /// Renames `name` in `dir` onto `to` in `into`, replacing what is
+    /// there at once: a non-directory, or in a `--backup-dir` an empty
+    /// directory (rsync's); another name of the same file is not
+    /// replaced by a rename (it would do nothing), so `name` goes.
+    fn rename_onto(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        into: BorrowedFd<'_>,
+        to: &CStr,
+    ) -> anyhow::Result<()> {
+        let id = |d: BorrowedFd<'_>, n: &CStr| {
+            rustix::fs::statat(d, n, AtFlags::SYMLINK_NOFOLLOW).map(|st| (st.st_dev, st.st_ino))
+        };
+        if let Ok(there) = id(into, to)
+            && id(dir, name).is_ok_and(|here| here == there)
+        {
+            return Ok(rustix::fs::unlinkat(dir, name, AtFlags::empty())?);
+        }
+        match rustix::fs::renameat(dir, name, into, to) {
+            Err(Errno::ISDIR) if self.dir.is_some() => {
+                rustix::fs::unlinkat(into, to, AtFlags::REMOVEDIR)
+                    .context("a directory with something in it stands where the backup goes")?;
+                Ok(rustix::fs::renameat(dir, name, into, to).map_err(on_another_fs)?)
+            }
+            Err(Errno::ISDIR) => bail!("a directory stands where the backup goes"),
+            r => Ok(r.map_err(on_another_fs)?),
+        }
     }
 
     /// Where the backup of `name` in `dir` (entry path `path`) goes:
@@ -212,18 +256,6 @@ impl Target {
     }
 }
 
-/// Clears the name `to` in `into` for a backup: an earlier backup there
-/// goes (a non-directory; in a `--backup-dir`, an empty directory too).
-fn make_room(into: BorrowedFd<'_>, to: &CStr, own_tree: bool) -> anyhow::Result<()> {
-    match rustix::fs::unlinkat(into, to, AtFlags::empty()) {
-        Ok(()) | Err(Errno::NOENT) => Ok(()),
-        Err(Errno::ISDIR) if own_tree => rustix::fs::unlinkat(into, to, AtFlags::REMOVEDIR)
-            .context("a directory with something in it stands where the backup goes"),
-        Err(Errno::ISDIR) => bail!("a directory stands where the backup goes"),
-        Err(e) => Err(e.into()),
-    }
-}
-
 fn on_another_fs(e: Errno) -> anyhow::Error {
     match e {
         Errno::XDEV => {
@@ -235,8 +267,9 @@ fn on_another_fs(e: Errno) -> anyhow::Error {
 
 impl BackupDir {
     /// The backup tree's directory for entry `path`'s, made as needed
-    /// with the destination's directories' modes (what stands in the way
-    /// in the backup tree, not a directory, goes).
+    /// with the destination's directories' modes. (Something else than a
+    /// directory in the way there fails the backup: it may be no backup,
+    /// where DIR holds more than backups.)
     fn dir_for(&self, path: &[u8]) -> anyhow::Result<Arc<OwnedFd>> {
         let mut parts = tree::relative(path)?;
         parts.pop();
@@ -270,12 +303,6 @@ impl BackupDir {
                 Err(_) => {
                     let mode = rustix::fs::fstat(&there)?.st_mode & 0o7777;
                     let cname = CString::new(name)?;
-                    // (An earlier backup of a file of this name.)
-                    if rustix::fs::statat(&here, cname.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-                        .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) != FileType::Directory)
-                    {
-                        rustix::fs::unlinkat(&here, cname.as_c_str(), AtFlags::empty())?;
-                    }
                     match rustix::fs::mkdirat(&here, cname.as_c_str(), Mode::from_raw_mode(0o700)) {
                         Ok(()) | Err(Errno::EXIST) => {}
                         Err(e) => {

@@ -265,6 +265,10 @@ impl tree::MakingWay for InTheWay {
         }
     }
 
+    fn backs_up(&self) -> bool {
+        self.backups.is_some() && !self.dry
+    }
+
     fn back_up(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()> {
         match &self.backups {
             Some(b) if !self.dry => b.back_up(dir, name, path),
@@ -412,6 +416,19 @@ fn clean(
         path.push(b'/');
         path.extend_from_slice(&name);
         if (how.keep)(&path, is_dir) {
+            continue;
+        }
+        // (A backup beside it would take the name of an entry the copy
+        // sent, `NAME~`, and replace it: it stays, and says so.)
+        if let Some(b) = how.backups.filter(|b| b.beside_their_files())
+            && !is_dir
+            && sent.has(dir_path, &b.name_of(&name))
+        {
+            eprintln!(
+                "rcp: not deleting {}: its backup would replace {}, which the copy sent",
+                tree::show(&path),
+                tree::show(&b.name_of(&path)),
+            );
             continue;
         }
         remove(&dir, &name, &path, Removal::of(is_dir), how, removed)

@@ -1562,8 +1562,9 @@ impl Base {
             Ok(())
         };
         // (The same link there is remade for its metadata, not backed up.)
-        let same = rustix::fs::readlinkat(&*parent, name.as_c_str(), Vec::new())
-            .is_ok_and(|t| t.as_bytes() == e.target);
+        let same = self.way.backs_up()
+            && rustix::fs::readlinkat(&*parent, name.as_c_str(), Vec::new())
+                .is_ok_and(|t| t.as_bytes() == e.target);
         let remade = Remade(&*self.way);
         let way: &dyn MakingWay = if same { &remade } else { &*self.way };
         put_in_place(
@@ -1627,8 +1628,10 @@ impl Base {
             Ok(())
         };
         // (The same node there is remade for its metadata, not backed up.)
-        let same = rustix::fs::statat(&*parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == file_type && st.st_rdev == rdev);
+        let same = self.way.backs_up()
+            && rustix::fs::statat(&*parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok_and(
+                |st| FileType::from_raw_mode(st.st_mode) == file_type && st.st_rdev == rdev,
+            );
         let remade = Remade(&*self.way);
         let way: &dyn MakingWay = if same { &remade } else { &*self.way };
         put_in_place(
@@ -2247,7 +2250,7 @@ fn part_name(name: &CString) -> anyhow::Result<CString> {
     cstr(&t)
 }
 
-fn temp_name(name: &CStr) -> anyhow::Result<CString> {
+pub(crate) fn temp_name(name: &CStr) -> anyhow::Result<CString> {
     let mut r = [0u8; 6];
     getrandom::fill(&mut r).expect("OS random source");
     let tag = digest::hex(&r);

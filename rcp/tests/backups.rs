@@ -406,4 +406,55 @@ fn backups_survive_the_mistakes() {
             .mtime(),
         1_700_000_000
     );
+    // Nor is a FIFO.
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        links.join("p"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    set_times(&links.join("p"), 1_700_000_000, 0);
+    let again = |args: &[&OsStr]| {
+        let mut a = args.to_vec();
+        a.extend([links.as_os_str(), at.as_os_str()]);
+        let out = run(&a);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    again(&[OsStr::new("-aD"), OsStr::new("-b")]);
+    set_times(&links.join("p"), 1_800_000_000, 0);
+    again(&[OsStr::new("-aD"), OsStr::new("-b")]);
+    assert!(
+        std::fs::symlink_metadata(at.join("links/p~")).is_err(),
+        "backed up"
+    );
+    // `--delete` beside the files: a file whose backup would take the
+    // name of one the copy sent stays, and the copy's file is kept.
+    let pair = t.path("pair");
+    write(&pair.join("x~"), b"the source's x~", 1_700_000_000);
+    let at = t.path("pair-into");
+    write(&at.join("pair/x"), b"gone from the source", 1_500_000_000);
+    let out = run(&[
+        OsStr::new("-a"),
+        OsStr::new("-b"),
+        OsStr::new("--delete"),
+        pair.as_os_str(),
+        at.as_os_str(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("not deleting pair/x"), "{err}");
+    assert_eq!(
+        std::fs::read(at.join("pair/x~")).unwrap(),
+        b"the source's x~"
+    );
+    assert_eq!(
+        std::fs::read(at.join("pair/x")).unwrap(),
+        b"gone from the source"
+    );
 }

@@ -46,6 +46,11 @@ pub trait MakingWay: Send + Sync + std::fmt::Debug {
     fn back_up(&self, _dir: BorrowedFd<'_>, _name: &CStr, _path: &[u8]) -> anyhow::Result<()> {
         Ok(())
     }
+
+    /// Whether [`MakingWay::back_up`] keeps anything (`--backup`).
+    fn backs_up(&self) -> bool {
+        false
+    }
 }
 
 /// Without rules to clear by, only an empty directory goes.
