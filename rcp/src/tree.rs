@@ -2178,8 +2178,9 @@ impl Fidelity {
 /// it to `name`; on any failure the temporary name goes, and the error
 /// says `what`.
 ///
-/// A directory under `name` is cleared first by `way` ([`way`]; `path`
-/// and `kind` say what the entry is).
+/// What is under `name` is backed up first (`--backup`), and a directory
+/// there cleared by `way` ([`way`]; `path` and `kind` say what the entry
+/// is).
 fn put_in_place(
     parent: &DestDir,
     temp: &CString,

@@ -17,8 +17,8 @@
 //! them through [`MakingWay`] (`crate::delete::InTheWay`).
 //!
 //! The same rules keep what is replaced, with `--backup`: a non-directory
-//! under the name is renamed to its backup just before the new entry is
-//! renamed there ([`MakingWay::back_up`], `crate::backup`).
+//! under the name is linked under its backup's name just before the new
+//! entry is renamed there ([`MakingWay::back_up`], `crate::backup`).
 //!
 //! [`Base::make_dir`]: super::Base::make_dir
 
@@ -36,13 +36,13 @@ use super::show;
 /// What the receiver's rules do with what stands where an entry goes.
 pub trait MakingWay: Send + Sync + std::fmt::Debug {
     /// Removes directory `name` in `dir` (entry path `path`), all in it
-    /// first, where the receiver's rules let it (a non-directory standing
-    /// where a directory must go is backed up, then removed); else an
-    /// error saying why (it has said what it could not remove).
+    /// first, where the receiver's rules let it; else an error saying why
+    /// (it has said what it could not remove).
     fn clear(&self, dir: BorrowedFd<'_>, name: &CStr, path: &[u8]) -> anyhow::Result<()>;
 
-    /// `--backup`: renames a non-directory under `name` in `dir` (entry
-    /// path `path`) to its backup, before an entry is put in its place.
+    /// `--backup`: keeps a non-directory under `name` in `dir` (entry
+    /// path `path`) as its backup, before an entry is put in its place
+    /// (or, for a directory, before it is removed: `Base::make_dir`).
     fn back_up(&self, _dir: BorrowedFd<'_>, _name: &CStr, _path: &[u8]) -> anyhow::Result<()> {
         Ok(())
     }
