@@ -1565,13 +1565,11 @@ impl Base {
         let same = self.way.backs_up()
             && rustix::fs::readlinkat(&*parent, name.as_c_str(), Vec::new())
                 .is_ok_and(|t| t.as_bytes() == e.target);
-        let remade = Remade(&*self.way);
-        let way: &dyn MakingWay = if same { &remade } else { &*self.way };
         put_in_place(
             &parent,
             &temp,
             &name,
-            (way, &e.path, e.kind),
+            (&*self.way, &e.path, e.kind, same),
             finish,
             || format!("cannot put symlink {} in place", show(&e.path)),
         )
@@ -1632,13 +1630,11 @@ impl Base {
             && rustix::fs::statat(&*parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok_and(
                 |st| FileType::from_raw_mode(st.st_mode) == file_type && st.st_rdev == rdev,
             );
-        let remade = Remade(&*self.way);
-        let way: &dyn MakingWay = if same { &remade } else { &*self.way };
         put_in_place(
             &parent,
             &temp,
             &name,
-            (way, &e.path, e.kind),
+            (&*self.way, &e.path, e.kind, same),
             finish,
             || format!("cannot put {} in place", show(&e.path)),
         )
@@ -1741,7 +1737,7 @@ impl Base {
             FileType::CharacterDevice | FileType::BlockDevice => EntryKind::CharDevice,
             _ => EntryKind::Fifo,
         };
-        let spot = (&*self.way, path, kind);
+        let spot = (&*self.way, path, kind, false);
         put_in_place(&parent, &temp, &name, spot, still, shown)?;
         Ok(parent)
     }
@@ -2178,17 +2174,20 @@ impl Fidelity {
 /// it to `name`; on any failure the temporary name goes, and the error
 /// says `what`.
 ///
-/// What is under `name` is backed up first (`--backup`), and a directory
-/// there cleared by `way` ([`way`]; `path` and `kind` say what the entry
-/// is).
+/// What is under `name` is backed up first (`--backup`), unless
+/// `remade` (the same symlink or node made again for its metadata), and
+/// a directory there cleared by `way` ([`way`]; `path` and `kind` say
+/// what the entry is).
 fn put_in_place(
     parent: &DestDir,
     temp: &CString,
     name: &CString,
-    (way, path, kind): (&dyn MakingWay, &[u8], EntryKind),
+    (way, path, kind, remade): (&dyn MakingWay, &[u8], EntryKind, bool),
     finish: impl FnOnce() -> anyhow::Result<()>,
     what: impl FnOnce() -> String,
 ) -> anyhow::Result<()> {
+    let as_it_was = Remade(way);
+    let way: &dyn MakingWay = if remade { &as_it_was } else { way };
     let what = what();
     let placed = match finish() {
         Err(e) => Err(e.context(what)),
