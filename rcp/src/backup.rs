@@ -298,25 +298,14 @@ impl BackupDir {
             };
             there = tree::open_dir_beneath(&there, &[in_dest])?;
             let Some(name) = in_backup else { continue };
-            here = match tree::open_dir_beneath(&here, &[name]) {
-                Ok(fd) => fd,
-                Err(_) => {
-                    let mode = rustix::fs::fstat(&there)?.st_mode & 0o7777;
-                    let cname = CString::new(name)?;
-                    match rustix::fs::mkdirat(&here, cname.as_c_str(), Mode::from_raw_mode(0o700)) {
-                        Ok(()) | Err(Errno::EXIST) => {}
-                        Err(e) => {
-                            return Err(e).with_context(|| {
-                                format!("cannot make {} in --backup-dir", tree::show(name))
-                            });
-                        }
-                    }
-                    let fd = tree::open_dir_beneath(&here, &[name])?;
-                    // (The mode of the directory it stands for.)
-                    let _ = rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode));
-                    fd
-                }
-            };
+            let (fd, made) = open_or_make(&here, name, 0o700)
+                .with_context(|| format!("cannot make {} in --backup-dir", tree::show(name)))?;
+            if made {
+                // (The mode of the directory it stands for.)
+                let mode = rustix::fs::fstat(&there)?.st_mode & 0o7777;
+                let _ = rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode));
+            }
+            here = fd;
         }
         let fd = Arc::new(here);
         *last = Some((key, Arc::clone(&fd)));
@@ -378,26 +367,36 @@ pub fn make_as_given(path: &std::path::Path) -> anyhow::Result<OwnedFd> {
 pub fn make_beneath(root: impl AsFd, parts: &[&[u8]]) -> anyhow::Result<OwnedFd> {
     let mut cur = rustix::io::dup(root)?;
     for part in parts {
-        let name = CString::new(*part)?;
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        cur = match rustix::fs::openat(&cur, name.as_c_str(), flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) => {
-                match rustix::fs::mkdirat(&cur, name.as_c_str(), Mode::from_raw_mode(0o777)) {
-                    Ok(()) | Err(Errno::EXIST) => {}
-                    Err(e) => return Err(e.into()),
-                }
-                rustix::fs::openat(&cur, name.as_c_str(), flags, Mode::empty())?
-            }
-            Err(e) => {
-                bail!(
-                    "cannot open {}: {e} (not a directory, or a symlink)",
+        cur = open_or_make(&cur, part, 0o777)
+            .with_context(|| {
+                format!(
+                    "cannot open {} (not a directory, or a symlink)",
                     tree::show(part)
                 )
-            }
-        };
+            })?
+            .0;
     }
     Ok(cur)
+}
+
+/// Opens directory `name` in `dir`, following no symlink, made with
+/// `mode` (the umask applies) where missing; and whether it was made.
+fn open_or_make(dir: impl AsFd, name: &[u8], mode: u32) -> anyhow::Result<(OwnedFd, bool)> {
+    let name = CString::new(name)?;
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let open = || rustix::fs::openat(&dir, name.as_c_str(), flags, Mode::empty());
+    match open() {
+        Ok(fd) => Ok((fd, false)),
+        Err(Errno::NOENT) => {
+            let made = match rustix::fs::mkdirat(&dir, name.as_c_str(), Mode::from_raw_mode(mode)) {
+                Ok(()) => true,
+                Err(Errno::EXIST) => false,
+                Err(e) => return Err(e.into()),
+            };
+            Ok((open()?, made))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]

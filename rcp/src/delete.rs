@@ -54,7 +54,8 @@ impl Sent {
     }
 }
 
-fn split(path: &[u8]) -> (&[u8], &[u8]) {
+/// An entry path's directory (empty at the top) and name.
+pub(crate) fn split(path: &[u8]) -> (&[u8], &[u8]) {
     match path.iter().rposition(|&b| b == b'/') {
         Some(i) => (&path[..i], &path[i + 1..]),
         None => (&[], path),
@@ -196,6 +197,16 @@ impl InTheWay {
         self.backups.as_ref()
     }
 
+    /// Whether entry `path` (a directory if `is_dir`) is not the copy's
+    /// to remove, neither to make way nor by `--delete`: what the rules
+    /// exclude, and what `--backup` made beside its files (rsync's `P
+    /// *~`); nothing with `--delete-excluded` (no filter).
+    pub fn keeps(&self, path: &[u8], is_dir: bool) -> bool {
+        self.filter.as_ref().is_some_and(|f| {
+            f.excludes(path, is_dir) || self.backups.as_ref().is_some_and(|b| b.protects(path))
+        })
+    }
+
     /// The entries removed (and whether each is a directory), and what is
     /// left of `--max-delete`'s budget.
     pub fn finish(&self) -> (Removed, Budget) {
@@ -221,18 +232,10 @@ impl tree::MakingWay for InTheWay {
             return Ok(());
         }
         if !self.force {
-            eprintln!(
-                "rcp: cannot delete non-empty directory: {}",
-                tree::show(path)
-            );
+            tree::say_not_empty(path);
             bail!("the directory there is not empty (--delete or --force would remove it)");
         }
-        let keep = |path: &[u8], is_dir| {
-            // (No filter: `--delete-excluded`, which protects nothing.)
-            self.filter.as_ref().is_some_and(|f| {
-                f.excludes(path, is_dir) || self.backups.as_ref().is_some_and(|b| b.protects(path))
-            })
-        };
+        let keep = |path: &[u8], is_dir| self.keeps(path, is_dir);
         let dir = dir.try_clone_to_owned()?;
         let mut done = self.done.lock().expect("in the way lock");
         let (removed, budget) = &mut *done;
@@ -527,10 +530,7 @@ fn remove(
         // (Not counted by `--max-delete`, as rsync counts: it was never
         // up for removal.)
         Gone::NotEmpty | Gone::HeldBack => {
-            eprintln!(
-                "rcp: cannot delete non-empty directory: {}",
-                tree::show(path)
-            );
+            tree::say_not_empty(path);
             return Ok(Gone::NotEmpty);
         }
         Gone::Yes => {}
@@ -547,10 +547,7 @@ fn remove(
             // (`--backup` without `--backup-dir`: the backups of what it
             // held are in it, as rsync leaves them.)
             Err(Errno::NOTEMPTY) if how.backups.is_some_and(Backups::beside_their_files) => {
-                eprintln!(
-                    "rcp: cannot delete non-empty directory: {}",
-                    tree::show(path)
-                );
+                tree::say_not_empty(path);
                 return Ok(Gone::NotEmpty);
             }
             r => r?,

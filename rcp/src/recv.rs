@@ -587,13 +587,8 @@ pub async fn receive(
             .filter(|(d, _)| !new.unlisted.holds(d.index))
             .map(|(d, _)| (d.index, d.path.clone()));
         // What the rules exclude is not the copy's to delete (unless
-        // `--delete-excluded`).
-        // (Nor what `--backup` made beside its files: rsync's `P *~`.)
-        let keep = |path: &[u8], is_dir| {
-            !opts.delete_excluded
-                && (filter.excludes(path, is_dir)
-                    || way.backups().is_some_and(|b| b.protects(path)))
-        };
+        // `--delete-excluded`), nor what `--backup` made beside its files.
+        let keep = |path: &[u8], is_dir| way.keeps(path, is_dir);
         let deleted = delete::extraneous(
             &base,
             sent,

@@ -36,8 +36,8 @@ mod way;
 pub use symlinks::{Symlinks, leads_outside};
 use together::Together;
 use unnamed::Linking;
-pub use way::MakingWay;
 use way::{EmptyOnly, Remade, Spot};
+pub use way::{MakingWay, say_not_empty};
 
 /// Splits a peer's relative path into checked components: not empty, not
 /// absolute, no `.` or `..`, no NUL, no empty component.
@@ -2087,7 +2087,7 @@ impl PartFile {
             // Otherwise nothing to hand off: renamed here once durable.
             Naming::Temp(temp) => {
                 parent.durability.make(&fd, engine).await?;
-                spot.put(way, "cannot rename into place", || rename(&temp))
+                spot.put(way, || "cannot rename into place".into(), || rename(&temp))
                     .inspect_err(|_| {
                         let _ = rustix::fs::unlinkat(&parent, temp.as_c_str(), AtFlags::empty());
                     })?;
@@ -2095,7 +2095,7 @@ impl PartFile {
             Naming::Unnamed(how) => {
                 parent.durability.make(&fd, engine).await?;
                 unnamed::place(&fd, how, &parent, &name, |put| {
-                    spot.put(way, "cannot link into place", put)
+                    spot.put(way, || "cannot link into place".into(), put)
                 })?;
                 if !parent.made_here {
                     remove_leftover(&parent, &name)?;
@@ -2184,13 +2184,12 @@ fn put_in_place(
     name: &CString,
     (way, path, kind, remade): (&dyn MakingWay, &[u8], EntryKind, bool),
     finish: impl FnOnce() -> anyhow::Result<()>,
-    what: impl FnOnce() -> String,
+    what: impl Fn() -> String,
 ) -> anyhow::Result<()> {
     let as_it_was = Remade(way);
     let way: &dyn MakingWay = if remade { &as_it_was } else { way };
-    let what = what();
     let placed = match finish() {
-        Err(e) => Err(e.context(what)),
+        Err(e) => Err(e.context(what())),
         Ok(()) => {
             let spot = Spot {
                 dir: parent.as_fd(),

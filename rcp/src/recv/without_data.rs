@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::{Creator, Said};
 use crate::archive::Xattr;
 use crate::arrivals::{Action, Arrivals, Shape};
+use crate::delete;
 use crate::existing;
 use crate::proto::{Entry, EntryKind};
 use crate::resync::Decision;
@@ -20,16 +21,7 @@ impl Creator<'_> {
     /// decides), not under its name at the destination. A directory
     /// passed over is noted, so that all in it is.
     pub(super) fn not_there(&mut self, e: &Entry) -> bool {
-        let parent = match e.path.iter().rposition(|&b| b == b'/') {
-            Some(k) => &e.path[..k],
-            None => &b""[..],
-        };
-        let gone =
-            self.not_made.contains(parent) || e.kind != EntryKind::File && self.absent(&e.path);
-        if gone && e.kind == EntryKind::Dir {
-            self.not_made.insert(e.path.clone());
-        }
-        gone
+        self.left_out(e, |this| e.kind != EntryKind::File && this.absent(&e.path))
     }
 
     /// `--ignore-existing`: whether `e` is left as it is because its name
@@ -40,17 +32,22 @@ impl Creator<'_> {
     /// it, a symlink there was made again, and a file where a directory
     /// comes made way for it.)
     pub(super) fn left_as_is(&mut self, e: &Entry) -> bool {
-        let parent = match e.path.iter().rposition(|&b| b == b'/') {
-            Some(k) => &e.path[..k],
-            None => &b""[..],
-        };
-        let left = self.not_made.contains(parent)
-            || !matches!(e.kind, EntryKind::File | EntryKind::HardLink)
-                && existing::status(self.base, &e.path).is_ok_and(|st| {
+        self.left_out(e, |this| {
+            !matches!(e.kind, EntryKind::File | EntryKind::HardLink)
+                && existing::status(this.base, &e.path).is_ok_and(|st| {
                     e.kind != EntryKind::Dir
                         || rustix::fs::FileType::from_raw_mode(st.st_mode)
                             != rustix::fs::FileType::Directory
-                });
+                })
+        })
+    }
+
+    /// Whether `e` is left out: in a directory left out, or by `itself`
+    /// (what its own name holds). A directory left out is noted, so that
+    /// all in it is.
+    fn left_out(&mut self, e: &Entry, itself: impl FnOnce(&Self) -> bool) -> bool {
+        let (parent, _) = delete::split(&e.path);
+        let left = self.not_made.contains(parent) || itself(self);
         if left && e.kind == EntryKind::Dir {
             self.not_made.insert(e.path.clone());
         }

@@ -53,6 +53,12 @@ pub trait MakingWay: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// Says, as rsync does, that directory `path` stays because something
+/// is left in it.
+pub fn say_not_empty(path: &[u8]) {
+    eprintln!("rcp: cannot delete non-empty directory: {}", show(path));
+}
+
 /// Without rules to clear by, only an empty directory goes.
 #[derive(Debug)]
 pub(crate) struct EmptyOnly;
@@ -62,7 +68,7 @@ impl MakingWay for EmptyOnly {
         match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
             Ok(()) => Ok(()),
             Err(Errno::NOTEMPTY | Errno::EXIST) => {
-                eprintln!("rcp: cannot delete non-empty directory: {}", show(path));
+                say_not_empty(path);
                 bail!("the directory there is not empty")
             }
             Err(e) => Err(e.into()),
@@ -108,20 +114,20 @@ impl Spot<'_> {
     /// Runs `put` (a rename or link onto the name), what is there backed
     /// up first (`--backup`); where a directory stands there (`EISDIR`),
     /// clears it by `way` and runs `put` once more. An error of `put`'s
-    /// says `what` failed.
+    /// says `what` failed (made only then: this is every entry's way).
     pub(crate) fn put<T>(
         &self,
         way: &dyn MakingWay,
-        what: &str,
+        what: impl Fn() -> String,
         mut put: impl FnMut() -> std::io::Result<T>,
     ) -> anyhow::Result<T> {
         way.back_up(self.dir, self.name, self.path)?;
         match put() {
             Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => {
                 self.clear(way)?;
-                put().context(what.to_string())
+                put().with_context(what)
             }
-            r => r.context(what.to_string()),
+            r => r.with_context(what),
         }
     }
 
