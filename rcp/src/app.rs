@@ -274,6 +274,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
             delete_excluded: a.delete_excluded,
             existing: a.existing,
             force: a.force,
+            prune_empty_dirs: a.prune_empty_dirs,
             chmod: chmod_of(&a)?,
             backup,
             backup_dir: a

@@ -326,6 +326,15 @@ pub struct CopyArgs {
     /// are skipped).
     #[arg(long, value_name = "FILE")]
     pub exclude_from: Vec<PathBuf>,
+    /// Leave out directories with nothing but directories beneath them,
+    /// judged after the --exclude and --include rules (rsync's
+    /// --prune-empty-dirs): `-m --include='*/' --include='*.c'
+    /// --exclude='*'` copies the .c files and only the directories that
+    /// lead to them. With --delete, a destination directory that the
+    /// source has only empty is removed (unless rules protect what is in
+    /// it).
+    #[arg(short = 'm', long)]
+    pub prune_empty_dirs: bool,
     /// Send the names listed in FILE (one a line, `-` for stdin), relative
     /// to the one source directory, each under its own name at the
     /// destination (made if missing), the directories above it made with

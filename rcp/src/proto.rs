@@ -501,6 +501,10 @@ pub struct Extras {
     /// `--backup-dir` (key 7: the directory as given, only with key 6):
     /// backups go there, laid out as the destination.
     pub backup_dir: Option<Vec<u8>>,
+    /// `-m` (key 8, no value): the sender's walk leaves out directories
+    /// with nothing but directories beneath them
+    /// (`tree::Walker::prune_empty_dirs`).
+    pub prune_empty_dirs: bool,
 }
 
 impl Extras {
@@ -511,6 +515,7 @@ impl Extras {
     const FORCE: u16 = 5;
     const BACKUP: u16 = 6;
     const BACKUP_DIR: u16 = 7;
+    const PRUNE_EMPTY_DIRS: u16 = 8;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -541,6 +546,9 @@ impl Extras {
         if let Some(dir) = &self.backup_dir {
             items.push((Extras::BACKUP_DIR, dir.clone()));
         }
+        if self.prune_empty_dirs {
+            items.push((Extras::PRUNE_EMPTY_DIRS, Vec::new()));
+        }
         items
     }
 
@@ -566,6 +574,7 @@ impl Extras {
                 Extras::DELETE_EXCLUDED if value.is_empty() => extras.delete_excluded = true,
                 Extras::EXISTING if value.is_empty() => extras.existing = true,
                 Extras::FORCE if value.is_empty() => extras.force = true,
+                Extras::PRUNE_EMPTY_DIRS if value.is_empty() => extras.prune_empty_dirs = true,
                 Extras::CHMOD if value.len() > 4 => {
                     let (umask, rules) = value.split_at(4);
                     let umask = u32::from_le_bytes(umask.try_into().expect("four bytes"));
@@ -581,7 +590,10 @@ impl Extras {
                     extras.backup_dir = Some(value.clone());
                 }
                 Extras::BACKUP_DIR => return Err(ProtoError::BadField("extras.backup_dir")),
-                Extras::DELETE_EXCLUDED | Extras::EXISTING | Extras::FORCE => {
+                Extras::DELETE_EXCLUDED
+                | Extras::EXISTING
+                | Extras::FORCE
+                | Extras::PRUNE_EMPTY_DIRS => {
                     return Err(ProtoError::BadField("extras: a flag with a value"));
                 }
                 _ => {
@@ -1783,6 +1795,7 @@ mod tests {
                     force: true,
                     backup: Some(Vec::new()),
                     backup_dir: Some(b"../bak".to_vec()),
+                    prune_empty_dirs: true,
                 }
                 .items(),
             },
@@ -1799,6 +1812,7 @@ mod tests {
             force: true,
             backup: Some(b".old".to_vec()),
             backup_dir: Some(b"/bak".to_vec()),
+            prune_empty_dirs: true,
         };
         let one = Extras {
             existing: true,
@@ -1815,6 +1829,10 @@ mod tests {
         assert!(
             Extras::from_items(&[(2, vec![1])]).is_err(),
             "a flag has no value"
+        );
+        assert!(
+            Extras::from_items(&[(8, vec![1])]).is_err(),
+            "-m has no value"
         );
         assert!(
             Extras::from_items(&[(5, vec![0])]).is_err(),

@@ -110,15 +110,18 @@ enum Side {
 impl Params {
     /// What a request asks of a server that is `side`: the choices only
     /// the client's own end acts on are left out (a server from before
-    /// one would refuse it for nothing): `--chmod` in a push (the client
-    /// walks), `--max-delete`, `--delete-excluded`, `--force`, the
+    /// one would refuse it for nothing): `--chmod` and `-m` in a push (the
+    /// client walks), `--max-delete`, `--delete-excluded`, `--force`, the
     /// backups and `--link-dest` in a pull (the client receives).
     /// `--existing` goes both ways: a sender waits for the answers it
     /// makes the receiver give.
     fn asked_of(&self, side: Side) -> Params {
         let mut asked = self.clone();
         match side {
-            Side::Receiver => asked.extras.chmod = None,
+            Side::Receiver => {
+                asked.extras.chmod = None;
+                asked.extras.prune_empty_dirs = false;
+            }
             Side::Sender => {
                 asked.extras.max_delete = None;
                 asked.extras.delete_excluded = false;
@@ -879,6 +882,7 @@ fn start_walk(local: Sources, params: &Params) -> anyhow::Result<send::Walk> {
         Scope {
             one_file_system: params.one_file_system,
             symlinks: params.symlinks,
+            prune_empty_dirs: params.extras.prune_empty_dirs,
         },
         params.walk_helper,
     );

@@ -200,6 +200,8 @@ pub struct Changes {
 pub struct Scope {
     pub one_file_system: u8,
     pub symlinks: Symlinks,
+    /// `-m` ([`Walker::prune_empty_dirs`]).
+    pub prune_empty_dirs: bool,
 }
 
 /// A walked file, by its directory and name: opened when its data is
@@ -321,7 +323,14 @@ pub struct Walker {
     keep: Keep,
     /// What is left out (and not descended into, for a directory).
     filter: Arc<Filter>,
+    /// The number of the next entry sent.
     next_index: u32,
+    /// `-m`: see [`Walker::prune_empty_dirs`].
+    prune: bool,
+    /// With `-m`, the directories walked into and not yet sent, outermost
+    /// first: each goes once something beneath it does, and is dropped
+    /// once the walk is past it with nothing sent beneath.
+    waiting_dirs: Vec<Item>,
     first_names: std::collections::HashMap<(u64, u64), Vec<u8>>,
     /// Where entries are on disk by path: `prefix` followed by an entry
     /// path without its first `skip` bytes.
@@ -403,6 +412,8 @@ impl Walker {
             keep,
             filter,
             next_index: 0,
+            prune: false,
+            waiting_dirs: Vec::new(),
             first_names: Default::default(),
             by_path: None,
             owners: None,
@@ -429,6 +440,55 @@ impl Walker {
     /// file system (a bind mount of one file) is copied, as rsync does.
     pub fn one_file_system(&mut self, level: u8) {
         self.one_file_system = level;
+    }
+
+    /// `-m` (rsync's `--prune-empty-dirs`): a directory goes only with
+    /// something beneath it that is not a directory (a file, a symlink, a
+    /// special file, or one that fails: a failure is said at its place).
+    /// Judged after the filter rules, so a directory whose files are all
+    /// excluded goes neither. A directory that cannot be listed, or a
+    /// mount point with `-x`, always goes: the receiver must know to
+    /// leave what it holds there. An operand may go this way too; the
+    /// destination directory itself is the receiver's.
+    pub fn prune_empty_dirs(&mut self, on: bool) {
+        self.prune = on;
+    }
+
+    /// Sends `item`, numbered, and with `-m` the directories waiting
+    /// above it first; or keeps it waiting, a directory that `-m` may
+    /// leave out. Directories that wait and are not above `item` are
+    /// behind the walk with nothing sent beneath: dropped. (Their numbers
+    /// were never given: the entries sent stay numbered without a gap.)
+    fn put(
+        &mut self,
+        emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
+        mut item: Item,
+    ) -> anyhow::Result<()> {
+        if self.prune {
+            while let Some(dir) = self.waiting_dirs.last()
+                && !listed::beneath(&item.entry.path, &dir.entry.path)
+            {
+                self.waiting_dirs.pop();
+            }
+            let may_wait = item.entry.kind == EntryKind::Dir
+                && !item.unsent
+                && !item.unlisted
+                && item.failed.is_none();
+            if may_wait {
+                self.waiting_dirs.push(item);
+                return Ok(());
+            }
+            for mut dir in std::mem::take(&mut self.waiting_dirs) {
+                dir.entry.index = self.next_index;
+                self.next_index += 1;
+                emit(dir)?;
+            }
+        }
+        if !item.unsent {
+            item.entry.index = self.next_index;
+            self.next_index += 1;
+        }
+        emit(item)
     }
 
     /// Lets a helper thread look up the second half of each large
@@ -511,7 +571,7 @@ impl Walker {
             filtered: true,
             device: None,
         };
-        self.visit(
+        let walked = self.visit(
             &parent,
             &cstr(name)?,
             top.to_vec(),
@@ -520,7 +580,10 @@ impl Walker {
             &shown,
             how,
             None,
-        )
+        );
+        // (`-m`: what still waits has nothing beneath it.)
+        self.waiting_dirs.clear();
+        walked
     }
 
     /// `--files-from`: lists `names` (checked, sorted and deduplicated by
@@ -573,6 +636,7 @@ impl Walker {
                 }
             }
         }
+        self.waiting_dirs.clear();
         Ok(())
     }
 
@@ -653,7 +717,12 @@ impl Walker {
                 }
                 // (Unless the rules leave it out, as rsync's do.)
                 Err(_) if how.filtered && self.filter.excludes(&path, false) => return Ok(()),
-                Err(e) => return emit(Item::unsent(path, format!("symlink has no referent: {e}"))),
+                Err(e) => {
+                    return self.put(
+                        emit,
+                        Item::unsent(path, format!("symlink has no referent: {e}")),
+                    );
+                }
             },
         };
         let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
@@ -667,14 +736,14 @@ impl Walker {
             let kind = FileType::from_raw_mode(stat.st_mode);
             if kind == FileType::Directory && self.walking.contains(&(stat.st_dev, stat.st_ino)) {
                 let why = "symlink loop: it leads to a directory this one is in".to_string();
-                return emit(Item::unsent(path, why));
+                return self.put(emit, Item::unsent(path, why));
             }
             let special = !matches!(kind, FileType::RegularFile | FileType::Directory);
             if special && (self.keep.xattrs || self.keep.acls) {
                 let why = "symlink to a special file: its attributes cannot be read through \
                            the link"
                     .to_string();
-                return emit(Item::unsent(path, why));
+                return self.put(emit, Item::unsent(path, why));
             }
         }
         let mount_point =
@@ -682,7 +751,8 @@ impl Walker {
         if mount_point && self.one_file_system > 1 {
             return Ok(());
         }
-        let Some(mut entry) = entry_for(stat, self.keep, self.next_index, path, target) else {
+        // (Numbered as it goes out: [`Walker::put`].)
+        let Some(mut entry) = entry_for(stat, self.keep, 0, path, target) else {
             eprintln!(
                 "rcp: skipping {}: not a regular file, directory or symlink (-D copies \
                  devices, FIFOs and sockets)",
@@ -709,16 +779,18 @@ impl Walker {
                 entry.kind = EntryKind::HardLink;
                 entry.size = 0;
                 entry.target = first.clone();
-                self.next_index += 1;
-                return emit(Item {
-                    entry,
-                    file: None,
-                    dense: true,
-                    xattrs: Vec::new(),
-                    unlisted: false,
-                    failed: None,
-                    unsent: false,
-                });
+                return self.put(
+                    emit,
+                    Item {
+                        entry,
+                        file: None,
+                        dense: true,
+                        xattrs: Vec::new(),
+                        unlisted: false,
+                        failed: None,
+                        unsent: false,
+                    },
+                );
             }
             self.first_names.insert(id, entry.path.clone());
         }
@@ -761,14 +833,14 @@ impl Walker {
                         }) =>
                 {
                     let why = "replaced while it was being walked".to_string();
-                    return emit(Item::unsent(entry.path, why));
+                    return self.put(emit, Item::unsent(entry.path, why));
                 }
                 Ok(fd) => Some(fd),
                 // (A directory followed is read through its descriptor:
                 // without one, none of it goes.)
                 Err(e) if followed => {
                     let why = format!("cannot list the directory: {e}");
-                    return emit(Item::unsent(entry.path, why));
+                    return self.put(emit, Item::unsent(entry.path, why));
                 }
                 Err(e) => {
                     unopened = Some(e);
@@ -792,7 +864,7 @@ impl Walker {
                 });
                 match opened {
                     Ok(fd) => Some(fd),
-                    Err(why) => return emit(Item::unsent(entry.path, why)),
+                    Err(why) => return self.put(emit, Item::unsent(entry.path, why)),
                 }
             }
             EntryKind::File if attributes && disk.is_none() && !by_name => rustix::fs::openat(
@@ -825,12 +897,11 @@ impl Walker {
         // not sent, and fails.
         let xattrs = match xattrs {
             Ok(xattrs) => xattrs,
-            Err(e) => return emit(Item::unsent(entry.path, format!("{e:#}"))),
+            Err(e) => return self.put(emit, Item::unsent(entry.path, format!("{e:#}"))),
         };
         if let Some(meta) = &mut entry.meta {
             meta.xattrs = xattrs.len() as u16;
         }
-        self.next_index += 1;
         match entry.kind {
             EntryKind::File => {
                 let dense = stat.st_blocks as u64 * 512 >= entry.size;
@@ -840,15 +911,18 @@ impl Walker {
                     id: (stat.st_dev, stat.st_ino),
                     open,
                 };
-                emit(Item {
-                    entry,
-                    file: Some(file),
-                    dense,
-                    xattrs,
-                    unlisted: false,
-                    failed: None,
-                    unsent: false,
-                })
+                self.put(
+                    emit,
+                    Item {
+                        entry,
+                        file: Some(file),
+                        dense,
+                        xattrs,
+                        unlisted: false,
+                        failed: None,
+                        unsent: false,
+                    },
+                )
             }
             EntryKind::Dir => {
                 let path = entry.path.clone();
@@ -883,15 +957,18 @@ impl Walker {
                     ),
                 };
                 // (Its entry goes before its contents, named beneath it.)
-                emit(Item {
-                    entry,
-                    file: None,
-                    dense: true,
-                    xattrs,
-                    unlisted: mount_point || failed.is_some(),
-                    failed,
-                    unsent: false,
-                })?;
+                self.put(
+                    emit,
+                    Item {
+                        entry,
+                        file: None,
+                        dense: true,
+                        xattrs,
+                        unlisted: mount_point || failed.is_some(),
+                        failed,
+                        unsent: false,
+                    },
+                )?;
                 let (Some(inside), Some((dir, names))) = (inside, listed) else {
                     return Ok(());
                 };
@@ -941,13 +1018,16 @@ impl Walker {
                             // said (by the side the user started) and
                             // passed over.
                             Err(e @ rustix::io::Errno::NOENT) => {
-                                emit(Item::vanished(child, e))?;
+                                self.put(emit, Item::vanished(child, e))?;
                                 continue;
                             }
                             // (A name in a directory that can be listed and
                             // not searched: each fails alone.)
                             Err(e) => {
-                                emit(Item::unsent(child, format!("cannot look at it: {e}")))?;
+                                self.put(
+                                    emit,
+                                    Item::unsent(child, format!("cannot look at it: {e}")),
+                                )?;
                                 continue;
                             }
                         };
@@ -957,15 +1037,18 @@ impl Walker {
                 self.walking.pop();
                 Ok(())
             }
-            _ => emit(Item {
-                entry,
-                file: None,
-                dense: true,
-                xattrs,
-                unlisted: false,
-                failed: None,
-                unsent: false,
-            }),
+            _ => self.put(
+                emit,
+                Item {
+                    entry,
+                    file: None,
+                    dense: true,
+                    xattrs,
+                    unlisted: false,
+                    failed: None,
+                    unsent: false,
+                },
+            ),
         }
     }
 }
@@ -2468,6 +2551,70 @@ mod tests {
         );
         assert_eq!(alone.iter().filter(|(_, x)| !x.is_empty()).count(), 38);
         assert_eq!(helped, alone);
+    }
+
+    /// `-m`: a directory goes only with a non-directory beneath it, before
+    /// it, and the entries sent are numbered without a gap where
+    /// directories were left out; a hard link's first name is one sent.
+    #[test]
+    fn pruning_leaves_out_directories_with_only_directories_beneath() {
+        let scratch = test_support::Scratch::new("rcp-prune-walk");
+        let top = scratch.path("top");
+        for d in ["a/empty/deeper", "a/full", "b/c/d", "e", "g"] {
+            std::fs::create_dir_all(top.join(d)).unwrap();
+        }
+        std::fs::write(top.join("a/full/f"), b"x").unwrap();
+        std::fs::write(top.join("e/f"), b"y").unwrap();
+        std::fs::hard_link(top.join("e/f"), top.join("e/g")).unwrap();
+        std::os::unix::fs::symlink("nowhere", top.join("g/l")).unwrap();
+        let walk = |prune: bool, top_name: &str| {
+            let keep = Keep {
+                hard_links: true,
+                ..Keep::default()
+            };
+            let mut walker = Walker::new(true, keep, Arc::default());
+            walker.prune_empty_dirs(prune);
+            let parent = open_root(scratch.dir()).unwrap();
+            let mut seen = Vec::new();
+            walker
+                .walk(
+                    &parent,
+                    top_name.as_bytes(),
+                    top_name.as_bytes(),
+                    &mut |item| {
+                        seen.push((
+                            item.entry.index,
+                            String::from_utf8(item.entry.path).unwrap(),
+                        ));
+                        Ok(())
+                    },
+                )
+                .unwrap();
+            seen
+        };
+        let paths = |seen: &[(u32, String)]| -> Vec<String> {
+            seen.iter().map(|(_, p)| p.clone()).collect()
+        };
+        let pruned = walk(true, "top");
+        assert_eq!(
+            paths(&pruned),
+            [
+                "top",
+                "top/a",
+                "top/a/full",
+                "top/a/full/f",
+                "top/e",
+                "top/e/f",
+                "top/e/g",
+                "top/g",
+                "top/g/l"
+            ]
+        );
+        let numbers: Vec<u32> = pruned.iter().map(|(i, _)| *i).collect();
+        assert_eq!(numbers, (0..9).collect::<Vec<u32>>(), "no gap");
+        assert_eq!(walk(false, "top").len(), 14, "everything without -m");
+        // An operand with nothing but directories in it goes neither.
+        assert!(walk(true, "top/b").is_empty());
     }
 
     #[test]
