@@ -191,6 +191,57 @@ fn owners_of(a: &CopyArgs) -> Result<Option<Owners>, MapError> {
     )
 }
 
+/// `-R`: replaces the source operands (all but the last) with the one
+/// directory their paths are kept from; the names kept, and the local
+/// source paths as given (for [`onto_itself`]). Sources that [`plan`]
+/// would refuse together are refused here, as it would.
+fn relative_sources(operands: &mut Vec<Operand>) -> anyhow::Result<(Vec<Vec<u8>>, Vec<PathBuf>)> {
+    let dest = operands.pop().expect("clap asks for two or more");
+    let first = &operands[0];
+    if operands
+        .iter()
+        .any(|o| matches!(o, Operand::Broadcast { .. }))
+    {
+        return Err(PlanError::ListedSource.into());
+    }
+    if operands.iter().any(|o| o.is_local() != first.is_local()) {
+        return Err(PlanError::NoLocalSide.into());
+    }
+    if !first.is_local() && operands.iter().any(|o| !same_remote(o, first)) {
+        return Err(PlanError::MixedHosts.into());
+    }
+    let paths: Vec<&[u8]> = operands
+        .iter()
+        .map(|o| match o {
+            Operand::Local(p) => p.as_os_str().as_encoded_bytes(),
+            Operand::Shell { path, .. }
+            | Operand::Daemon { path, .. }
+            | Operand::Broadcast { path, .. } => path.as_bytes(),
+        })
+        .collect();
+    let (base, names) = listed::relative_operands(&paths, crate::proto::MAX_PATH)?;
+    let given = match first.is_local() {
+        true => local_paths(operands),
+        false => Vec::new(),
+    };
+    let one = match operands.swap_remove(0) {
+        Operand::Local(_) => Operand::Local(PathBuf::from(crate::tree::os(&base))),
+        Operand::Shell { login, host, .. } => Operand::Shell {
+            login,
+            host,
+            path: String::from_utf8(base).context("-R: a source path is not UTF-8")?,
+        },
+        Operand::Daemon { host, port, .. } => Operand::Daemon {
+            host,
+            port,
+            path: String::from_utf8(base).context("-R: a source path is not UTF-8")?,
+        },
+        Operand::Broadcast { .. } => unreachable!("refused above"),
+    };
+    *operands = vec![one, dest];
+    Ok((names, given))
+}
+
 /// The names of a `--files-from` list (`-`: read from stdin).
 fn list_of(file: &Path, from0: bool) -> anyhow::Result<Vec<Vec<u8>>> {
     use std::io::Read;
@@ -247,6 +298,15 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
             path: if path.is_empty() { "." } else { path }.into(),
         };
     }
+    // `-R`: the sources become one directory and the names kept from it,
+    // sent as a `--files-from` list is.
+    let (kept_paths, given) = match a.relative {
+        true => {
+            let (names, given) = relative_sources(&mut operands)?;
+            (Some(names), Some(given))
+        }
+        false => (None, None),
+    };
     let (dest, sources) = operands.split_last().expect("clap asks for two or more");
     let mut a = a;
     if matches!(dest, Operand::Broadcast { .. }) && !a.chunk_size_given {
@@ -291,9 +351,10 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         dry_run: a.dry_run,
         itemize: a.itemize_changes,
         filter: Arc::new(filter_of(&a.rules)?),
-        listed: match &a.files_from {
-            Some(file) => Some(Arc::new(list_of(file, a.from0)?)),
-            None => None,
+        listed: match (&a.files_from, kept_paths) {
+            (Some(file), _) => Some(Arc::new(list_of(file, a.from0)?)),
+            (None, Some(names)) => Some(Arc::new(names)),
+            (None, None) => None,
         },
         streams: a.streams,
         keep: a.keep(),
@@ -311,7 +372,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         Plan::Broadcast(b) => broadcast::run(b, &a, p, &progress).await?,
         Plan::Local { sources, dest } => {
             if p.remove_sources {
-                onto_itself(&sources, &dest)?;
+                onto_itself(given.as_deref().unwrap_or(&sources), &dest)?;
             }
             local_copy(sources, &dest, p, &progress).await?
         }
@@ -360,6 +421,7 @@ fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
         (a.dry_run, "--dry-run"),
         (a.itemize_changes, "--itemize-changes"),
         (a.files_from.is_some(), "--files-from"),
+        (a.relative, "--relative"),
     ];
     if let Some((_, flag)) = refused.iter().find(|(on, _)| *on) {
         return Err(broadcast::Usage(format!(

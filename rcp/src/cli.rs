@@ -335,13 +335,21 @@ pub struct CopyArgs {
     /// it).
     #[arg(short = 'm', long)]
     pub prune_empty_dirs: bool,
+    /// Keep each source's path beneath the destination, as rsync's
+    /// --relative: `rcp -aR src/a/b dest` makes dest/src/a/b, the
+    /// directories above it made with their metadata. A /./ in the path
+    /// marks where the kept part starts (`/home/./ann/notes` arrives as
+    /// dest/ann/notes); without one an absolute path is kept whole. All
+    /// sources must keep their paths from the same directory.
+    #[arg(short = 'R', long, conflicts_with = "files_from")]
+    pub relative: bool,
     /// Send the names listed in FILE (one a line, `-` for stdin), relative
     /// to the one source directory, each under its own name at the
     /// destination (made if missing), the directories above it made with
     /// their metadata: rsync's --files-from. A listed directory brings its
     /// contents only with an explicit -r (-a alone does not recurse here).
     /// Blank lines and lines starting with # or ; are skipped.
-    #[arg(long, value_name = "FILE", conflicts_with = "delete")]
+    #[arg(long, value_name = "FILE")]
     pub files_from: Option<PathBuf>,
     /// The --files-from list is separated by NUL bytes, not lines (as
     /// `find -print0` writes it); no comment lines.

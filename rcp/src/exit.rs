@@ -58,6 +58,7 @@ impl Exit {
             || has::<crate::filter::FilterError>(error)
             || has::<crate::idmap::MapError>(error)
             || has::<crate::listed::ListError>(error)
+            || has::<crate::listed::RelativeError>(error)
             || has::<crate::hostlist::HostlistError>(error)
             || has::<crate::app::PlanError>(error)
             || has::<crate::broadcast::Usage>(error)

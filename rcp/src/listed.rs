@@ -1,5 +1,5 @@
-//! `--files-from FILE`: the names a copy sends, relative to its one source
-//! directory, as rsync reads them (sans I/O).
+//! `--files-from FILE` and `-R`: the names a copy sends, relative to its
+//! one source directory, as rsync reads them (sans I/O).
 //!
 //! * One name a line (NUL-separated with `--from0`); blank lines, and
 //!   without `--from0` lines starting with `#` or `;`, are skipped.
@@ -18,6 +18,11 @@
 //! destination, the directories above it are created with their source's
 //! metadata, and a listed directory is copied with its contents only with
 //! an explicit `-r` (`-a` alone does not recurse).
+//!
+//! `-R` (rsync's `--relative`) makes the same list of the source operands
+//! ([`relative_operands`]): each keeps its path beneath the destination
+//! (from after a `/./` marker, else whole), all from one directory, and
+//! `-a` recurses as it does anywhere else.
 
 use thiserror::Error;
 
@@ -44,6 +49,46 @@ pub enum ListError {
     TooMany,
 }
 
+/// What is wrong with one name (of a list, or an `-R` operand).
+#[derive(Debug, PartialEq, Eq)]
+enum BadName {
+    Parent,
+    Itself,
+    Marker,
+    Nul,
+    TooLong,
+}
+
+/// One name relative to its directory, checked: leading `/` and `./` and
+/// repeated `/` dropped, one trailing `/` kept, `..` and an inner `.`
+/// refused.
+fn checked_name(raw: &[u8], max_name: usize) -> Result<Vec<u8>, BadName> {
+    if raw.contains(&0) {
+        return Err(BadName::Nul);
+    }
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for part in raw.split(|&b| b == b'/') {
+        match part {
+            b"" => {}
+            b"." if parts.is_empty() => {}
+            b"." => return Err(BadName::Marker),
+            b".." => return Err(BadName::Parent),
+            p => parts.push(p),
+        }
+    }
+    if parts.is_empty() {
+        return Err(BadName::Itself);
+    }
+    let mut name = parts.join(&b'/');
+    if raw.ends_with(b"/") {
+        name.push(b'/');
+    }
+    if name.len() > max_name {
+        return Err(BadName::TooLong);
+    }
+    Ok(name)
+}
+
 /// The checked, sorted, deduplicated names of a list's text.
 pub fn parse(text: &[u8], from0: bool, max_name: usize) -> Result<Vec<Vec<u8>>, ListError> {
     let separator = if from0 { 0 } else { b'\n' };
@@ -58,53 +103,96 @@ pub fn parse(text: &[u8], from0: bool, max_name: usize) -> Result<Vec<Vec<u8>>, 
         if raw.is_empty() || (!from0 && matches!(raw[0], b'#' | b';')) {
             continue;
         }
-        if raw.contains(&0) {
-            return Err(ListError::Nul { line });
-        }
-        let shown = || String::from_utf8_lossy(raw).into_owned();
-        let mut parts: Vec<&[u8]> = Vec::new();
-        for part in raw.split(|&b| b == b'/') {
-            match part {
-                b"" => {}
-                b"." if parts.is_empty() => {}
-                b"." => {
-                    return Err(ListError::Marker {
-                        line,
-                        name: shown(),
-                    });
-                }
-                b".." => {
-                    return Err(ListError::Parent {
-                        line,
-                        name: shown(),
-                    });
-                }
-                p => parts.push(p),
-            }
-        }
-        if parts.is_empty() {
-            return Err(ListError::Itself {
-                line,
-                name: shown(),
-            });
-        }
-        let mut name = parts.join(&b'/');
-        if raw.ends_with(b"/") {
-            name.push(b'/');
-        }
-        if name.len() > max_name {
-            return Err(ListError::TooLong {
+        let name = || String::from_utf8_lossy(raw).into_owned();
+        names.push(checked_name(raw, max_name).map_err(|bad| match bad {
+            BadName::Parent => ListError::Parent { line, name: name() },
+            BadName::Itself => ListError::Itself { line, name: name() },
+            BadName::Marker => ListError::Marker { line, name: name() },
+            BadName::Nul => ListError::Nul { line },
+            BadName::TooLong => ListError::TooLong {
                 line,
                 max: max_name,
-            });
-        }
-        names.push(name);
+            },
+        })?);
         if names.len() > MAX_LISTED {
             return Err(ListError::TooMany);
         }
     }
     sort(&mut names);
     Ok(names)
+}
+
+/// An `-R` (`--relative`) operand that cannot be sent so.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RelativeError {
+    #[error("{0:?}: a .. component cannot be kept in the copy's path (-R)")]
+    Parent(String),
+    #[error("{0:?} names the directory the path is kept from: name what is in it (-R)")]
+    Itself(String),
+    #[error("{0:?}: more than one /./ marker (-R keeps the path after the first)")]
+    Marker(String),
+    #[error("{0:?}: a name longer than {1} bytes")]
+    TooLong(String, usize),
+    #[error("{0:?}: a path holds a NUL byte")]
+    Nul(String),
+    #[error(
+        "-R: {0:?} and {1:?} keep their paths from different directories (the part before \
+         /./); copy them with one rcp each"
+    )]
+    Bases(String, String),
+}
+
+/// `-R` (rsync's `--relative`): an operand's path split into the
+/// directory it is sent from and the name kept beneath the destination.
+/// The name is what follows the first `/./` (`/home/./ann/notes` sends
+/// `ann/notes` from `/home`), else the whole path, from `/` for an
+/// absolute one (`/etc/hosts` arrives as `etc/hosts`), else from the
+/// working directory (`.`). The name is checked as a `--files-from`
+/// name is.
+pub fn relative_operand(path: &[u8], max_name: usize) -> Result<(Vec<u8>, Vec<u8>), RelativeError> {
+    let shown = || String::from_utf8_lossy(path).into_owned();
+    let (base, rest) = match path.windows(3).position(|w| w == b"/./") {
+        Some(0) => (&b"/"[..], &path[3..]),
+        Some(i) => (&path[..i], &path[i + 3..]),
+        None if path.starts_with(b"/") => (&b"/"[..], path),
+        None => (&b"."[..], path),
+    };
+    let name = checked_name(rest, max_name).map_err(|bad| match bad {
+        BadName::Parent => RelativeError::Parent(shown()),
+        BadName::Itself => RelativeError::Itself(shown()),
+        BadName::Nul => RelativeError::Nul(shown()),
+        BadName::Marker => RelativeError::Marker(shown()),
+        BadName::TooLong => RelativeError::TooLong(shown(), max_name),
+    })?;
+    Ok((base.to_vec(), name))
+}
+
+/// `-R` for every source operand's path: the one directory they are all
+/// sent from, and their names, sorted and each once (a `--files-from`
+/// list's).
+pub fn relative_operands(
+    paths: &[&[u8]],
+    max_name: usize,
+) -> Result<(Vec<u8>, Vec<Vec<u8>>), RelativeError> {
+    let mut base: Option<(Vec<u8>, &[u8])> = None;
+    let mut names = Vec::with_capacity(paths.len());
+    for &path in paths {
+        let (dir, name) = relative_operand(path, max_name)?;
+        match &base {
+            Some((first, first_path)) if *first != dir => {
+                return Err(RelativeError::Bases(
+                    String::from_utf8_lossy(first_path).into_owned(),
+                    String::from_utf8_lossy(path).into_owned(),
+                ));
+            }
+            Some(_) => {}
+            None => base = Some((dir, path)),
+        }
+        names.push(name);
+    }
+    sort(&mut names);
+    let (base, _) = base.expect("a copy has a source");
+    Ok((base, names))
 }
 
 /// Sorts names component by component (`a`, `a/b`, `a-c`: a directory
@@ -186,6 +274,44 @@ mod tests {
         assert!(matches!(
             parse(b"abcdef", false, 5),
             Err(ListError::TooLong { line: 1, max: 5 })
+        ));
+    }
+
+    #[test]
+    fn relative_operands_keep_the_path_after_the_marker() {
+        let split = |p: &str| {
+            relative_operand(p.as_bytes(), 4096)
+                .map(|(b, n)| (String::from_utf8(b).unwrap(), String::from_utf8(n).unwrap()))
+        };
+        let pair = |b: &str, n: &str| Ok((b.to_string(), n.to_string()));
+        assert_eq!(split("/home/./ann/notes"), pair("/home", "ann/notes"));
+        assert_eq!(split("src/./a/b/"), pair("src", "a/b/"));
+        assert_eq!(split("/./etc/hosts"), pair("/", "etc/hosts"));
+        assert_eq!(split("/etc//hosts"), pair("/", "etc/hosts"));
+        assert_eq!(split("a/b"), pair(".", "a/b"));
+        assert_eq!(split("./a/b"), pair(".", "a/b"));
+        assert!(matches!(split("x/./a/./b"), Err(RelativeError::Marker(_))));
+        assert!(matches!(split("a/../b"), Err(RelativeError::Parent(_))));
+        assert!(matches!(split("../b"), Err(RelativeError::Parent(_))));
+        assert!(matches!(split("src/./"), Err(RelativeError::Itself(_))));
+        assert!(matches!(split("/"), Err(RelativeError::Itself(_))));
+        assert!(matches!(split("."), Err(RelativeError::Itself(_))));
+
+        let both = relative_operands(&[b"/s/./b/x", b"/s/./a"], 4096).unwrap();
+        assert_eq!(both, (b"/s".to_vec(), vec![b"a".to_vec(), b"b/x".to_vec()]));
+        assert_eq!(
+            relative_operands(&[b"/etc/hosts", b"/var/log"], 4096)
+                .unwrap()
+                .0,
+            b"/"
+        );
+        assert!(matches!(
+            relative_operands(&[b"/s/./a", b"/t/./b"], 4096),
+            Err(RelativeError::Bases(..))
+        ));
+        assert!(matches!(
+            relative_operands(&[b"/etc/hosts", b"rel"], 4096),
+            Err(RelativeError::Bases(..))
         ));
     }
 

@@ -130,9 +130,11 @@ pub struct Item {
     pub dense: bool,
     /// Extended attributes carried (`-X`, `-A`), sent ahead of the entry.
     pub xattrs: Vec<Xattr>,
-    /// A directory on another file system than its operand's, walked
-    /// with `-x`, or one that could not be listed: its contents are not
-    /// listed (see [`Walker::one_file_system`]).
+    /// A directory sent without its names: on another file system than
+    /// its operand's, walked with `-x` (see [`Walker::one_file_system`]);
+    /// one that could not be listed; one a list (`--files-from`, `-R`)
+    /// names without its contents, or implies. `--delete` leaves what
+    /// the receiver's copy of it holds.
     pub unlisted: bool,
     /// Why the walk could not read it (a directory that could not be
     /// listed): it goes, and fails (or, gone since it was looked at, is
@@ -141,8 +143,9 @@ pub struct Item {
     /// Not sent at all, only its failure (`failed`): a name that cannot
     /// be looked at or whose attributes cannot be read, and with `-L` a
     /// symlink with no referent, one that loops, or one whose referent
-    /// cannot be opened or read through it. Its entry index is left
-    /// unused.
+    /// cannot be opened or read through it. It takes no entry number,
+    /// and with `-m` brings no directory above it (rsync leaves such
+    /// directories out too).
     pub unsent: bool,
 }
 
@@ -443,8 +446,8 @@ impl Walker {
     }
 
     /// `-m` (rsync's `--prune-empty-dirs`): a directory goes only with
-    /// something beneath it that is not a directory (a file, a symlink, a
-    /// special file, or one that fails: a failure is said at its place).
+    /// something beneath it that is not a directory (a file, a symlink or
+    /// a special file, sent; a name that fails here brings none).
     /// Judged after the filter rules, so a directory whose files are all
     /// excluded goes neither. A directory that cannot be listed, or a
     /// mount point with `-x`, always goes: the receiver must know to
@@ -455,14 +458,24 @@ impl Walker {
     }
 
     /// Sends `item`, numbered, and with `-m` the directories waiting
-    /// above it first; or keeps it waiting, a directory that `-m` may
-    /// leave out. Directories that wait and are not above `item` are
+    /// above it first. Directories that wait and are not above `item` are
     /// behind the walk with nothing sent beneath: dropped. (Their numbers
     /// were never given: the entries sent stay numbered without a gap.)
     fn put(
         &mut self,
         emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
+        item: Item,
+    ) -> anyhow::Result<()> {
+        self.put_or_hold(emit, item, false)
+    }
+
+    /// [`Walker::put`], where a directory that `may_wait` (one `-m` may
+    /// leave out) waits instead, with `-m`, for something beneath it.
+    fn put_or_hold(
+        &mut self,
+        emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
         mut item: Item,
+        may_wait: bool,
     ) -> anyhow::Result<()> {
         if self.prune {
             while let Some(dir) = self.waiting_dirs.last()
@@ -470,13 +483,14 @@ impl Walker {
             {
                 self.waiting_dirs.pop();
             }
-            let may_wait = item.entry.kind == EntryKind::Dir
-                && !item.unsent
-                && !item.unlisted
-                && item.failed.is_none();
             if may_wait {
                 self.waiting_dirs.push(item);
                 return Ok(());
+            }
+            // (Only its failure goes: the receiver needs no directory
+            // for that.)
+            if item.unsent {
+                return emit(item);
             }
             for mut dir in std::mem::take(&mut self.waiting_dirs) {
                 dir.entry.index = self.next_index;
@@ -956,18 +970,21 @@ impl Walker {
                         Some((FailKind::Io, format!("cannot list the directory: {e}"))),
                     ),
                 };
+                // (`-m`: one the receiver must know of goes.)
+                let may_wait = !mount_point && failed.is_none();
                 // (Its entry goes before its contents, named beneath it.)
-                self.put(
+                self.put_or_hold(
                     emit,
                     Item {
                         entry,
                         file: None,
                         dense: true,
                         xattrs,
-                        unlisted: mount_point || failed.is_some(),
+                        unlisted: inside.is_none() || failed.is_some(),
                         failed,
                         unsent: false,
                     },
+                    may_wait,
                 )?;
                 let (Some(inside), Some((dir, names))) = (inside, listed) else {
                     return Ok(());
@@ -2585,6 +2602,7 @@ mod tests {
                         seen.push((
                             item.entry.index,
                             String::from_utf8(item.entry.path).unwrap(),
+                            item.entry.kind,
                         ));
                         Ok(())
                     },
@@ -2592,8 +2610,8 @@ mod tests {
                 .unwrap();
             seen
         };
-        let paths = |seen: &[(u32, String)]| -> Vec<String> {
-            seen.iter().map(|(_, p)| p.clone()).collect()
+        let paths = |seen: &[(u32, String, EntryKind)]| -> Vec<String> {
+            seen.iter().map(|(_, p, _)| p.clone()).collect()
         };
         let pruned = walk(true, "top");
         assert_eq!(
@@ -2610,7 +2628,13 @@ mod tests {
                 "top/g/l"
             ]
         );
-        let numbers: Vec<u32> = pruned.iter().map(|(i, _)| *i).collect();
+        assert!(
+            pruned
+                .iter()
+                .any(|(_, p, k)| p == "top/e/g" && *k == EntryKind::HardLink),
+            "another name of a file sent"
+        );
+        let numbers: Vec<u32> = pruned.iter().map(|(i, _, _)| *i).collect();
         assert_eq!(numbers, (0..9).collect::<Vec<u32>>(), "no gap");
         assert_eq!(walk(false, "top").len(), 14, "everything without -m");
         // An operand with nothing but directories in it goes neither.

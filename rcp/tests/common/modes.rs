@@ -85,20 +85,40 @@ impl Modes {
         src: &Path,
         into: &Path,
     ) -> std::process::Output {
+        self.run_sources_out(mode, args, &[src], into)
+    }
+
+    /// [`Modes::run_out`] with several sources (a pull's all from the
+    /// daemon).
+    pub fn run_sources_out(
+        &self,
+        mode: &str,
+        args: Vec<&OsStr>,
+        srcs: &[&Path],
+        into: &Path,
+    ) -> std::process::Output {
         let mut args: Vec<OsString> = args.into_iter().map(OsStr::to_os_string).collect();
-        let (from, to) = match mode {
-            "local" => (s(src).to_string(), s(into).to_string()),
-            "push" => (s(src).to_string(), self.daemon.url(into)),
-            "pull" => (self.daemon.url(src), s(into).to_string()),
+        let local = |p: &&Path| s(p).to_string();
+        let (from, to): (Vec<String>, String) = match mode {
+            "local" => (srcs.iter().map(local).collect(), s(into).to_string()),
+            "push" => (srcs.iter().map(local).collect(), self.daemon.url(into)),
+            "pull" => (
+                srcs.iter().map(|p| self.daemon.url(p)).collect(),
+                s(into).to_string(),
+            ),
             _ => {
                 args.extend(["--rsh".into(), self.rsh.as_os_str().to_os_string()]);
-                (s(src).to_string(), format!("localhost:{}", into.display()))
+                (
+                    srcs.iter().map(local).collect(),
+                    format!("localhost:{}", into.display()),
+                )
             }
         };
         if mode == "push" || mode == "pull" {
             args.extend(["--secret-file".into(), self.key.as_os_str().to_os_string()]);
         }
-        args.extend([from.into(), to.into()]);
+        args.extend(from.into_iter().map(OsString::from));
+        args.push(to.into());
         let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
         rcp(&args, &self.path)
     }

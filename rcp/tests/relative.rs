@@ -1,0 +1,290 @@
+//! `-R`/`--relative` and a list's copy with `--delete` against rsync's:
+//! the same command line through rsync and through rcp in every mode,
+//! into destinations made alike, then compared entry by entry. `--delete`
+//! cleans only the directories sent with their names, never one a path
+//! implies (nor the destination directory itself).
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+
+use test_support::Scratch;
+
+mod common;
+use common::modes::*;
+use common::trees::*;
+
+fn write(p: &Path, data: &[u8], sec: i64) {
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, data).unwrap();
+    set_times(p, sec, 0);
+}
+
+/// A tree with files at several depths, and directories with only
+/// directories in them (for `-m`).
+fn source(src: &Path) {
+    write(&src.join("a/b/c/x.c"), b"x", 1_600_000_000);
+    write(&src.join("a/b/y.txt"), b"y", 1_600_000_000);
+    write(&src.join("a/not-sent"), b"n", 1_600_000_000);
+    write(&src.join("e/f/z.c"), b"z", 1_600_000_000);
+    write(&src.join("h/top.c"), b"h", 1_600_000_000);
+    std::fs::create_dir_all(src.join("e/empty/dirs")).unwrap();
+    for d in [
+        "a/b/c",
+        "a/b",
+        "a",
+        "e/f",
+        "e/empty/dirs",
+        "e/empty",
+        "e",
+        "h",
+        "",
+    ] {
+        set_times(&src.join(d), 1_500_000_000, 0);
+    }
+}
+
+/// A destination an earlier copy left, with more in it: in the
+/// directories the copy sends with their names (which `--delete`
+/// cleans), in those it only implies, and beside the copy.
+fn stale(into: &Path) {
+    stale_beneath(&into.join("src"));
+    write(&into.join("outside-the-copy"), b"k", 1_400_000_000);
+    set_times(into, 1_300_000_000, 0);
+}
+
+/// [`stale`]'s entries beneath `top`, the copy's top.
+fn stale_beneath(top: &Path) {
+    write(&top.join("a/b/gone.c"), b"g", 1_400_000_000);
+    write(&top.join("a/b/c/gone-too"), b"g", 1_400_000_000);
+    write(&top.join("e/f/old/deeper"), b"g", 1_400_000_000);
+    write(&top.join("a/implied-keeps-this"), b"k", 1_400_000_000);
+    write(&top.join("beside-keeps-this"), b"k", 1_400_000_000);
+    for d in ["a/b/c", "a/b", "a", "e/f/old", "e/f", "e", ""] {
+        set_times(&top.join(d), 1_300_000_000, 0);
+    }
+}
+
+/// The sources, each with the `/./` marker after the scratch directory
+/// (so they keep `src/...` beneath the destination in every mode: a
+/// daemon serves only beneath its roots).
+fn marked(t: &Scratch, names: &[&str]) -> Vec<PathBuf> {
+    names
+        .iter()
+        .map(|n| PathBuf::from(format!("{}/./src/{n}", t.dir().display())))
+        .collect()
+}
+
+fn rsync_sources(flags: &[&str], srcs: &[PathBuf], into: &Path) {
+    let out = std::process::Command::new("rsync")
+        .args(flags)
+        .args(srcs)
+        .arg(format!("{}/", into.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rsync {flags:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `flags` through rsync and through rcp in every mode, from `srcs`,
+/// each destination made ready by `before`; rsync's destination.
+fn as_rsync(
+    t: &Scratch,
+    modes: &Modes,
+    name: &str,
+    flags: &[&str],
+    srcs: &[PathBuf],
+    before: &dyn Fn(&Path),
+) -> PathBuf {
+    let oracle = t.path(&format!("{name}-rsync"));
+    before(&oracle);
+    rsync_sources(flags, srcs, &oracle);
+    let srcs: Vec<&Path> = srcs.iter().map(PathBuf::as_path).collect();
+    for mode in EVERY_MODE {
+        let into = t.path(&format!("{name}-{}", mode.replace(' ', "-")));
+        before(&into);
+        let args: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
+        let out = modes.run_sources_out(mode, args, &srcs, &into);
+        assert!(
+            out.status.success(),
+            "rcp {flags:?} ({mode}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_same(&format!("{mode} {flags:?}"), &oracle, &into);
+    }
+    oracle
+}
+
+#[test]
+fn relative_paths_are_rsyncs_in_every_mode() {
+    if !rsync_available() {
+        eprintln!("skipped: no rsync");
+        return;
+    }
+    let t = Scratch::new("relative-modes");
+    source(&t.path("src"));
+    let modes = Modes::new(&t, &[]);
+    let srcs = marked(&t, &["a/b", "h/top.c", "e"]);
+    let made = |into: &Path| std::fs::create_dir_all(into).unwrap();
+
+    let oracle = as_rsync(&t, &modes, "plain", &["-aR"], &srcs, &made);
+    assert!(oracle.join("src/a/b/c/x.c").exists() && oracle.join("src/h/top.c").exists());
+    assert!(
+        !oracle.join("src/a/not-sent").exists(),
+        "only what is named"
+    );
+
+    // `--delete` cleans a/b and e (sent with their names), not src or a.
+    let oracle = as_rsync(
+        &t,
+        &modes,
+        "delete",
+        &["-aR", "--delete"],
+        &srcs,
+        &|into: &Path| {
+            made(into);
+            stale(into);
+        },
+    );
+    assert!(!oracle.join("src/a/b/gone.c").exists());
+    assert!(!oracle.join("src/e/f/old").exists());
+    assert!(oracle.join("src/a/implied-keeps-this").exists());
+    assert!(oracle.join("src/beside-keeps-this").exists());
+    assert!(oracle.join("outside-the-copy").exists());
+
+    // With `-m` too: e/empty goes, and with --delete as rsync's.
+    let oracle = as_rsync(
+        &t,
+        &modes,
+        "prune",
+        &["-aR", "-m", "--delete"],
+        &srcs,
+        &|into: &Path| {
+            made(into);
+            stale(into);
+        },
+    );
+    assert!(!oracle.join("src/e/empty").exists());
+}
+
+/// A path without the marker is kept whole (a relative one from the
+/// working directory), and the destination is made if missing.
+#[test]
+fn without_a_marker_the_whole_path_is_kept() {
+    let t = Scratch::new("relative-whole");
+    source(&t.path("src"));
+    let into = t.path("new/into");
+    std::fs::create_dir(t.path("new")).unwrap();
+    let out = std::process::Command::new(common::RCP)
+        .current_dir(t.dir())
+        .args(["-q", "-aR", "src/a/b/c", "src/h"])
+        .arg(&into)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(into.join("src/a/b/c/x.c")).unwrap(), b"x");
+    assert_eq!(std::fs::read(into.join("src/h/top.c")).unwrap(), b"h");
+    assert!(!into.join("src/a/b/y.txt").exists());
+    // The directories above keep their source's times.
+    let times = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+    assert_eq!(times(&into.join("src/a")), times(&t.path("src/a")));
+}
+
+#[test]
+fn relative_operands_that_cannot_be_kept_are_refused_clearly() {
+    let t = Scratch::new("relative-bad");
+    source(&t.path("src"));
+    let dir = t.dir().display().to_string();
+    for (srcs, says) in [
+        (
+            vec![format!("{dir}/./src/a"), format!("{dir}/src/./h")],
+            "keep their paths from different directories",
+        ),
+        (vec![format!("{dir}/src/../src/a")], "a .. component"),
+        (
+            vec![format!("{dir}/src/./")],
+            "names the directory the path is kept from",
+        ),
+        (vec![format!("{dir}/./src/./a")], "more than one /./ marker"),
+    ] {
+        let into = t.path("into");
+        let mut args: Vec<OsString> = vec!["-aR".into()];
+        args.extend(srcs.iter().map(OsString::from));
+        args.push(into.clone().into());
+        let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        let out = rcp(&args, "");
+        assert_eq!(out.status.code(), Some(2), "{srcs:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{srcs:?}: {err}");
+        assert!(!into.exists(), "{srcs:?}: the destination was made");
+    }
+}
+
+/// `--files-from` with `--delete`: the listed directories copied with
+/// their names are cleaned (with `-r`, or listed with a trailing `/`),
+/// the ones listed or implied without them are not.
+#[test]
+fn a_lists_delete_is_rsyncs_in_every_mode() {
+    if !rsync_available() {
+        eprintln!("skipped: no rsync");
+        return;
+    }
+    let t = Scratch::new("files-from-delete");
+    let src = t.path("src");
+    source(&src);
+    let list = t.path("list");
+    std::fs::write(&list, "a/b/\ne/f\nh/top.c\n").unwrap();
+    let modes = Modes::new(&t, &[]);
+    for (name, recurse) in [("listed", "-a"), ("listed-r", "-ar")] {
+        let words = [recurse, "--delete", "--files-from"];
+        let flags: Vec<&OsStr> = words
+            .iter()
+            .map(OsStr::new)
+            .chain([list.as_os_str()])
+            .collect();
+        let oracle = t.path(&format!("{name}-rsync"));
+        // (The list's names are relative to the source directory: the
+        // destination gets them without `src/`.)
+        let before = |into: &Path| {
+            std::fs::create_dir_all(into).unwrap();
+            stale_beneath(into);
+        };
+        before(&oracle);
+        let out = std::process::Command::new("rsync")
+            .args(&flags)
+            .arg(format!("{}/", src.display()))
+            .arg(format!("{}/", oracle.display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for mode in EVERY_MODE {
+            let into = t.path(&format!("{name}-{}", mode.replace(' ', "-")));
+            before(&into);
+            let out = modes.run_out(mode, flags.clone(), &src, &into);
+            assert!(
+                out.status.success(),
+                "{mode}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_same(&format!("{mode} {name}"), &oracle, &into);
+        }
+        assert!(!oracle.join("a/b/gone.c").exists(), "a/b/ was cleaned");
+        assert!(oracle.join("a/implied-keeps-this").exists());
+        assert!(oracle.join("beside-keeps-this").exists());
+        assert_eq!(
+            oracle.join("e/f/old/deeper").exists(),
+            recurse == "-a",
+            "e/f is cleaned only when copied with its names"
+        );
+    }
+}
