@@ -81,6 +81,11 @@ pub enum PlanError {
     TooManyLinkDests(usize),
     #[error("{0}")]
     BadSuffix(&'static str),
+    #[error(
+        "-z: rcp does not compress (over RDMA and fast networks, compressing costs more time \
+         than it saves): leave -z out"
+    )]
+    NoCompression,
 }
 
 /// `-b`, `--backup-dir`, `--suffix`: the suffix of backups, when they
@@ -191,11 +196,15 @@ fn owners_of(a: &CopyArgs) -> Result<Option<Owners>, MapError> {
     )
 }
 
+/// A local source, and with `-R` the path it keeps beneath the
+/// destination (else it lands under its own name).
+type Landing = (PathBuf, Option<Vec<u8>>);
+
 /// `-R`: replaces the source operands (all but the last) with the one
-/// directory their paths are kept from; the names kept, and the local
-/// source paths as given (for [`onto_itself`]). Sources that [`plan`]
+/// directory their paths are kept from; the names kept, and each local
+/// source path as given with the path it keeps (for [`onto_itself`]). Sources that [`plan`]
 /// would refuse together are refused here, as it would.
-fn relative_sources(operands: &mut Vec<Operand>) -> anyhow::Result<(Vec<Vec<u8>>, Vec<PathBuf>)> {
+fn relative_sources(operands: &mut Vec<Operand>) -> anyhow::Result<(Vec<Vec<u8>>, Vec<Landing>)> {
     let dest = operands.pop().expect("clap asks for two or more");
     let first = &operands[0];
     if operands
@@ -220,21 +229,32 @@ fn relative_sources(operands: &mut Vec<Operand>) -> anyhow::Result<(Vec<Vec<u8>>
         })
         .collect();
     let (base, names) = listed::relative_operands(&paths, crate::proto::MAX_PATH)?;
+    // (Each local source with the path it keeps, for `onto_itself`.)
     let given = match first.is_local() {
-        true => local_paths(operands),
+        true => local_paths(operands)
+            .into_iter()
+            .map(|p| {
+                let kept = listed::relative_operand(p.as_os_str().as_encoded_bytes(), usize::MAX)
+                    .map(|(_, name)| name)
+                    .ok();
+                (p, kept)
+            })
+            .collect(),
         false => Vec::new(),
     };
     let one = match operands.swap_remove(0) {
         Operand::Local(_) => Operand::Local(PathBuf::from(crate::tree::os(&base))),
+        // (A remote path is text, and its directory a part of it cut at
+        // a `/`.)
         Operand::Shell { login, host, .. } => Operand::Shell {
             login,
             host,
-            path: String::from_utf8(base).context("-R: a source path is not UTF-8")?,
+            path: String::from_utf8_lossy(&base).into_owned(),
         },
         Operand::Daemon { host, port, .. } => Operand::Daemon {
             host,
             port,
-            path: String::from_utf8(base).context("-R: a source path is not UTF-8")?,
+            path: String::from_utf8_lossy(&base).into_owned(),
         },
         Operand::Broadcast { .. } => unreachable!("refused above"),
     };
@@ -307,6 +327,9 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         }
         false => (None, None),
     };
+    if a.compress {
+        return Err(PlanError::NoCompression.into());
+    }
     let (dest, sources) = operands.split_last().expect("clap asks for two or more");
     let mut a = a;
     if matches!(dest, Operand::Broadcast { .. }) && !a.chunk_size_given {
@@ -335,6 +358,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
             existing: a.existing,
             force: a.force,
             prune_empty_dirs: a.prune_empty_dirs,
+            lists_marked: a.delete && (a.files_from.is_some() || a.relative),
             chmod: chmod_of(&a)?,
             backup,
             backup_dir: a
@@ -349,7 +373,12 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
                 .collect(),
         ),
         dry_run: a.dry_run,
-        itemize: a.itemize_changes,
+        // (`-v` asks for the same changes, shown by name.)
+        itemize: a.itemize_changes || a.verbose > 0,
+        lines: match a.itemize_changes {
+            true => crate::recv::Lines::Codes,
+            false => crate::recv::Lines::Names,
+        },
         filter: Arc::new(filter_of(&a.rules)?),
         listed: match (&a.files_from, kept_paths) {
             (Some(file), _) => Some(Arc::new(list_of(file, a.from0)?)),
@@ -372,7 +401,11 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         Plan::Broadcast(b) => broadcast::run(b, &a, p, &progress).await?,
         Plan::Local { sources, dest } => {
             if p.remove_sources {
-                onto_itself(given.as_deref().unwrap_or(&sources), &dest)?;
+                let landing = match given {
+                    Some(kept) => kept,
+                    None => sources.iter().map(|s| (s.clone(), None)).collect(),
+                };
+                onto_itself(&landing, &dest)?;
             }
             local_copy(sources, &dest, p, &progress).await?
         }
@@ -420,6 +453,7 @@ fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
         (a.backup || a.backup_dir.is_some(), "--backup"),
         (a.dry_run, "--dry-run"),
         (a.itemize_changes, "--itemize-changes"),
+        (a.verbose > 0, "--verbose"),
         (a.files_from.is_some(), "--files-from"),
         (a.relative, "--relative"),
     ];
@@ -464,7 +498,7 @@ fn chmod_of(a: &CopyArgs) -> anyhow::Result<Option<(u32, String)>> {
 /// it (the walk could meet the copies it is making). Paths are compared
 /// with symlinks resolved. (Remote copies cannot be checked here; rsync
 /// checks none.)
-fn onto_itself(sources: &[PathBuf], dest: &Path) -> Result<(), PlanError> {
+fn onto_itself(sources: &[Landing], dest: &Path) -> Result<(), PlanError> {
     // (One not there yet is made in its parent.)
     let dest = match dest.canonicalize() {
         Ok(dest) => dest,
@@ -483,13 +517,15 @@ fn onto_itself(sources: &[PathBuf], dest: &Path) -> Result<(), PlanError> {
             _ => return Ok(()),
         },
     };
-    for source in sources {
+    for (source, kept) in sources {
         let Ok(source) = source.canonicalize() else {
             continue;
         };
-        // Into a directory, under the source's name; else onto `dest`.
-        let target = match (dest.is_dir(), source.file_name()) {
-            (true, Some(name)) => dest.join(name),
+        // Into a directory, under the source's name (or with `-R` the
+        // path it keeps); else onto `dest`.
+        let target = match (kept, dest.is_dir(), source.file_name()) {
+            (Some(kept), _, _) => dest.join(crate::tree::os(listed::bare(kept))),
+            (None, true, Some(name)) => dest.join(name),
             _ => dest.clone(),
         };
         let target = target.canonicalize().unwrap_or(target);

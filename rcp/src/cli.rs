@@ -28,6 +28,9 @@ use rfabric::storage::EngineChoice;
 #[command(
     name = "rcp",
     version,
+    // (`-h` is rsync's --human-readable, which rsync's users type with
+    // -av; `--help` and a lone `-h` print the help.)
+    disable_help_flag = true,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
     after_long_help = "Exit status:\n  \
@@ -43,6 +46,9 @@ use rfabric::storage::EngineChoice;
                        6  the peer could not be reached, or was lost mid-copy"
 )]
 pub struct Cli {
+    /// Print help (a summary with -h alone).
+    #[arg(long, action = clap::ArgAction::Help, global = false)]
+    pub help: Option<bool>,
     #[command(subcommand)]
     pub command: Option<Cmd>,
     #[command(flatten)]
@@ -303,6 +309,25 @@ pub struct CopyArgs {
     /// destination is not touched (with -i, each change is named).
     #[arg(short = 'n', long)]
     pub dry_run: bool,
+    /// Sizes and rates are shown with units (rcp's always are): accepted
+    /// for rsync's -avh. Alone, -h prints the help.
+    #[arg(short = 'h', long)]
+    pub human_readable: bool,
+    /// Show the progress of the copy: rcp does on a terminal unless -q
+    /// (accepted for rsync's --progress).
+    #[arg(long)]
+    pub progress: bool,
+    /// Not supported: rcp does not compress (over RDMA and fast networks
+    /// compressing costs more time than it saves); refused with a usage
+    /// error rather than ignored.
+    #[arg(short = 'z', long, hide = true)]
+    pub compress: bool,
+    /// Name on stdout what is sent, made, linked or removed (`deleting
+    /// NAME`), one a line, as rsync's -v does; a change of attributes
+    /// alone is not named (-i names every change, with its code).
+    /// Repeating it (-vv) changes nothing more.
+    #[arg(short = 'v', long, action = clap::ArgAction::Count, conflicts_with = "json")]
+    pub verbose: u8,
     /// Name each change on stdout with rsync's 11-letter code (`>f+++++++++
     /// path` for a new file, `>f.st......` for one sent again, `.f...p.....`
     /// for a mode set, `cd+++++++++` for a new directory, `*deleting` for
@@ -363,7 +388,7 @@ pub struct CopyArgs {
     #[arg(skip)]
     pub chunk_size_given: bool,
     /// Remote shell for host:path operands.
-    #[arg(long, default_value = "ssh", value_name = "CMD")]
+    #[arg(short = 'e', long, default_value = "ssh", value_name = "CMD")]
     pub rsh: String,
     /// Broadcast to the hosts listed in FILE (one a line, each may be a
     /// host list such as node[01-16]; # starts a comment); the destination
@@ -484,6 +509,10 @@ impl CopyArgs {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
+    /// Print help (`rcp`'s own -h is rsync's --human-readable; here it is
+    /// the help, as usual).
+    #[arg(short = 'h', long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
     /// Address and port to listen on (TCP, and RDMA where a device has it).
     #[arg(long, default_value = "127.0.0.1:7470")]
     pub listen: SocketAddr,
@@ -548,6 +577,11 @@ pub fn parse() -> Cli {
 /// matching rule decides, across --exclude, --include and --exclude-from),
 /// which clap's derived fields do not keep.
 pub fn parse_from(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> Cli {
+    let mut args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    // (A lone `-h` asks for the help, as with rsync.)
+    if args.len() == 2 && args[1] == "-h" {
+        args[1] = "--help".into();
+    }
     let matches = Cli::command().get_matches_from(args);
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let c = &mut cli.copy;

@@ -151,11 +151,12 @@ pub enum RelativeError {
 /// name is.
 pub fn relative_operand(path: &[u8], max_name: usize) -> Result<(Vec<u8>, Vec<u8>), RelativeError> {
     let shown = || String::from_utf8_lossy(path).into_owned();
-    let (base, rest) = match path.windows(3).position(|w| w == b"/./") {
-        Some(0) => (&b"/"[..], &path[3..]),
-        Some(i) => (&path[..i], &path[i + 3..]),
-        None if path.starts_with(b"/") => (&b"/"[..], path),
-        None => (&b"."[..], path),
+    // (`a/.` is `a`, as rsync reads it.)
+    let whole = path.strip_suffix(b"/.").unwrap_or(path);
+    let (base, rest) = match whole.windows(3).position(|w| w == b"/./") {
+        Some(i) => (tidy_dir(&whole[..i + 1]), &whole[i + 3..]),
+        None if whole.starts_with(b"/") => (b"/".to_vec(), whole),
+        None => (b".".to_vec(), whole),
     };
     let name = checked_name(rest, max_name).map_err(|bad| match bad {
         BadName::Parent => RelativeError::Parent(shown()),
@@ -164,7 +165,24 @@ pub fn relative_operand(path: &[u8], max_name: usize) -> Result<(Vec<u8>, Vec<u8
         BadName::Marker => RelativeError::Marker(shown()),
         BadName::TooLong => RelativeError::TooLong(shown(), max_name),
     })?;
-    Ok((base.to_vec(), name))
+    Ok((base, name))
+}
+
+/// A directory's path without repeated `/`, `.` components or a `/` at
+/// its end (`./src//` is `src`), so that two ways of writing one
+/// directory compare equal; `/` and `.` where nothing else is left.
+fn tidy_dir(dir: &[u8]) -> Vec<u8> {
+    let parts: Vec<&[u8]> = dir
+        .split(|&b| b == b'/')
+        .filter(|p| !p.is_empty() && *p != b".")
+        .collect();
+    let absolute = dir.starts_with(b"/");
+    match (parts.is_empty(), absolute) {
+        (true, true) => b"/".to_vec(),
+        (true, false) => b".".to_vec(),
+        (false, true) => [&b"/"[..], &parts.join(&b'/')].concat(),
+        (false, false) => parts.join(&b'/'),
+    }
 }
 
 /// `-R` for every source operand's path: the one directory they are all
@@ -291,6 +309,14 @@ mod tests {
         assert_eq!(split("a/b"), pair(".", "a/b"));
         assert_eq!(split("./a/b"), pair(".", "a/b"));
         assert!(matches!(split("x/./a/./b"), Err(RelativeError::Marker(_))));
+        assert_eq!(split("src/a/."), pair(".", "src/a"));
+        assert_eq!(split("./src//./a"), pair("src", "a"));
+        assert_eq!(
+            split("/x/../y/./a"),
+            pair("/x/../y", "a"),
+            "before the marker: as given"
+        );
+        assert_eq!(split("./a"), pair(".", "a"));
         assert!(matches!(split("a/../b"), Err(RelativeError::Parent(_))));
         assert!(matches!(split("../b"), Err(RelativeError::Parent(_))));
         assert!(matches!(split("src/./"), Err(RelativeError::Itself(_))));
@@ -309,6 +335,13 @@ mod tests {
             relative_operands(&[b"/s/./a", b"/t/./b"], 4096),
             Err(RelativeError::Bases(..))
         ));
+        assert_eq!(
+            relative_operands(&[b"./src/./a", b"src//./b"], 4096)
+                .unwrap()
+                .0,
+            b"src",
+            "one directory written two ways"
+        );
         assert!(matches!(
             relative_operands(&[b"/etc/hosts", b"rel"], 4096),
             Err(RelativeError::Bases(..))

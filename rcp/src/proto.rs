@@ -505,6 +505,12 @@ pub struct Extras {
     /// with nothing but directories beneath them
     /// (`tree::Walker::prune_empty_dirs`).
     pub prune_empty_dirs: bool,
+    /// Key 9, no value: a pull with a list (`--files-from`, `-R`) and
+    /// `--delete`, whose receiver cleans only what the sender sends with
+    /// its names. The sender marks every other directory `Unlisted`; one
+    /// from before it did not, and refuses the item rather than let the
+    /// directories a list implies be cleaned.
+    pub lists_marked: bool,
 }
 
 impl Extras {
@@ -516,6 +522,7 @@ impl Extras {
     const BACKUP: u16 = 6;
     const BACKUP_DIR: u16 = 7;
     const PRUNE_EMPTY_DIRS: u16 = 8;
+    const LISTS_MARKED: u16 = 9;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -549,6 +556,9 @@ impl Extras {
         if self.prune_empty_dirs {
             items.push((Extras::PRUNE_EMPTY_DIRS, Vec::new()));
         }
+        if self.lists_marked {
+            items.push((Extras::LISTS_MARKED, Vec::new()));
+        }
         items
     }
 
@@ -575,6 +585,7 @@ impl Extras {
                 Extras::EXISTING if value.is_empty() => extras.existing = true,
                 Extras::FORCE if value.is_empty() => extras.force = true,
                 Extras::PRUNE_EMPTY_DIRS if value.is_empty() => extras.prune_empty_dirs = true,
+                Extras::LISTS_MARKED if value.is_empty() => extras.lists_marked = true,
                 Extras::CHMOD if value.len() > 4 => {
                     let (umask, rules) = value.split_at(4);
                     let umask = u32::from_le_bytes(umask.try_into().expect("four bytes"));
@@ -593,7 +604,8 @@ impl Extras {
                 Extras::DELETE_EXCLUDED
                 | Extras::EXISTING
                 | Extras::FORCE
-                | Extras::PRUNE_EMPTY_DIRS => {
+                | Extras::PRUNE_EMPTY_DIRS
+                | Extras::LISTS_MARKED => {
                     return Err(ProtoError::BadField("extras: a flag with a value"));
                 }
                 _ => {
@@ -1796,6 +1808,7 @@ mod tests {
                     backup: Some(Vec::new()),
                     backup_dir: Some(b"../bak".to_vec()),
                     prune_empty_dirs: true,
+                    lists_marked: true,
                 }
                 .items(),
             },
@@ -1813,6 +1826,7 @@ mod tests {
             backup: Some(b".old".to_vec()),
             backup_dir: Some(b"/bak".to_vec()),
             prune_empty_dirs: true,
+            lists_marked: true,
         };
         let one = Extras {
             existing: true,

@@ -115,18 +115,47 @@ pub struct RecvOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Itemize {
     Off,
-    /// On stdout here: this side is the client.
-    Print,
+    /// On stdout here, so: this side is the client.
+    Print(Lines),
     /// To the sender (`Itemized`), the client.
     Tell,
 }
 
-/// One `-i` line on stdout, as rsync prints it (a closed stdout, as when
-/// piped into `head`, is no error of the copy's).
-pub fn print_itemized(code: &[u8; 11], path: &[u8]) {
+/// How the client shows each change the receiver names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Lines {
+    /// `-i`: rsync's 11-letter code, then the name.
+    #[default]
+    Codes,
+    /// `-v`: the name of what is sent, made, linked or removed
+    /// (`deleting NAME`), and of a directory whose attributes change, as
+    /// rsync's `-v` prints them; another entry whose attributes alone
+    /// change is not shown.
+    Names,
+}
+
+/// The line `lines` shows for a change named with `code` (rsync's `-i`
+/// code) and `name` (as `-i` names it), if any. **Sans I/O.**
+pub fn itemized_line(code: &[u8; 11], name: &[u8], lines: Lines) -> Option<String> {
+    let name = tree::show(name);
+    match lines {
+        Lines::Codes => Some(format!("{} {name}", String::from_utf8_lossy(code))),
+        Lines::Names if code.starts_with(b"*deleting") => Some(format!("deleting {name}")),
+        // (rsync's `-v` shows what was transferred or made here, the
+        // codes that start with `<`, `>`, `c` and `h`, and directories
+        // whatever changed of them.)
+        Lines::Names if code[0] == b'.' && code[1] != b'd' => None,
+        Lines::Names => Some(name),
+    }
+}
+
+/// One `-i` (or `-v`) line on stdout, as rsync prints it (a closed
+/// stdout, as when piped into `head`, is no error of the copy's).
+pub fn print_itemized(code: &[u8; 11], path: &[u8], lines: Lines) {
     use std::io::Write;
-    let line = format!("{} {}", String::from_utf8_lossy(code), tree::show(path));
-    let _ = writeln!(std::io::stdout().lock(), "{line}");
+    if let Some(line) = itemized_line(code, path, lines) {
+        let _ = writeln!(std::io::stdout().lock(), "{line}");
+    }
 }
 
 /// Entry `e` named as rsync's `-i` names it (`%n%L`): a directory with a
@@ -1590,6 +1619,33 @@ async fn finish_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn verbose_lines_name_what_rsyncs_verbose_names() {
+        let line = |code: &str, name: &str, lines| {
+            itemized_line(code.as_bytes().try_into().unwrap(), name.as_bytes(), lines)
+        };
+        let v = Lines::Names;
+        assert_eq!(line(">f+++++++++", "a/new", v).as_deref(), Some("a/new"));
+        assert_eq!(
+            line(">f.st......", "a/changed", v).as_deref(),
+            Some("a/changed")
+        );
+        assert_eq!(line("cd+++++++++", "a/dir/", v).as_deref(), Some("a/dir/"));
+        assert_eq!(line("cL+++++++++", "l -> t", v).as_deref(), Some("l -> t"));
+        assert_eq!(line("hf+++++++++", "b => a", v).as_deref(), Some("b => a"));
+        assert_eq!(
+            line("*deleting  ", "gone/", v).as_deref(),
+            Some("deleting gone/")
+        );
+        assert_eq!(line(".d..t......", "a/", v).as_deref(), Some("a/"));
+        assert_eq!(line(".f...p.....", "a/mode-only", v), None);
+        assert_eq!(line(".L..t......", "l -> t", v), None);
+        assert_eq!(
+            line(".f...p.....", "a/mode-only", Lines::Codes).as_deref(),
+            Some(".f...p..... a/mode-only")
+        );
+    }
 
     #[test]
     fn on_one_thread_a_task_without_a_wait_ends_here_and_one_that_waits_runs_on() {

@@ -83,6 +83,8 @@ pub struct SendOptions {
     pub buffers: usize,
     /// The storage engine that reads the files.
     pub engine: Kind,
+    /// How the changes a receiver names (`Itemized`) are shown here.
+    pub lines: crate::recv::Lines,
 }
 
 /// Steps queued for the sending loop. What it finds queued goes out in
@@ -262,6 +264,7 @@ pub async fn send(
     let digests = opts.resume || opts.policy.check == Check::Checksum;
     let asking = Asking::new(Waiting::new(digests));
     let steps_for_answers = planner.steps.downgrade();
+    let lines = opts.lines;
     // Files announced ahead of their data, waiting for their answers.
     let (ahead_tx, mut ahead) = mpsc::channel::<FileToSend>(window);
     let feeder = {
@@ -364,7 +367,7 @@ pub async fn send(
         // (Weak: the sending loop ends when the planner's steps end.)
         let steps = steps_for_answers;
         tokio::spawn(async move {
-            let r = collect_answers(&link, &asking, &names, removals.as_deref()).await;
+            let r = collect_answers(&link, &asking, &names, removals.as_deref(), lines).await;
             // No answer comes any more: nothing waits for one.
             asking.close();
             if let (Err(_), Some(steps)) = (&r, steps.upgrade()) {
@@ -1114,6 +1117,7 @@ async fn collect_answers(
     asking: &Asking,
     names: &Names,
     removals: Option<&remove::Removals>,
+    lines: crate::recv::Lines,
 ) -> anyhow::Result<Said> {
     let mut failed = Vec::new();
     let mut removed = Vec::new();
@@ -1170,7 +1174,7 @@ async fn collect_answers(
             Msg::NodeDone(r) if nodes.len() < crate::hostlist::MAX_HOSTS => nodes.push(r),
             // `-i` from a receiver that is not the client: printed here.
             Msg::Itemized { code, path } => {
-                crate::recv::print_itemized(&code, &path);
+                crate::recv::print_itemized(&code, &path, lines);
             }
             Msg::EntryOk { index } => {
                 done(&[index]);

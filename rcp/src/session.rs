@@ -23,7 +23,7 @@ use crate::idmap::Owners;
 use crate::linkdest;
 use crate::listed;
 use crate::proto::{Extras, Hop, MAX_HOPS, MAX_NAMES, Msg, flags};
-use crate::recv::{self, Itemize, RecvOptions};
+use crate::recv::{self, Itemize, Lines, RecvOptions};
 use crate::report::{Progress, Report, Stats};
 use crate::resync::{Policy, Sizes};
 use crate::send::{self, SendOptions, Source, Sources};
@@ -66,9 +66,12 @@ pub struct Params {
     pub link_dests: Arc<Vec<Vec<u8>>>,
     /// The choices beyond the flags (`--max-delete`; the client's).
     pub extras: Extras,
-    /// `-n`, `-i` (the client's choice).
+    /// `-n`, `-i` (the client's choice; `-v` asks for `-i`'s changes
+    /// too, shown by name).
     pub dry_run: bool,
     pub itemize: bool,
+    /// How the client shows the changes (`-i` or `-v`; its own).
+    pub lines: Lines,
     /// `--exclude`, `--include` (the client's, sent after the request).
     pub filter: Arc<Filter>,
     /// `--files-from`: the names to send from the one source directory
@@ -110,8 +113,8 @@ enum Side {
 impl Params {
     /// What a request asks of a server that is `side`: the choices only
     /// the client's own end acts on are left out (a server from before
-    /// one would refuse it for nothing): `--chmod` and `-m` in a push (the
-    /// client walks), `--max-delete`, `--delete-excluded`, `--force`, the
+    /// one would refuse it for nothing): `--chmod`, `-m` and a list's
+    /// marks in a push (the client walks), `--max-delete`, `--delete-excluded`, `--force`, the
     /// backups and `--link-dest` in a pull (the client receives).
     /// `--existing` goes both ways: a sender waits for the answers it
     /// makes the receiver give.
@@ -121,6 +124,7 @@ impl Params {
             Side::Receiver => {
                 asked.extras.chmod = None;
                 asked.extras.prune_empty_dirs = false;
+                asked.extras.lists_marked = false;
             }
             Side::Sender => {
                 asked.extras.max_delete = None;
@@ -255,6 +259,7 @@ impl Params {
             chunk: self.chunk,
             buffers: (self.window as usize * self.streams as usize).clamp(4, 64),
             engine: self.io_engine,
+            lines: self.lines,
         }
     }
 
@@ -276,7 +281,7 @@ impl Params {
             dry_run: self.dry_run,
             itemize: match (self.itemize, client) {
                 (false, _) => Itemize::Off,
-                (true, true) => Itemize::Print,
+                (true, true) => Itemize::Print(self.lines),
                 (true, false) => Itemize::Tell,
             },
             engine: self.io_engine,

@@ -666,12 +666,15 @@ impl Walker {
         let shown = || String::from_utf8_lossy(path).into_owned();
         let parts = relative(path)?;
         let (name, dirs) = parts.split_last().expect("relative paths have a part");
-        let parent = Arc::new(
-            open_dir_beneath(base, dirs)
-                .with_context(|| format!("cannot reach {} (listed in --files-from)", shown()))?,
-        );
+        let parent = Arc::new(open_dir_beneath(base, dirs).with_context(|| {
+            format!(
+                "cannot reach {} (named by --files-from or -R; no symlink above it is \
+                         followed)",
+                shown()
+            )
+        })?);
         let stat = rustix::fs::statat(&*parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .with_context(|| format!("cannot stat {} (listed in --files-from)", shown()))?;
+            .with_context(|| format!("cannot stat {} (named by --files-from or -R)", shown()))?;
         self.visit(
             &parent,
             &cstr(name)?,

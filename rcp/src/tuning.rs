@@ -158,6 +158,7 @@ pub fn params(
         extras: crate::proto::Extras::default(),
         dry_run: false,
         itemize: false,
+        lines: crate::recv::Lines::Codes,
         filter: std::sync::Arc::default(),
         listed: None,
         chunk: t.chunk_size,

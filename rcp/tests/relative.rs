@@ -59,7 +59,19 @@ fn stale_beneath(top: &Path) {
     write(&top.join("e/f/old/deeper"), b"g", 1_400_000_000);
     write(&top.join("a/implied-keeps-this"), b"k", 1_400_000_000);
     write(&top.join("beside-keeps-this"), b"k", 1_400_000_000);
-    for d in ["a/b/c", "a/b", "a", "e/f/old", "e/f", "e", ""] {
+    // (Which the source has only empty: `-m --delete` removes it.)
+    std::fs::create_dir_all(top.join("e/empty/dirs")).unwrap();
+    for d in [
+        "a/b/c",
+        "a/b",
+        "a",
+        "e/empty/dirs",
+        "e/empty",
+        "e/f/old",
+        "e/f",
+        "e",
+        "",
+    ] {
         set_times(&top.join(d), 1_300_000_000, 0);
     }
 }
@@ -167,6 +179,48 @@ fn relative_paths_are_rsyncs_in_every_mode() {
         },
     );
     assert!(!oracle.join("src/e/empty").exists());
+    assert!(oracle.join("src/a/implied-keeps-this").exists());
+}
+
+/// `--remove-source-files` with `-R`: a source whose kept path lands on
+/// itself is refused before anything is copied or removed; elsewhere
+/// each source goes once its copy is in place.
+#[test]
+fn relative_copies_never_remove_a_source_onto_itself() {
+    let t = Scratch::new("relative-remove");
+    source(&t.path("src"));
+    let dir = t.dir().display().to_string();
+    for (srcs, dest) in [
+        (vec!["src/a/b".to_string()], ".".to_string()),
+        (vec!["src/h/top.c".to_string()], ".".to_string()),
+        (vec![format!("{dir}/./src/e")], dir.clone()),
+        (vec![format!("{dir}/src/./e/f")], format!("{dir}/src")),
+    ] {
+        let out = std::process::Command::new(common::RCP)
+            .current_dir(t.dir())
+            .args(["-q", "-aR", "--remove-source-files"])
+            .args(&srcs)
+            .arg(&dest)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{srcs:?} into {dest}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("onto or into itself"), "{srcs:?}: {err}");
+    }
+    assert_eq!(std::fs::read(t.path("src/a/b/c/x.c")).unwrap(), b"x");
+    assert_eq!(std::fs::read(t.path("src/e/f/z.c")).unwrap(), b"z");
+    let out = std::process::Command::new(common::RCP)
+        .current_dir(t.dir())
+        .args(["-q", "-aR", "--remove-source-files", "src/a/b", "moved"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(t.path("moved/src/a/b/c/x.c")).unwrap(), b"x");
+    assert!(!t.path("src/a/b/c/x.c").exists() && t.path("src/a/not-sent").exists());
 }
 
 /// A path without the marker is kept whole (a relative one from the

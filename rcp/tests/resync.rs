@@ -453,6 +453,54 @@ fn dry_run_and_itemize_say_what_rsync_says_and_change_nothing() {
         // Nothing changed, nothing was sent.
         assert_same(&format!("{mode}, after -n"), &before, ours);
     }
+    // `-v` names what `-i` codes, as rsync's `-v` does: what is sent,
+    // made or removed, not a change of attributes alone.
+    let rsync_names = Command::new("rsync")
+        .args(["-avn", "--delete"])
+        .arg(&src)
+        .arg(format!("{}/", theirs.display()))
+        .output()
+        .unwrap();
+    // (Directories aside, made or changed, as for `-i`: rcp names one
+    // whose time differs when its contents change too.)
+    let names = |out: &[u8]| {
+        let mut l: Vec<String> = String::from_utf8_lossy(out)
+            .lines()
+            .filter(|l| {
+                !l.is_empty()
+                    && !l.starts_with("sending incremental file list")
+                    && !l.starts_with("sent ")
+                    && !l.starts_with("total size is")
+                    && (l.starts_with("deleting ") || !l.ends_with('/'))
+            })
+            .map(str::to_string)
+            .collect();
+        l.sort();
+        l
+    };
+    let rsync_names = names(&rsync_names.stdout);
+    let mode_only = files[1]
+        .strip_prefix(src.parent().unwrap())
+        .unwrap()
+        .display()
+        .to_string();
+    assert!(
+        rsync_names
+            .iter()
+            .any(|l| l.starts_with("deleting src/d1/extra-dir/"))
+            && rsync_names.iter().any(|l| l.ends_with("brand-new"))
+            && !rsync_names.contains(&mode_only),
+        "the oracle: {rsync_names:?}"
+    );
+    for (mode, ours) in modes.iter().zip(&ours) {
+        let out = modes_here.copy(mode, &["-avn", "--delete"], &src, ours);
+        assert_eq!(names(&out.stdout), rsync_names, "-v {mode}");
+        let all = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            all.lines().any(|l| l == "src/fresh-dir/"),
+            "-v {mode}: {all}"
+        );
+    }
     let n = rcp_json(
         &[
             OsStr::new("-an"),

@@ -196,13 +196,13 @@ async fn send_answers(queue: &Queue, link: &Link, itemize: Itemize) -> anyhow::R
                 Answer::Removed(path) => {
                     link.send_message(&Msg::Removed { path }.encode()).await?;
                 }
-                Answer::Itemized(code, path) if itemize == Itemize::Print => {
-                    print_itemized(&code, &path);
-                }
-                Answer::Itemized(code, path) => {
-                    let m = Msg::Itemized { code, path };
-                    link.send_message(&m.encode()).await?;
-                }
+                Answer::Itemized(code, path) => match itemize {
+                    Itemize::Print(lines) => print_itemized(&code, &path, lines),
+                    _ => {
+                        let m = Msg::Itemized { code, path };
+                        link.send_message(&m.encode()).await?;
+                    }
+                },
                 Answer::Verdict(Err((kind, reason))) => {
                     let m = Msg::EntryFailed {
                         index,
