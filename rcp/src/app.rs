@@ -373,8 +373,9 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
                 .collect(),
         ),
         dry_run: a.dry_run,
-        // (`-v` asks for the same changes, shown by name.)
-        itemize: a.itemize_changes || a.verbose > 0,
+        // (`-v` asks for the same changes, shown by name; `-q` silences
+        // it, as rsync's, but not `-i`, asked for by name.)
+        itemize: a.itemize_changes || (a.verbose > 0 && !a.quiet),
         lines: match a.itemize_changes {
             true => crate::recv::Lines::Codes,
             false => crate::recv::Lines::Names,
@@ -396,7 +397,9 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         Plan::Broadcast(_) => broadcast_params(&a, p)?,
         _ => p,
     };
-    let progress = Progress::new(!a.quiet && !a.json);
+    // (Nor where `-v` or `-i` print their lines: they would run through
+    // the bar.)
+    let progress = Progress::new(!a.quiet && !a.json && !p.itemize);
     let report = match plan {
         Plan::Broadcast(b) => broadcast::run(b, &a, p, &progress).await?,
         Plan::Local { sources, dest } => {
@@ -447,20 +450,22 @@ fn listed_nodes(a: &CopyArgs) -> anyhow::Result<Option<Vec<String>>> {
 /// for itself and the nodes after it, so what any node lacks is sent once
 /// down the chain (see `merge`).
 fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
+    let on_each = "it would act on each node's destination on its own";
+    let names = "each node would name its own changes, which a chain does not carry back";
+    let lists = "a chain's nodes do not take a list yet";
     let refused = [
-        (a.delete, "--delete"),
-        (a.force, "--force"),
-        (a.backup || a.backup_dir.is_some(), "--backup"),
-        (a.dry_run, "--dry-run"),
-        (a.itemize_changes, "--itemize-changes"),
-        (a.verbose > 0, "--verbose"),
-        (a.files_from.is_some(), "--files-from"),
-        (a.relative, "--relative"),
+        (a.delete, "--delete", on_each),
+        (a.force, "--force", on_each),
+        (a.backup || a.backup_dir.is_some(), "--backup", on_each),
+        (a.dry_run, "--dry-run", names),
+        (a.itemize_changes, "--itemize-changes", names),
+        (a.verbose > 0, "--verbose", names),
+        (a.files_from.is_some(), "--files-from", lists),
+        (a.relative, "--relative", lists),
     ];
-    if let Some((_, flag)) = refused.iter().find(|(on, _)| *on) {
+    if let Some((_, flag, why)) = refused.iter().find(|(on, _, _)| *on) {
         return Err(broadcast::Usage(format!(
-            "{flag} is not supported with a broadcast yet: it would act on each node's \
-             destination on its own"
+            "{flag} is not supported with a broadcast yet: {why}"
         ))
         .into());
     }

@@ -46,7 +46,7 @@ use rfabric::storage::EngineChoice;
                        6  the peer could not be reached, or was lost mid-copy"
 )]
 pub struct Cli {
-    /// Print help (a summary with -h alone).
+    /// Print help (as does -h alone).
     #[arg(long, action = clap::ArgAction::Help, global = false)]
     pub help: Option<bool>,
     #[command(subcommand)]
@@ -537,6 +537,9 @@ pub struct ServeArgs {
 
 #[derive(Args, Debug)]
 pub struct ServerOnceArgs {
+    /// Print help.
+    #[arg(short = 'h', long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
     #[command(flatten)]
     pub tuning: Tuning,
     /// The connections the client will stripe over (its `--streams`):

@@ -151,8 +151,11 @@ pub enum RelativeError {
 /// name is.
 pub fn relative_operand(path: &[u8], max_name: usize) -> Result<(Vec<u8>, Vec<u8>), RelativeError> {
     let shown = || String::from_utf8_lossy(path).into_owned();
-    // (`a/.` is `a`, as rsync reads it.)
+    // (`a/.` is `a`, as rsync reads it; `a/./.` names `a` itself.)
     let whole = path.strip_suffix(b"/.").unwrap_or(path);
+    if whole.ends_with(b"/.") {
+        return Err(RelativeError::Itself(shown()));
+    }
     let (base, rest) = match whole.windows(3).position(|w| w == b"/./") {
         Some(i) => (tidy_dir(&whole[..i + 1]), &whole[i + 3..]),
         None if whole.starts_with(b"/") => (b"/".to_vec(), whole),
@@ -310,6 +313,7 @@ mod tests {
         assert_eq!(split("./a/b"), pair(".", "a/b"));
         assert!(matches!(split("x/./a/./b"), Err(RelativeError::Marker(_))));
         assert_eq!(split("src/a/."), pair(".", "src/a"));
+        assert!(matches!(split("src/./."), Err(RelativeError::Itself(_))));
         assert_eq!(split("./src//./a"), pair("src", "a"));
         assert_eq!(
             split("/x/../y/./a"),

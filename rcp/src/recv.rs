@@ -326,17 +326,17 @@ pub async fn receive(
     };
     // Entries found unchanged on threads of their own, where a batch's
     // entries are compared with what is there (and nothing else is asked
-    // of them: no dry run, no -i, no resume).
-    let prechecks =
-        (opts.policy.asks() && !opts.dry_run && !opts.resume && opts.itemize == Itemize::Off)
-            .then(|| {
-                let rules = precheck::Rules {
-                    policy: opts.policy,
-                    how,
-                };
-                Prechecks::start(Arc::clone(&base), rules)
-            })
-            .flatten();
+    // of them: no dry run, no resume; `-i` and `-v` name nothing of an
+    // entry found unchanged).
+    let prechecks = (opts.policy.asks() && !opts.dry_run && !opts.resume)
+        .then(|| {
+            let rules = precheck::Rules {
+                policy: opts.policy,
+                how,
+            };
+            Prechecks::start(Arc::clone(&base), rules)
+        })
+        .flatten();
     let result = async {
         let gone = || PeerLost("the sender went away before it was done".into());
         // Batches of entries whose files are being checked, oldest first,

@@ -512,6 +512,12 @@ fn dry_run_and_itemize_say_what_rsync_says_and_change_nothing() {
     );
     assert_eq!(n.bytes, 0);
     assert_same("after -n --json", &before, &ours[0]);
+    // And for real (the receiver's checking threads clear what is
+    // unchanged, and name nothing of it): the same lines.
+    for (mode, ours) in modes.iter().zip(&ours) {
+        let out = modes_here.copy(mode, &["-ai", "--delete"], &src, ours);
+        assert_eq!(lines(&out.stdout), rsyncs, "-i {mode}, for real");
+    }
 }
 
 /// The four ways to run a copy from `src` into `dest` (local, push and
