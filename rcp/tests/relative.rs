@@ -86,20 +86,6 @@ fn marked(t: &Scratch, names: &[&str]) -> Vec<PathBuf> {
         .collect()
 }
 
-fn rsync_sources(flags: &[&str], srcs: &[PathBuf], into: &Path) {
-    let out = std::process::Command::new("rsync")
-        .args(flags)
-        .args(srcs)
-        .arg(format!("{}/", into.display()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "rsync {flags:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// `flags` through rsync and through rcp in every mode, from `srcs`,
 /// each destination made ready by `before`; rsync's destination.
 fn as_rsync(
@@ -111,21 +97,9 @@ fn as_rsync(
     before: &dyn Fn(&Path),
 ) -> PathBuf {
     let oracle = t.path(&format!("{name}-rsync"));
-    before(&oracle);
-    rsync_sources(flags, srcs, &oracle);
+    let flags: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
     let srcs: Vec<&Path> = srcs.iter().map(PathBuf::as_path).collect();
-    for mode in EVERY_MODE {
-        let into = t.path(&format!("{name}-{}", mode.replace(' ', "-")));
-        before(&into);
-        let args: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
-        let out = modes.run_sources_out(mode, args, &srcs, &into);
-        assert!(
-            out.status.success(),
-            "rcp {flags:?} ({mode}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_same(&format!("{mode} {flags:?}"), &oracle, &into);
-    }
+    modes.sources_as_rsync(t, name, &flags, &srcs, &oracle, before);
     oracle
 }
 

@@ -30,9 +30,14 @@ pub fn rcp_ok(args: &[&OsStr], path: &str) {
 
 /// `rsync FLAGS src into/`: its output, whatever its status.
 pub fn rsync_out(flags: &[&OsStr], src: &Path, into: &Path) -> std::process::Output {
+    rsync_sources_out(flags, &[src], into)
+}
+
+/// `rsync FLAGS src... into/`: its output, whatever its status.
+pub fn rsync_sources_out(flags: &[&OsStr], srcs: &[&Path], into: &Path) -> std::process::Output {
     Command::new("rsync")
         .args(flags)
-        .arg(src)
+        .args(srcs)
         .arg(format!("{}/", into.display()))
         .output()
         .expect("rsync runs")
@@ -40,7 +45,12 @@ pub fn rsync_out(flags: &[&OsStr], src: &Path, into: &Path) -> std::process::Out
 
 /// [`rsync_out`], which must succeed.
 pub fn rsync_into(flags: &[&OsStr], src: &Path, into: &Path) {
-    let out = rsync_out(flags, src, into);
+    rsync_sources_into(flags, &[src], into)
+}
+
+/// [`rsync_sources_out`], which must succeed.
+pub fn rsync_sources_into(flags: &[&OsStr], srcs: &[&Path], into: &Path) {
+    let out = rsync_sources_out(flags, srcs, into);
     assert!(
         out.status.success(),
         "rsync {flags:?} failed: {}",
@@ -145,12 +155,31 @@ impl Modes {
         oracle: &Path,
         before: &dyn Fn(&Path),
     ) {
+        self.sources_as_rsync(t, name, flags, &[src], oracle, before)
+    }
+
+    /// [`Modes::as_rsync`] with several sources (a pull's all from the
+    /// daemon).
+    pub fn sources_as_rsync(
+        &self,
+        t: &Scratch,
+        name: &str,
+        flags: &[&OsStr],
+        srcs: &[&Path],
+        oracle: &Path,
+        before: &dyn Fn(&Path),
+    ) {
         before(oracle);
-        rsync_into(flags, src, oracle);
+        rsync_sources_into(flags, srcs, oracle);
         for mode in EVERY_MODE {
             let into = t.path(&format!("{name}-{}", mode.replace(' ', "-")));
             before(&into);
-            self.run(mode, flags.to_vec(), src, &into);
+            let out = self.run_sources_out(mode, flags.to_vec(), srcs, &into);
+            assert!(
+                out.status.success(),
+                "rcp {flags:?} ({mode}) failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             assert_same(&format!("{mode} {flags:?}"), oracle, &into);
         }
     }
