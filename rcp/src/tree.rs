@@ -82,6 +82,27 @@ pub fn open_dir_beneath(dir: impl AsFd, parts: &[&[u8]]) -> anyhow::Result<Owned
     Ok(cur)
 }
 
+/// The directory at `parts` beneath `dir`, following symlinks on the way
+/// (a user's own copy's: see [`Walker::follow_listed_dirlinks`]).
+fn open_dir_through(dir: impl AsFd, parts: &[&[u8]]) -> anyhow::Result<OwnedFd> {
+    let mut cur = rustix::io::dup(dir)?;
+    for p in parts {
+        cur = rustix::fs::openat(
+            &cur,
+            cstr(p)?.as_c_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .with_context(|| {
+            format!(
+                "cannot open directory {:?} (missing, or not a directory)",
+                String::from_utf8_lossy(p)
+            )
+        })?;
+    }
+    Ok(cur)
+}
+
 /// An absolute path split into a root (one of `roots`, longest match) and
 /// the checked components below it. `roots` are absolute, normalized.
 pub fn under_roots<'a>(
@@ -330,6 +351,8 @@ pub struct Walker {
     next_index: u32,
     /// `-m`: see [`Walker::prune_empty_dirs`].
     prune: bool,
+    /// See [`Walker::follow_listed_dirlinks`].
+    follow_listed_dirlinks: bool,
     /// With `-m`, the directories walked into and not yet sent, outermost
     /// first: each goes once something beneath it does, and is dropped
     /// once the walk is past it with nothing sent beneath.
@@ -416,6 +439,7 @@ impl Walker {
             filter,
             next_index: 0,
             prune: false,
+            follow_listed_dirlinks: false,
             waiting_dirs: Vec::new(),
             first_names: Default::default(),
             by_path: None,
@@ -455,6 +479,16 @@ impl Walker {
     /// destination directory itself is the receiver's.
     pub fn prune_empty_dirs(&mut self, on: bool) {
         self.prune = on;
+    }
+
+    /// `--files-from`, `-R` in a user's own copy: a symlink to a
+    /// directory among the directories a listed name implies, or a name
+    /// listed with a trailing `/`, is followed and arrives as that
+    /// directory, as rsync's implied directories do (`-R /lib/modules`
+    /// where `/lib` leads to `usr/lib`). A server's walk follows none: a
+    /// symlink could lead outside its roots.
+    pub fn follow_listed_dirlinks(&mut self, on: bool) {
+        self.follow_listed_dirlinks = on;
     }
 
     /// Sends `item`, numbered, and with `-m` the directories waiting
@@ -584,6 +618,7 @@ impl Walker {
             depth: Depth::All,
             filtered: true,
             device: None,
+            through_dirlink: false,
         };
         let walked = self.visit(
             &parent,
@@ -629,6 +664,7 @@ impl Walker {
                         depth: Depth::Itself,
                         filtered: false,
                         device: None,
+                        through_dirlink: self.follow_listed_dirlinks,
                     };
                     self.visit_at(base, dir, emit, how)?;
                 }
@@ -642,6 +678,8 @@ impl Walker {
                 depth,
                 filtered: true,
                 device: None,
+                // (`name/` asks for a directory: through a symlink too.)
+                through_dirlink: self.follow_listed_dirlinks && contents,
             };
             if self.visit_at(base, name, emit, how)? {
                 made.insert(name.to_vec());
@@ -666,10 +704,17 @@ impl Walker {
         let shown = || String::from_utf8_lossy(path).into_owned();
         let parts = relative(path)?;
         let (name, dirs) = parts.split_last().expect("relative paths have a part");
-        let parent = Arc::new(open_dir_beneath(base, dirs).with_context(|| {
+        let opened = match self.follow_listed_dirlinks {
+            true => open_dir_through(base, dirs),
+            false => open_dir_beneath(base, dirs),
+        };
+        let parent = Arc::new(opened.with_context(|| {
+            let server = match self.follow_listed_dirlinks {
+                true => "",
+                false => "; a server follows no symlink above it",
+            };
             format!(
-                "cannot reach {} (named by --files-from or -R; no symlink above it is \
-                         followed)",
+                "cannot reach {} (named by --files-from or -R{server})",
                 shown()
             )
         })?);
@@ -720,6 +765,8 @@ impl Walker {
         // (`--safe-links` is the receiver's: it keeps the name.)
         let followed = match self.symlinks {
             _ if FileType::from_raw_mode(stat.st_mode) != FileType::Symlink => false,
+            _ if how.through_dirlink => rustix::fs::statat(&**parent, cname, AtFlags::empty())
+                .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory),
             Symlinks::Keep | Symlinks::SkipUnsafe => false,
             Symlinks::Follow => true,
             Symlinks::FollowUnsafe => leads_outside(&path, &target, self.under_top),
@@ -997,6 +1044,7 @@ impl Walker {
                     // (Kept to where the walk went in: an operand's own
                     // file system, with `-x`.)
                     device: Some(how.device.unwrap_or(stat.st_dev)),
+                    through_dirlink: false,
                     ..how
                 };
                 // In a large directory the helper looks up the second half
@@ -1100,6 +1148,9 @@ struct Visit {
     /// The file system the walk keeps to with `-x` (`None` at an operand
     /// or a listed name: its own).
     device: Option<u64>,
+    /// A symlink to a directory is followed here: it arrives as the
+    /// directory ([`Walker::follow_listed_dirlinks`]).
+    through_dirlink: bool,
 }
 
 /// How far [`Walker::visit`] goes into a directory.

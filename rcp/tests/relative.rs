@@ -224,6 +224,76 @@ fn without_a_marker_the_whole_path_is_kept() {
     assert_eq!(times(&into.join("src/a")), times(&t.path("src/a")));
 }
 
+/// A symlink to a directory above a kept path (`/lib` leading to
+/// `usr/lib`) is followed in a user's own copy, as rsync follows the
+/// directories a path implies: it arrives as a directory. A daemon
+/// follows none (a symlink could lead outside its roots), and says so.
+#[test]
+fn a_symlink_above_a_kept_path_is_followed_as_rsync_follows_it() {
+    if !rsync_available() {
+        eprintln!("skipped: no rsync");
+        return;
+    }
+    let t = Scratch::new("relative-dirlink");
+    source(&t.path("src"));
+    std::os::unix::fs::symlink("a", t.path("src/alias")).unwrap();
+    set_times(&t.path("src/alias"), 1_500_000_000, 0);
+    set_times(&t.path("src"), 1_500_000_000, 0);
+    let modes = Modes::new(&t, &[]);
+    let srcs = marked(&t, &["alias/b/c", "h/top.c"]);
+    let srcs: Vec<&Path> = srcs.iter().map(PathBuf::as_path).collect();
+    let flags = [OsStr::new("-aR")];
+    let oracle = t.path("oracle");
+    std::fs::create_dir(&oracle).unwrap();
+    rsync_sources_into(&flags, &srcs, &oracle);
+    assert!(
+        std::fs::symlink_metadata(oracle.join("src/alias"))
+            .unwrap()
+            .is_dir()
+    );
+    assert!(oracle.join("src/alias/b/c/x.c").is_file());
+    for mode in ["local", "push", "remote shell"] {
+        let into = t.path(&format!("into-{}", mode.replace(' ', "-")));
+        std::fs::create_dir(&into).unwrap();
+        let out = modes.run_sources_out(mode, flags.to_vec(), &srcs, &into);
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_same(mode, &oracle, &into);
+    }
+    let into = t.path("into-pull");
+    std::fs::create_dir(&into).unwrap();
+    let out = modes.run_sources_out("pull", flags.to_vec(), &srcs, &into);
+    assert!(!out.status.success(), "a daemon followed a symlink");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a server follows no symlink above it"),
+        "{err}"
+    );
+    // A list's names, the same way.
+    let list = t.path("list");
+    std::fs::write(&list, "alias/b/y.txt\n").unwrap();
+    let (ours, theirs) = (t.path("listed-ours"), t.path("listed-rsync"));
+    let src = t.path("src");
+    let args = [
+        OsStr::new("-a"),
+        OsStr::new("--files-from"),
+        list.as_os_str(),
+    ];
+    rsync_sources_into(&args, &[&src], &theirs);
+    let mut ours_args = args.to_vec();
+    ours_args.extend([src.as_os_str(), ours.as_os_str()]);
+    rcp_ok(&ours_args, "");
+    assert_same("--files-from", &theirs, &ours);
+    assert!(
+        std::fs::symlink_metadata(ours.join("alias"))
+            .unwrap()
+            .is_dir()
+    );
+}
+
 #[test]
 fn relative_operands_that_cannot_be_kept_are_refused_clearly() {
     let t = Scratch::new("relative-bad");

@@ -337,6 +337,9 @@ impl Walk {
                     walk.walk(&s.parent, &s.name, &s.top, &mut emit)
                 }),
                 Sources::Listed { base, names, disk } => {
+                    // (Only a user's own copy, which reaches files by
+                    // path too, follows a symlink above a listed name.)
+                    walk.follow_listed_dirlinks(disk.is_some());
                     walk.by_path(disk.map(|d| [&d[..], b"/"].concat()).as_deref(), b"");
                     walk.walk_listed(&base, &names, &mut emit)
                 }
