@@ -763,18 +763,28 @@ impl Walker {
         // `-L`, `--copy-unsafe-links`: a symlink followed is its referent
         // under its name, from here on.
         // (`--safe-links` is the receiver's: it keeps the name.)
+        let is_symlink = FileType::from_raw_mode(stat.st_mode) == FileType::Symlink;
+        // (A symlink to a directory above a listed name: what it leads to,
+        // looked at once.)
+        let through = (is_symlink && how.through_dirlink)
+            .then(|| rustix::fs::statat(&**parent, cname, AtFlags::empty()).ok())
+            .flatten()
+            .filter(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory);
         let followed = match self.symlinks {
-            _ if FileType::from_raw_mode(stat.st_mode) != FileType::Symlink => false,
-            _ if how.through_dirlink => rustix::fs::statat(&**parent, cname, AtFlags::empty())
-                .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory),
+            _ if !is_symlink => false,
+            _ if through.is_some() => true,
             Symlinks::Keep | Symlinks::SkipUnsafe => false,
             Symlinks::Follow => true,
             Symlinks::FollowUnsafe => leads_outside(&path, &target, self.under_top),
         };
         let referent;
-        let stat = match followed {
-            false => stat,
-            true => match rustix::fs::statat(&**parent, cname, AtFlags::empty()) {
+        let stat = match (followed, through) {
+            (false, _) => stat,
+            (true, Some(st)) => {
+                referent = st;
+                &referent
+            }
+            (true, None) => match rustix::fs::statat(&**parent, cname, AtFlags::empty()) {
                 Ok(st) => {
                     referent = st;
                     &referent

@@ -263,15 +263,33 @@ fn a_symlink_above_a_kept_path_is_followed_as_rsync_follows_it() {
         );
         assert_same(mode, &oracle, &into);
     }
+    // The far side of a remote shell is the user's own too.
+    let into = t.path("into-shell-pull");
+    let mut args: Vec<OsString> = vec!["-aR".into(), "--rsh".into(), modes.rsh.clone().into()];
+    args.extend(
+        srcs.iter()
+            .map(|s| OsString::from(format!("localhost:{}", s.display()))),
+    );
+    args.push(into.clone().into());
+    let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+    let out = rcp(&args, &modes.path);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_same("remote shell pull", &oracle, &into);
+    // A daemon follows none: it stops at the symlink, saying so.
     let into = t.path("into-pull");
     std::fs::create_dir(&into).unwrap();
     let out = modes.run_sources_out("pull", flags.to_vec(), &srcs, &into);
     assert!(!out.status.success(), "a daemon followed a symlink");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("a server follows no symlink above it"),
+        err.contains("cannot open directory \"alias\"") && err.contains("a symlink"),
         "{err}"
     );
+    assert!(!into.join("src/alias/b").exists());
     // A list's names, the same way.
     let list = t.path("list");
     std::fs::write(&list, "alias/b/y.txt\n").unwrap();
