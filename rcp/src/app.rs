@@ -202,8 +202,9 @@ type Landing = (PathBuf, Option<Vec<u8>>);
 
 /// `-R`: replaces the source operands (all but the last) with the one
 /// directory their paths are kept from; the names kept, and each local
-/// source path as given with the path it keeps (for [`onto_itself`]). Sources that [`plan`]
-/// would refuse together are refused here, as it would.
+/// source path as given with the path it keeps (for [`onto_itself`]).
+/// Sources that [`plan`] would refuse together are refused here, as it
+/// would.
 fn relative_sources(operands: &mut Vec<Operand>) -> anyhow::Result<(Vec<Vec<u8>>, Vec<Landing>)> {
     let dest = operands.pop().expect("clap asks for two or more");
     let first = &operands[0];
