@@ -229,20 +229,17 @@ fn relative_sources(operands: &mut Vec<Operand>) -> anyhow::Result<(Vec<Vec<u8>>
             | Operand::Broadcast { path, .. } => path.as_bytes(),
         })
         .collect();
-    let (base, names) = listed::relative_operands(&paths, crate::proto::MAX_PATH)?;
+    let (base, kept) = listed::relative_operands(&paths, crate::proto::MAX_PATH)?;
     // (Each local source with the path it keeps, for `onto_itself`.)
     let given = match first.is_local() {
         true => local_paths(operands)
             .into_iter()
-            .map(|p| {
-                let kept = listed::relative_operand(p.as_os_str().as_encoded_bytes(), usize::MAX)
-                    .map(|(_, name)| name)
-                    .ok();
-                (p, kept)
-            })
+            .zip(kept.iter().cloned().map(Some))
             .collect(),
         false => Vec::new(),
     };
+    let mut names = kept;
+    listed::sort(&mut names);
     let one = match operands.swap_remove(0) {
         Operand::Local(_) => Operand::Local(PathBuf::from(crate::tree::os(&base))),
         // (A remote path is text, and its directory a part of it cut at

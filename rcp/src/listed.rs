@@ -189,8 +189,8 @@ fn tidy_dir(dir: &[u8]) -> Vec<u8> {
 }
 
 /// `-R` for every source operand's path: the one directory they are all
-/// sent from, and their names, sorted and each once (a `--files-from`
-/// list's).
+/// sent from, and the name each keeps, in the operands' order ([`sort`]
+/// makes them a list).
 pub fn relative_operands(
     paths: &[&[u8]],
     max_name: usize,
@@ -211,7 +211,6 @@ pub fn relative_operands(
         }
         names.push(name);
     }
-    sort(&mut names);
     let (base, _) = base.expect("a copy has a source");
     Ok((base, names))
 }
@@ -328,7 +327,7 @@ mod tests {
         assert!(matches!(split("."), Err(RelativeError::Itself(_))));
 
         let both = relative_operands(&[b"/s/./b/x", b"/s/./a"], 4096).unwrap();
-        assert_eq!(both, (b"/s".to_vec(), vec![b"a".to_vec(), b"b/x".to_vec()]));
+        assert_eq!(both, (b"/s".to_vec(), vec![b"b/x".to_vec(), b"a".to_vec()]));
         assert_eq!(
             relative_operands(&[b"/etc/hosts", b"/var/log"], 4096)
                 .unwrap()

@@ -114,8 +114,9 @@ impl Params {
     /// What a request asks of a server that is `side`: the choices only
     /// the client's own end acts on are left out (a server from before
     /// one would refuse it for nothing): `--chmod`, `-m` and a list's
-    /// marks in a push (the client walks), `--max-delete`, `--delete-excluded`, `--force`, the
-    /// backups and `--link-dest` in a pull (the client receives).
+    /// marks in a push (the client walks), `--max-delete`,
+    /// `--delete-excluded`, `--force`, the backups and `--link-dest` in a
+    /// pull (the client receives).
     /// `--existing` goes both ways: a sender waits for the answers it
     /// makes the receiver give.
     fn asked_of(&self, side: Side) -> Params {

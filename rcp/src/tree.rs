@@ -64,38 +64,27 @@ fn cstr(name: &[u8]) -> anyhow::Result<CString> {
 /// Opens directory `dir` (already confined) then each component beneath it,
 /// never following symlinks.
 pub fn open_dir_beneath(dir: impl AsFd, parts: &[&[u8]]) -> anyhow::Result<OwnedFd> {
-    let mut cur = rustix::io::dup(dir)?;
-    for p in parts {
-        cur = rustix::fs::openat(
-            &cur,
-            cstr(p)?.as_c_str(),
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .with_context(|| {
-            format!(
-                "cannot open directory {:?} (missing, not a directory, or a symlink)",
-                String::from_utf8_lossy(p)
-            )
-        })?;
-    }
-    Ok(cur)
+    open_dirs(dir, parts, false)
 }
 
-/// The directory at `parts` beneath `dir`, following symlinks on the way
+/// [`open_dir_beneath`], or with `follow` following symlinks on the way
 /// (a user's own copy's: see [`Walker::follow_listed_dirlinks`]).
-fn open_dir_through(dir: impl AsFd, parts: &[&[u8]]) -> anyhow::Result<OwnedFd> {
+fn open_dirs(dir: impl AsFd, parts: &[&[u8]], follow: bool) -> anyhow::Result<OwnedFd> {
+    let (nofollow, could_be) = match follow {
+        true => (OFlags::empty(), "missing, or not a directory"),
+        false => (OFlags::NOFOLLOW, "missing, not a directory, or a symlink"),
+    };
     let mut cur = rustix::io::dup(dir)?;
     for p in parts {
         cur = rustix::fs::openat(
             &cur,
             cstr(p)?.as_c_str(),
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            OFlags::RDONLY | OFlags::DIRECTORY | nofollow | OFlags::CLOEXEC,
             Mode::empty(),
         )
         .with_context(|| {
             format!(
-                "cannot open directory {:?} (missing, or not a directory)",
+                "cannot open directory {:?} ({could_be})",
                 String::from_utf8_lossy(p)
             )
         })?;
@@ -704,10 +693,7 @@ impl Walker {
         let shown = || String::from_utf8_lossy(path).into_owned();
         let parts = relative(path)?;
         let (name, dirs) = parts.split_last().expect("relative paths have a part");
-        let opened = match self.follow_listed_dirlinks {
-            true => open_dir_through(base, dirs),
-            false => open_dir_beneath(base, dirs),
-        };
+        let opened = open_dirs(base, dirs, self.follow_listed_dirlinks);
         let parent = Arc::new(opened.with_context(|| {
             let server = match self.follow_listed_dirlinks {
                 true => "",

@@ -322,16 +322,14 @@ fn backups_survive_the_mistakes() {
     );
     assert_eq!(std::fs::read(into.join("src/f")).unwrap(), b"old");
     // A dry run makes no backup directory.
-    let out = run(&[
-        OsStr::new("-an"),
-        OsStr::new("--backup-dir=../dry-bak"),
-        src.as_os_str(),
-        into.as_os_str(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    rcp_ok(
+        &[
+            OsStr::new("-an"),
+            OsStr::new("--backup-dir=../dry-bak"),
+            src.as_os_str(),
+            into.as_os_str(),
+        ],
+        &path,
     );
     assert!(!t.path("dry-bak").exists(), "a dry run made it");
     // One file under a new name: DIR beside it.
@@ -339,23 +337,21 @@ fn backups_survive_the_mistakes() {
     write(&one, b"one, new", 1_700_000_000);
     let renamed = t.path("out/g");
     write(&renamed, b"g, old", 1_500_000_000);
-    let out = run(&[
-        OsStr::new("-a"),
-        OsStr::new("--backup-dir=old"),
-        one.as_os_str(),
-        renamed.as_os_str(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    rcp_ok(
+        &[
+            OsStr::new("-a"),
+            OsStr::new("--backup-dir=old"),
+            one.as_os_str(),
+            renamed.as_os_str(),
+        ],
+        &path,
     );
     assert_eq!(std::fs::read(t.path("out/old/g")).unwrap(), b"g, old");
     // `--delete-excluded` beside the files: a backup goes, and is not
     // backed up again (rsync's).
     write(&into.join("src/x.tmp"), b"excluded", 1_500_000_000);
     for _ in 0..2 {
-        let out = run(&[
+        let args = [
             OsStr::new("-a"),
             OsStr::new("-b"),
             OsStr::new("--delete"),
@@ -363,12 +359,8 @@ fn backups_survive_the_mistakes() {
             OsStr::new("--exclude=*.tmp"),
             src.as_os_str(),
             into.as_os_str(),
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ];
+        rcp_ok(&args, &path);
     }
     let mut names: Vec<String> = std::fs::read_dir(into.join("src"))
         .unwrap()
@@ -385,16 +377,14 @@ fn backups_survive_the_mistakes() {
     std::fs::create_dir_all(at.join("links")).unwrap();
     symlink("f", at.join("links/l")).unwrap();
     set_times(&at.join("links/l"), 1_500_000_000, 0);
-    let out = run(&[
-        OsStr::new("-a"),
-        OsStr::new("-b"),
-        links.as_os_str(),
-        at.as_os_str(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    rcp_ok(
+        &[
+            OsStr::new("-a"),
+            OsStr::new("-b"),
+            links.as_os_str(),
+            at.as_os_str(),
+        ],
+        &path,
     );
     assert!(
         std::fs::symlink_metadata(at.join("links/l~")).is_err(),
@@ -419,12 +409,7 @@ fn backups_survive_the_mistakes() {
     let again = |args: &[&OsStr]| {
         let mut a = args.to_vec();
         a.extend([links.as_os_str(), at.as_os_str()]);
-        let out = run(&a);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        rcp_ok(&a, &path);
     };
     again(&[OsStr::new("-aD"), OsStr::new("-b")]);
     set_times(&links.join("p"), 1_800_000_000, 0);
