@@ -86,6 +86,17 @@ pub enum PlanError {
          than it saves): leave -z out"
     )]
     NoCompression,
+    #[error(
+        "{0}: rcp never writes into a file under its final name (a copy cut off would leave \
+         it half old, half new); --partial keeps what arrived beside it and takes it up the \
+         next time"
+    )]
+    InPlace(&'static str),
+    #[error(
+        "--partial-dir: rcp keeps what arrived of a file as .rcp-NAME.part beside it: use \
+         --partial"
+    )]
+    PartialDir,
 }
 
 /// `-b`, `--backup-dir`, `--suffix`: the suffix of backups, when they
@@ -328,6 +339,17 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
     if a.compress {
         return Err(PlanError::NoCompression.into());
     }
+    let in_place = [
+        (a.inplace, "--inplace"),
+        (a.append, "--append"),
+        (a.append_verify, "--append-verify"),
+    ];
+    if let Some((_, flag)) = in_place.iter().find(|(on, _)| *on) {
+        return Err(PlanError::InPlace(flag).into());
+    }
+    if a.partial_dir.is_some() {
+        return Err(PlanError::PartialDir.into());
+    }
     let (dest, sources) = operands.split_last().expect("clap asks for two or more");
     let mut a = a;
     if matches!(dest, Operand::Broadcast { .. }) && !a.chunk_size_given {
@@ -357,6 +379,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
             force: a.force,
             prune_empty_dirs: a.prune_empty_dirs,
             lists_marked: a.delete && (a.files_from.is_some() || a.relative),
+            partial: a.partial || a.partial_progress,
             chmod: chmod_of(&a)?,
             backup,
             backup_dir: a
@@ -460,6 +483,12 @@ fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
         (a.verbose > 0, "--verbose", names),
         (a.files_from.is_some(), "--files-from", lists),
         (a.relative, "--relative", lists),
+        (
+            a.partial || a.partial_progress,
+            "--partial",
+            "its nodes do not keep what a copy cut off received (a killed node's stays, and \
+             the same broadcast again with --resume completes it)",
+        ),
     ];
     if let Some((_, flag, why)) = refused.iter().find(|(on, _, _)| *on) {
         return Err(broadcast::Usage(format!(
@@ -635,8 +664,14 @@ async fn remote_copy(
 /// ([`crate::resync::Policy::into_nothing_there`]). (With one source only:
 /// two could bring the same name.)
 fn into_nothing(p: Params, sources: usize, dest: &Path) -> Params {
-    // (With `--link-dest` every file is answered: it may be linked.)
-    if sources == 1 && p.link_dests.is_empty() && holds_nothing(dest) {
+    // (With `--link-dest` every file is answered: it may be linked. With
+    // `--partial` a file that is not there yet may have been begun: what
+    // an earlier copy kept of it is beside it.)
+    let begun = || {
+        p.extras.partial
+            && crate::tree::part_beside(dest).is_some_and(|p| p.symlink_metadata().is_ok())
+    };
+    if sources == 1 && p.link_dests.is_empty() && holds_nothing(dest) && !begun() {
         Params {
             policy: p.policy.into_nothing_there(),
             ..p

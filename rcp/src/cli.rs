@@ -179,6 +179,31 @@ pub struct CopyArgs {
     /// existing destination file that way).
     #[arg(long)]
     pub resume: bool,
+    /// Keep what arrived of a file when the copy is cut off (the
+    /// connection lost, the other side stopped), as .rcp-NAME.part beside
+    /// it, and take it up in the next copy with --partial: only the
+    /// chunks it lacks are sent. Without it, what arrived is removed.
+    /// (Files of one chunk come whole again, and so does every file with
+    /// -I.)
+    #[arg(long)]
+    pub partial: bool,
+    /// --partial --progress, as rsync's -P.
+    #[arg(short = 'P')]
+    pub partial_progress: bool,
+    /// Not supported: refused with the reason (rcp keeps what arrived as
+    /// .rcp-NAME.part beside the file: --partial).
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub partial_dir: Option<PathBuf>,
+    /// Not supported: refused with the reason (rcp never writes into a
+    /// file under its final name).
+    #[arg(long, hide = true)]
+    pub inplace: bool,
+    /// Not supported: as --inplace.
+    #[arg(long, hide = true)]
+    pub append: bool,
+    /// Not supported: as --inplace.
+    #[arg(long, hide = true)]
+    pub append_verify: bool,
     /// Compare files by chunk digests instead of size and time: a file
     /// whose contents changed (whatever its size and time say) is updated
     /// with only the chunks that differ; one whose contents are equal is

@@ -511,6 +511,10 @@ pub struct Extras {
     /// from before it did not, and refuses the item rather than let the
     /// directories a list implies be cleaned.
     pub lists_marked: bool,
+    /// `--partial` (key 10, no value): the receiver keeps what arrived of
+    /// a file when the copy is cut off, and takes up what an earlier copy
+    /// kept when files are answered (digests of it, as with `--resume`).
+    pub partial: bool,
 }
 
 impl Extras {
@@ -523,6 +527,7 @@ impl Extras {
     const BACKUP_DIR: u16 = 7;
     const PRUNE_EMPTY_DIRS: u16 = 8;
     const LISTS_MARKED: u16 = 9;
+    const PARTIAL: u16 = 10;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -559,6 +564,9 @@ impl Extras {
         if self.lists_marked {
             items.push((Extras::LISTS_MARKED, Vec::new()));
         }
+        if self.partial {
+            items.push((Extras::PARTIAL, Vec::new()));
+        }
         items
     }
 
@@ -586,6 +594,7 @@ impl Extras {
                 Extras::FORCE if value.is_empty() => extras.force = true,
                 Extras::PRUNE_EMPTY_DIRS if value.is_empty() => extras.prune_empty_dirs = true,
                 Extras::LISTS_MARKED if value.is_empty() => extras.lists_marked = true,
+                Extras::PARTIAL if value.is_empty() => extras.partial = true,
                 Extras::CHMOD if value.len() > 4 => {
                     let (umask, rules) = value.split_at(4);
                     let umask = u32::from_le_bytes(umask.try_into().expect("four bytes"));
@@ -605,7 +614,8 @@ impl Extras {
                 | Extras::EXISTING
                 | Extras::FORCE
                 | Extras::PRUNE_EMPTY_DIRS
-                | Extras::LISTS_MARKED => {
+                | Extras::LISTS_MARKED
+                | Extras::PARTIAL => {
                     return Err(ProtoError::BadField("extras: a flag with a value"));
                 }
                 _ => {
@@ -1809,6 +1819,7 @@ mod tests {
                     backup_dir: Some(b"../bak".to_vec()),
                     prune_empty_dirs: true,
                     lists_marked: true,
+                    partial: true,
                 }
                 .items(),
             },
@@ -1827,6 +1838,7 @@ mod tests {
             backup_dir: Some(b"/bak".to_vec()),
             prune_empty_dirs: true,
             lists_marked: true,
+            partial: true,
         };
         let one = Extras {
             existing: true,
@@ -1851,6 +1863,10 @@ mod tests {
         assert!(
             Extras::from_items(&[(5, vec![0])]).is_err(),
             "--force has none"
+        );
+        assert!(
+            Extras::from_items(&[(10, vec![0])]).is_err(),
+            "--partial has none"
         );
         assert!(Extras::from_items(&[(999, vec![])]).is_err(), "unknown");
         assert!(Extras::from_items(&[]).is_err(), "no items");

@@ -32,7 +32,7 @@ use crate::proto::{Entry, EntryKind, FailKind, Msg};
 use crate::report::{Failure, Progress, Stats};
 use crate::resync::{self, Decision, Found, Kept, Policy, There};
 use crate::streams::Merged;
-use crate::tree::{self, Base, DirSyncs, Fidelity, Opened, PartFile};
+use crate::tree::{self, Base, DirSyncs, Fidelity, Leftover, Opened, PartFile};
 use rfabric::storage::{Engine, Kind};
 
 mod answers;
@@ -109,6 +109,11 @@ pub struct RecvOptions {
     /// non-directory must go, is emptied and removed (as with `--delete`;
     /// see `tree/way.rs`).
     pub force: bool,
+    /// `--partial`: what arrived of a file stays under its temporary name
+    /// when the copy is cut off, and a file answered takes up what an
+    /// earlier copy kept so (the sender is told its digests, as with
+    /// `resume`).
+    pub partial: bool,
 }
 
 /// Where `-i`'s lines go.
@@ -533,13 +538,17 @@ pub async fn receive(
     failed.append(&mut new.failed_here);
     // (What vanished from the source is said, and fails nothing.)
     ok &= !failed.iter().any(|f| f.kind.is_failure());
-    // Files still open were never finished: nothing of them stays.
+    // Files still open were never finished: nothing of them stays under
+    // a final name, and without `--partial` nothing at all.
     for (_, file) in files.drain() {
         for w in file.writes {
             let _ = w.wait().await;
         }
         if let Ok(out) = Arc::try_unwrap(file.out) {
-            out.discard();
+            match opts.partial {
+                true => out.keep_if_any(),
+                false => out.discard(),
+            }
         }
     }
     result?;
@@ -1184,12 +1193,8 @@ impl Creator<'_> {
                     }
                     _ => None,
                 };
-                let told = basis.is_some() || self.opts.resume;
-                let mut file = self.open_file(e, xattrs, end, basis).await?;
+                let mut file = self.open_file(e, xattrs, end, basis, asks).await?;
                 file.itemize = there_itemized.map(|there| (there, self.kept()));
-                if asks && !told {
-                    self.answer_file(file.entry.index, Said::All);
-                }
                 files.insert(file.entry.index, file);
             }
             EntryKind::Dir => {
@@ -1356,10 +1361,10 @@ impl Creator<'_> {
     }
 
     /// The temporary file of `e`, once no other copy holds it.
-    async fn part_file(&self, e: &Entry) -> anyhow::Result<PartFile> {
+    async fn part_file(&self, e: &Entry, leftover: Leftover) -> anyhow::Result<PartFile> {
         let since = tokio::time::Instant::now();
         loop {
-            match self.base.create_file(e, self.opts.resume)? {
+            match self.base.create_file(e, leftover)? {
                 Opened::Ready(out) => return Ok(out),
                 Opened::Busy => {
                     if let Some(limit) = self.opts.busy_wait
@@ -1376,16 +1381,26 @@ impl Creator<'_> {
         }
     }
 
-    /// The temporary file of entry `e`; with resume, or a `basis` to
-    /// compare with, the sender is told the digests of what is there.
+    /// The temporary file of entry `e`; with resume, what `--partial`
+    /// kept of it, or a `basis` to compare with, the sender is told the
+    /// digests of what is there (else, where it `asks`, that all of it is
+    /// wanted).
     async fn open_file(
         &mut self,
         e: Entry,
         xattrs: Vec<Xattr>,
         end: Option<(u64, [u8; 32])>,
         basis: Option<OwnedFd>,
+        asks: bool,
     ) -> anyhow::Result<File> {
-        let out = match self.part_file(&e).await {
+        // (What `--partial` kept is taken up only where the sender waits
+        // for an answer; the whole file comes otherwise.)
+        let leftover = match (self.opts.resume, self.opts.partial && asks) {
+            (true, _) => Leftover::Resume,
+            (false, true) => Leftover::TakeUp,
+            (false, false) => Leftover::Discard,
+        };
+        let out = match self.part_file(&e, leftover).await {
             Ok(out) => Arc::new(out),
             Err(err) => {
                 self.answers.send(e.index, Err(failed(&err)));
@@ -1394,7 +1409,9 @@ impl Creator<'_> {
         };
         let alg = self.opts.digest;
         let (size, chunk) = (e.size, e.chunk);
-        let (basis, digests) = if self.opts.resume {
+        // (What an earlier copy kept of this very file is nearer to it
+        // than the old file under its name: the basis goes unused.)
+        let (basis, digests) = if self.opts.resume || out.taken_up() {
             let o = Arc::clone(&out);
             let d = tokio::task::spawn_blocking(move || o.existing_digests(size, chunk, alg));
             (None, Some(d.await??))
@@ -1413,7 +1430,12 @@ impl Creator<'_> {
                 self.answer_file(e.index, Said::Have(digests));
                 known
             }
-            None => Vec::new(),
+            None => {
+                if asks {
+                    self.answer_file(e.index, Said::All);
+                }
+                Vec::new()
+            }
         };
         Ok(File {
             entry: e,

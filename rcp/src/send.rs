@@ -70,6 +70,9 @@ pub struct SendOptions {
     pub digest: Algorithm,
     /// Ask the receiver what it has of each file; send only what differs.
     pub resume: bool,
+    /// `--partial`: the receiver may answer a file with the digests of
+    /// what an earlier copy kept of it, as with `resume`.
+    pub partial: bool,
     /// Which files are sent again (the receiver decides by it).
     pub policy: Policy,
     /// `-n`: the receiver answers every file, and sends for none.
@@ -261,7 +264,7 @@ pub async fn send(
         progress: progress.clone(),
     };
     let skipped = Arc::clone(&planner.skipped);
-    let digests = opts.resume || opts.policy.check == Check::Checksum;
+    let digests = opts.resume || opts.partial || opts.policy.check == Check::Checksum;
     let asking = Asking::new(Waiting::new(digests));
     let steps_for_answers = planner.steps.downgrade();
     let lines = opts.lines;

@@ -253,6 +253,7 @@ impl Params {
             verify: self.verify,
             digest: self.digest,
             resume: self.resume,
+            partial: self.extras.partial,
             policy: self.policy,
             dry_run: self.dry_run,
             remove_sources: self.remove_sources,
@@ -293,6 +294,7 @@ impl Params {
             max_delete: self.extras.max_delete,
             delete_excluded: self.extras.delete_excluded,
             force: self.extras.force,
+            partial: self.extras.partial,
         }
     }
 }

@@ -1417,6 +1417,8 @@ pub struct PartFile {
     /// Created afresh by this copy (not an earlier one's leftover):
     /// nothing beyond what is written.
     fresh: bool,
+    /// An earlier copy's leftover, kept as it was ([`Leftover`]).
+    taken_up: bool,
     /// Created with the entry's mode (the umask applied): no chmod needed.
     mode_right: bool,
     /// The mode it was made with, where it is known (made afresh, no
@@ -1425,6 +1427,21 @@ pub struct PartFile {
     /// What clears a directory standing under its name ([`way`]; none:
     /// only an empty one goes).
     way: Option<Arc<dyn MakingWay>>,
+}
+
+/// What a copy makes of the temporary file of a file it receives that an
+/// earlier copy left (one cut off, or killed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leftover {
+    /// Starts it again, empty: nothing of an earlier copy is trusted.
+    Discard,
+    /// `--resume`: keeps it, and where it is empty (or was not there)
+    /// starts it from the file under the final name, whose chunks the
+    /// sender then need not send again.
+    Resume,
+    /// `--partial`: keeps one with something in it (what a copy that was
+    /// cut off kept); else starts afresh, as [`Leftover::Discard`].
+    TakeUp,
 }
 
 /// What a file being received is called until it is in place.
@@ -1911,8 +1928,12 @@ impl Base {
     /// Without `resume`, a file of one chunk at most is made with no name
     /// at all where the filesystem allows it ([`unnamed`]): nothing of it
     /// could be resumed, and nobody else can reach it.
-    pub fn create_file(&self, e: &Entry, resume: bool) -> anyhow::Result<Opened> {
+    ///
+    /// `leftover`: what becomes of what an earlier copy left under the
+    /// temporary name ([`PartFile::taken_up`] tells whether any was kept).
+    pub fn create_file(&self, e: &Entry, leftover: Leftover) -> anyhow::Result<Opened> {
         let (parent, name) = self.place(&e.path)?;
+        let resume = leftover == Leftover::Resume;
         if !resume
             && e.size <= u64::from(e.chunk)
             && let Some(how) = self.unnamed_in(&parent)
@@ -1927,6 +1948,7 @@ impl Base {
                     naming: Naming::Unnamed(how),
                     name,
                     fresh: true,
+                    taken_up: false,
                     mode_right,
                     made_mode,
                     way: Some(Arc::clone(&self.way)),
@@ -1951,9 +1973,15 @@ impl Base {
                     temp.to_string_lossy()
                 );
             }
-            if !incoming.fresh && !resume {
+            let keep = match leftover {
+                Leftover::Discard => false,
+                Leftover::Resume => true,
+                Leftover::TakeUp => held.st_size > 0,
+            };
+            if !incoming.fresh && !keep {
                 rustix::fs::ftruncate(&incoming.fd, 0)?;
             }
+            incoming.taken_up = !incoming.fresh && keep;
             incoming.name = name;
             incoming.way = Some(Arc::clone(&self.way));
             if resume && held.st_size == 0 {
@@ -2013,6 +2041,7 @@ fn open_part(
         naming: Naming::Temp(temp.clone()),
         name: CString::default(),
         fresh,
+        taken_up: false,
         mode_right,
         made_mode,
         way: None,
@@ -2122,6 +2151,13 @@ impl PartFile {
             left -= n;
         }
         Ok(())
+    }
+
+    /// Whether this is an earlier copy's leftover, kept as it was
+    /// ([`Leftover::TakeUp`] found something in it; always with
+    /// [`Leftover::Resume`] unless made afresh).
+    pub fn taken_up(&self) -> bool {
+        self.taken_up
     }
 
     /// Digests of the whole chunks already in the temporary file, for a
@@ -2253,6 +2289,17 @@ impl PartFile {
             }
         }
         Ok(parent)
+    }
+
+    /// `--partial`, for a copy cut off: keeps the temporary file for a
+    /// later copy to take up ([`Leftover::TakeUp`]), where it holds
+    /// something; an empty one is removed ([`PartFile::discard`]), and an
+    /// unnamed one goes with its descriptor.
+    pub fn keep_if_any(self) {
+        if rustix::fs::fstat(&self.fd).is_ok_and(|st| st.st_size > 0) {
+            return;
+        }
+        self.discard();
     }
 
     /// Removes the temporary file: nothing false is left behind. (An
@@ -2390,6 +2437,14 @@ fn copy_by_hand(from: &OwnedFd, to: &OwnedFd, len: u64) -> anyhow::Result<u64> {
 
 /// The temporary name of a file being received: fixed, so that an
 /// interrupted copy can be resumed.
+/// Where the temporary file of the file at `path` is: beside it, as
+/// `.rcp-NAME.part`.
+pub fn part_beside(path: &Path) -> Option<PathBuf> {
+    let name = cstr(path.file_name()?.as_bytes()).ok()?;
+    let part = part_name(&name).ok()?;
+    Some(path.with_file_name(OsStr::from_bytes(part.as_bytes())))
+}
+
 fn part_name(name: &CString) -> anyhow::Result<CString> {
     // Keep within NAME_MAX (255) even for long names.
     let base = &name.as_bytes()[..name.as_bytes().len().min(240)];
@@ -2848,6 +2903,53 @@ mod tests {
         assert!(!Arc::ptr_eq(&first, &place(1)), "opened again");
     }
 
+    /// What an earlier copy left under the temporary name: `--partial`
+    /// keeps it when it holds something, and says so; otherwise, and
+    /// without `--partial` or `--resume`, the file starts empty.
+    #[test]
+    fn a_leftover_is_taken_up_only_with_something_in_it() {
+        let scratch = test_support::Scratch::new("rcp-take-up");
+        let base = Base::new(open_root(scratch.dir()).unwrap(), None);
+        let e = Entry {
+            index: 0,
+            kind: EntryKind::File,
+            mode: 0o644,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            size: 8,
+            path: b"f".to_vec(),
+            target: Vec::new(),
+            // (Two chunks: a file of one is made unnamed, see unnamed.rs.)
+            chunk: 4,
+            meta: None,
+        };
+        let temp = scratch.path(".rcp-f.part");
+        let open = |leftover| match base.create_file(&e, leftover).unwrap() {
+            Opened::Ready(p) => p,
+            Opened::Busy => panic!("held by another copy"),
+        };
+        // Nothing left: made afresh, nothing taken up.
+        let out = open(Leftover::TakeUp);
+        assert!(!out.taken_up());
+        rustix::io::pwrite(&out.fd, b"half", 0).unwrap();
+        drop(out);
+        // Something left: kept as it is.
+        let out = open(Leftover::TakeUp);
+        assert!(out.taken_up());
+        assert_eq!(std::fs::read(&temp).unwrap(), b"half");
+        drop(out);
+        // Without --partial it starts empty.
+        let out = open(Leftover::Discard);
+        assert!(!out.taken_up());
+        assert_eq!(std::fs::read(&temp).unwrap(), b"");
+        drop(out);
+        // An empty leftover is no leftover.
+        let out = open(Leftover::TakeUp);
+        assert!(!out.taken_up());
+        out.discard();
+        assert!(!temp.exists());
+    }
+
     /// Two copies to one place (a daemon still ending the session of a
     /// killed client while the client's `--resume` starts the next): the
     /// second waits for the temporary file, and neither removes, truncates
@@ -2879,17 +2981,17 @@ mod tests {
         let temp = scratch.path(".rcp-f.part");
 
         // The old copy writes; the new one, resuming or not, waits.
-        let held = ready(old.create_file(&e, false).unwrap());
+        let held = ready(old.create_file(&e, Leftover::Discard).unwrap());
         rustix::io::pwrite(&held.fd, b"old", 0).unwrap();
-        assert!(busy(new.create_file(&e, true).unwrap()));
-        assert!(busy(new.create_file(&e, false).unwrap()));
+        assert!(busy(new.create_file(&e, Leftover::Resume).unwrap()));
+        assert!(busy(new.create_file(&e, Leftover::Discard).unwrap()));
         assert_eq!(std::fs::read(&temp).unwrap(), b"old", "not truncated");
 
         // The old copy removes its file: the new one gets a file of its own.
         held.discard();
-        let mine = ready(new.create_file(&e, true).unwrap());
+        let mine = ready(new.create_file(&e, Leftover::Resume).unwrap());
         rustix::io::pwrite(&mine.fd, b"new", 0).unwrap();
-        assert!(busy(old.create_file(&e, true).unwrap()));
+        assert!(busy(old.create_file(&e, Leftover::Resume).unwrap()));
         assert_eq!(std::fs::read(&temp).unwrap(), b"new");
 
         // A copy that finishes renames its file while another waits for
@@ -2898,7 +3000,7 @@ mod tests {
         rustix::io::pwrite(&mine.fd, b"new!!", 0).unwrap();
         commit_whole(mine, &e).unwrap();
         assert_eq!(std::fs::read(scratch.path("f")).unwrap(), b"new!!");
-        let after = ready(old.create_file(&e, true).unwrap());
+        let after = ready(old.create_file(&e, Leftover::Resume).unwrap());
         assert_eq!(
             std::fs::read(&temp).unwrap(),
             b"new!!",
@@ -2919,8 +3021,8 @@ mod tests {
             0,
         )
         .unwrap();
-        for resume in [false, true] {
-            let err = old.create_file(&e, resume).unwrap_err().to_string();
+        for leftover in [Leftover::Discard, Leftover::Resume, Leftover::TakeUp] {
+            let err = old.create_file(&e, leftover).unwrap_err().to_string();
             assert!(
                 err.contains("is in the way and not a regular file"),
                 "{err}"

@@ -118,7 +118,7 @@ pub(crate) fn probe(dir: &DestDir) -> Option<Linking> {
 mod tests {
     use super::*;
     use crate::proto::{Entry, EntryKind};
-    use crate::tree::{Base, Opened, PartFile, commit_whole, open_root};
+    use crate::tree::{Base, Leftover, Opened, PartFile, commit_whole, open_root};
 
     fn file(path: &str, size: u64, chunk: u32) -> Entry {
         Entry {
@@ -157,7 +157,7 @@ mod tests {
         let scratch = test_support::Scratch::new("rcp-unnamed-new");
         let base = Base::new(open_root(scratch.dir()).unwrap(), None);
         let e = file("f", 3, 4096);
-        let out = ready(base.create_file(&e, false).unwrap());
+        let out = ready(base.create_file(&e, Leftover::Discard).unwrap());
         assert!(matches!(out.naming, crate::tree::Naming::Unnamed(_)));
         rustix::io::pwrite(&out.fd, b"abc", 0).unwrap();
         assert!(
@@ -184,7 +184,7 @@ mod tests {
         std::fs::hard_link(scratch.path("f"), scratch.path("g")).unwrap();
         let base = Base::new(open_root(scratch.dir()).unwrap(), None);
         let e = file("f", 3, 4096);
-        let out = ready(base.create_file(&e, false).unwrap());
+        let out = ready(base.create_file(&e, Leftover::Discard).unwrap());
         rustix::io::pwrite(&out.fd, b"new", 0).unwrap();
         commit_whole(out, &e).unwrap();
         assert_eq!(names(scratch.dir()), ["f", "g"]);
@@ -200,14 +200,18 @@ mod tests {
         std::fs::write(scratch.path(".rcp-f.part"), b"left by a killed copy").unwrap();
         let base = Base::new(open_root(scratch.dir()).unwrap(), None);
         let e = file("f", 3, 4096);
-        let out = ready(base.create_file(&e, false).unwrap());
+        let out = ready(base.create_file(&e, Leftover::Discard).unwrap());
         rustix::io::pwrite(&out.fd, b"abc", 0).unwrap();
         commit_whole(out, &e).unwrap();
         assert_eq!(names(scratch.dir()), ["f"]);
 
         let other = Base::new(open_root(scratch.dir()).unwrap(), None);
-        let held = ready(other.create_file(&file("f", 5000, 4096), false).unwrap());
-        let out = ready(base.create_file(&e, false).unwrap());
+        let held = ready(
+            other
+                .create_file(&file("f", 5000, 4096), Leftover::Discard)
+                .unwrap(),
+        );
+        let out = ready(base.create_file(&e, Leftover::Discard).unwrap());
         rustix::io::pwrite(&out.fd, b"xyz", 0).unwrap();
         commit_whole(out, &e).unwrap();
         assert_eq!(names(scratch.dir()), [".rcp-f.part", "f"]);
@@ -219,7 +223,10 @@ mod tests {
     fn a_discarded_unnamed_file_leaves_nothing() {
         let scratch = test_support::Scratch::new("rcp-unnamed-discard");
         let base = Base::new(open_root(scratch.dir()).unwrap(), None);
-        let out = ready(base.create_file(&file("f", 3, 4096), false).unwrap());
+        let out = ready(
+            base.create_file(&file("f", 3, 4096), Leftover::Discard)
+                .unwrap(),
+        );
         rustix::io::pwrite(&out.fd, b"abc", 0).unwrap();
         out.discard();
         assert!(names(scratch.dir()).is_empty());
@@ -231,8 +238,14 @@ mod tests {
     fn larger_files_and_resumed_copies_keep_the_temporary_name() {
         let scratch = test_support::Scratch::new("rcp-unnamed-named");
         let base = Base::new(open_root(scratch.dir()).unwrap(), None);
-        let two_chunks = ready(base.create_file(&file("big", 5000, 4096), false).unwrap());
-        let resumed = ready(base.create_file(&file("small", 3, 4096), true).unwrap());
+        let two_chunks = ready(
+            base.create_file(&file("big", 5000, 4096), Leftover::Discard)
+                .unwrap(),
+        );
+        let resumed = ready(
+            base.create_file(&file("small", 3, 4096), Leftover::Resume)
+                .unwrap(),
+        );
         assert_eq!(names(scratch.dir()), [".rcp-big.part", ".rcp-small.part"]);
         two_chunks.discard();
         resumed.discard();

@@ -11,12 +11,16 @@ use super::trees::assert_same;
 use super::{Daemon, RCP, fake_rsh, s, secret};
 
 pub fn rcp(args: &[&OsStr], path: &str) -> std::process::Output {
-    Command::new(RCP)
-        .args(["-q", "--chunk-size", "64K"])
+    command(args, path).output().expect("rcp runs")
+}
+
+/// `rcp -q --chunk-size 64K ARGS` with `path` as `PATH`, not yet started.
+fn command(args: &[&OsStr], path: &str) -> Command {
+    let mut cmd = Command::new(RCP);
+    cmd.args(["-q", "--chunk-size", "64K"])
         .args(args)
-        .env("PATH", path)
-        .output()
-        .expect("rcp runs")
+        .env("PATH", path);
+    cmd
 }
 
 pub fn rcp_ok(args: &[&OsStr], path: &str) {
@@ -107,6 +111,13 @@ impl Modes {
         srcs: &[&Path],
         into: &Path,
     ) -> std::process::Output {
+        self.command(mode, args, srcs, into)
+            .output()
+            .expect("rcp runs")
+    }
+
+    /// The command of [`Modes::run_sources_out`], not yet started.
+    pub fn command(&self, mode: &str, args: Vec<&OsStr>, srcs: &[&Path], into: &Path) -> Command {
         let mut args: Vec<OsString> = args.into_iter().map(OsStr::to_os_string).collect();
         let local = |p: &&Path| s(p).to_string();
         let (from, to): (Vec<String>, String) = match mode {
@@ -130,7 +141,7 @@ impl Modes {
         args.extend(from.into_iter().map(OsString::from));
         args.push(to.into());
         let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
-        rcp(&args, &self.path)
+        command(&args, &self.path)
     }
 
     /// [`Modes::run_out`], which must succeed.
