@@ -34,6 +34,28 @@ use crate::proto::{
     flags, xattr_name_allowed,
 };
 
+/// Which of an entry's mode and modification time the copy keeps: `-p`
+/// both (as scp's), `--perms` and `-t` one each (as rsync's `-p` and
+/// `-t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Preserve {
+    /// The mode exactly (else the permission bits under the umask).
+    pub modes: bool,
+    /// The modification time, to the nanosecond.
+    pub times: bool,
+}
+
+impl Preserve {
+    pub const BOTH: Preserve = Preserve {
+        modes: true,
+        times: true,
+    };
+
+    pub fn any(self) -> bool {
+        self.modes || self.times
+    }
+}
+
 /// What a copy keeps beyond contents, modes and times (the client's
 /// choice, carried in the request's flags).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -114,9 +114,40 @@ pub struct CopyArgs {
     /// Copy directories recursively (symlinks are copied as symlinks).
     #[arg(short = 'r', long)]
     pub recursive: bool,
-    /// Preserve modes and modification times (to the nanosecond).
+    /// Preserve modes and modification times (to the nanosecond), as
+    /// scp's -p (rsync's -p is --perms).
     #[arg(short = 'p', long)]
     pub preserve: bool,
+    /// Preserve modes exactly (rsync's -p).
+    #[arg(long, overrides_with = "no_perms")]
+    pub perms: bool,
+    /// Preserve modification times, to the nanosecond (rsync's -t).
+    #[arg(short = 't', long, overrides_with = "no_times")]
+    pub times: bool,
+    /// Copy symlinks as symlinks: what rcp does anyway unless -L or
+    /// --copy-unsafe-links (accepted for rsync's -l and -rlptgoD).
+    #[arg(short = 'l', long)]
+    pub links: bool,
+    /// Keep modes as the umask makes them, even with -a or -p (a new
+    /// file gets the source's permission bits under the umask).
+    #[arg(long, alias = "no-p", overrides_with_all = ["perms", "preserve"])]
+    pub no_perms: bool,
+    /// Leave modification times as the copy makes them, even with -a or
+    /// -p (rsync's quick check then finds every file changed).
+    #[arg(long, alias = "no-t", overrides_with = "times")]
+    pub no_times: bool,
+    /// No owners, even with -a.
+    #[arg(long, alias = "no-o", overrides_with = "owner")]
+    pub no_owner: bool,
+    /// No groups, even with -a.
+    #[arg(long, alias = "no-g", overrides_with = "group")]
+    pub no_group: bool,
+    /// No device nodes, FIFOs or sockets, even with -a.
+    #[arg(long, alias = "no-D", overrides_with = "devices")]
+    pub no_devices: bool,
+    /// Not recursive, even with -a (as rsync's -a --no-r).
+    #[arg(long, alias = "no-r", overrides_with = "recursive")]
+    pub no_recursive: bool,
     /// Archive mode, as rsync's -a: -r -p -o -g -D (symlinks are always
     /// copied as symlinks). Add -H, -A and -X for rsync's -aHAX.
     #[arg(short = 'a', long)]
@@ -474,9 +505,9 @@ impl CopyArgs {
         // (A bad --chown is reported when the maps are made.)
         let (users, groups) = self.owner_maps().unwrap_or_default();
         crate::archive::Keep {
-            owner: self.owner || self.archive || users.is_some(),
-            group: self.group || self.archive || groups.is_some(),
-            devices: self.devices || self.archive,
+            owner: (self.owner || self.archive) && !self.no_owner || users.is_some(),
+            group: (self.group || self.archive) && !self.no_group || groups.is_some(),
+            devices: (self.devices || self.archive) && !self.no_devices,
             xattrs: self.xattrs,
             acls: self.acls,
             hard_links: self.hard_links,
@@ -524,11 +555,14 @@ impl CopyArgs {
 
     /// `-r`, or `-a` (not with --files-from, as rsync's).
     pub fn recursive(&self) -> bool {
-        self.recursive || (self.archive && self.files_from.is_none())
+        self.recursive || (self.archive && self.files_from.is_none() && !self.no_recursive)
     }
 
-    pub fn preserve(&self) -> bool {
-        self.preserve || self.archive
+    pub fn preserve(&self) -> crate::archive::Preserve {
+        crate::archive::Preserve {
+            modes: (self.preserve || self.perms || self.archive) && !self.no_perms,
+            times: (self.preserve || self.times || self.archive) && !self.no_times,
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use rfabric::endpoint::Listener;
 
+use crate::archive::Preserve;
 use crate::cli::{ServeArgs, ServerOnceArgs};
 use crate::exit::Exit;
 use crate::session::{self, Params, ServeConfig, Served};
@@ -34,7 +35,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<Exit> {
         secret,
         params: Params {
             owners_allowed: a.allow_owners,
-            ..params(&a.tuning, engine, false, false, true)
+            ..params(&a.tuning, engine, false, Preserve::default(), true)
         },
         log: true,
         sessions: Arc::default(),
@@ -127,7 +128,7 @@ pub async fn server_once(a: ServerOnceArgs) -> anyhow::Result<Exit> {
     let config = ServeConfig {
         roots: vec![PathBuf::from("/")],
         secret: token.into_bytes(),
-        params: params(&a.tuning, engine, false, false, true),
+        params: params(&a.tuning, engine, false, Preserve::default(), true),
         log: true,
         sessions: Arc::default(),
         own_files: true,

@@ -114,7 +114,7 @@ pub fn metadata_right(
     how: Fidelity,
     st: &Stat,
 ) -> anyhow::Result<bool> {
-    let mode_wrong = how.preserve && st.st_mode & 0o7777 != how.mode_of(e);
+    let mode_wrong = how.preserve.modes && st.st_mode & 0o7777 != how.mode_of(e);
     if mode_wrong || how.time_differs(e, st) || how.owner_differs(e, st) {
         return Ok(false);
     }
@@ -179,8 +179,9 @@ pub fn in_place_in(
         return false;
     }
     // (A symlink's own mode means nothing on Linux.)
-    let mode_right =
-        e.kind == EntryKind::Symlink || !how.preserve || st.st_mode & 0o7777 == how.mode_of(e);
+    let mode_right = e.kind == EntryKind::Symlink
+        || !how.preserve.modes
+        || st.st_mode & 0o7777 == how.mode_of(e);
     if !mode_right || how.time_differs(e, &st) || how.owner_differs(e, &st) {
         return false;
     }
@@ -199,7 +200,7 @@ pub fn refresh_fd(
     xattrs: &[archive::Xattr],
     how: Fidelity,
 ) -> anyhow::Result<()> {
-    if how.preserve || e.meta.is_some() {
+    if how.preserve.any() || e.meta.is_some() {
         set_all(fd, e, xattrs, how)?;
     }
     Ok(())
@@ -216,9 +217,11 @@ fn set_all(
         let node = Node::Fd(fd.as_fd());
         archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers, None)?;
     }
-    if how.preserve {
+    if how.preserve.modes {
         // (After the owner: a change of owner clears setuid bits.)
         rustix::fs::fchmod(fd, Mode::from_raw_mode(how.mode_of(e)))?;
+    }
+    if how.preserve.times {
         rustix::fs::futimens(fd, &tree::times(e))?;
     }
     Ok(())

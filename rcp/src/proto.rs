@@ -7,6 +7,7 @@
 
 use thiserror::Error;
 
+use crate::archive::Preserve;
 use crate::filter::{MAX_PATTERN, MAX_RULES, RuleText};
 
 /// Longest path or symlink target carried (Linux's PATH_MAX).
@@ -511,10 +512,40 @@ pub struct Extras {
     /// from before it did not, and refuses the item rather than let the
     /// directories a list implies be cleaned.
     pub lists_marked: bool,
+    /// Key 11 (one byte: 1 modes, 2 times), with the preserve flag: the
+    /// copy keeps only that one of the two (`--perms`, `-t`; the flag
+    /// alone keeps both).
+    pub preserve_one: Option<PreserveOne>,
     /// `--partial` (key 10, no value): the receiver keeps what arrived of
     /// a file when the copy is cut off, and takes up what an earlier copy
     /// kept when files are answered (digests of it, as with `--resume`).
     pub partial: bool,
+}
+
+/// The one of modes and times a request keeps ([`Extras::preserve_one`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreserveOne {
+    Modes,
+    Times,
+}
+
+impl PreserveOne {
+    /// What a copy that keeps `p` says beyond the preserve flag: `None`
+    /// where it keeps both or neither.
+    pub fn of(p: Preserve) -> Option<PreserveOne> {
+        match (p.modes, p.times) {
+            (true, false) => Some(PreserveOne::Modes),
+            (false, true) => Some(PreserveOne::Times),
+            _ => None,
+        }
+    }
+
+    pub fn preserve(self) -> Preserve {
+        Preserve {
+            modes: self == PreserveOne::Modes,
+            times: self == PreserveOne::Times,
+        }
+    }
 }
 
 impl Extras {
@@ -528,6 +559,7 @@ impl Extras {
     const PRUNE_EMPTY_DIRS: u16 = 8;
     const LISTS_MARKED: u16 = 9;
     const PARTIAL: u16 = 10;
+    const PRESERVE_ONE: u16 = 11;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -567,6 +599,13 @@ impl Extras {
         if self.partial {
             items.push((Extras::PARTIAL, Vec::new()));
         }
+        if let Some(one) = self.preserve_one {
+            let value = match one {
+                PreserveOne::Modes => 1,
+                PreserveOne::Times => 2,
+            };
+            items.push((Extras::PRESERVE_ONE, vec![value]));
+        }
         items
     }
 
@@ -595,6 +634,13 @@ impl Extras {
                 Extras::PRUNE_EMPTY_DIRS if value.is_empty() => extras.prune_empty_dirs = true,
                 Extras::LISTS_MARKED if value.is_empty() => extras.lists_marked = true,
                 Extras::PARTIAL if value.is_empty() => extras.partial = true,
+                Extras::PRESERVE_ONE => {
+                    extras.preserve_one = Some(match value.as_slice() {
+                        [1] => PreserveOne::Modes,
+                        [2] => PreserveOne::Times,
+                        _ => return Err(ProtoError::BadField("extras.preserve_one")),
+                    });
+                }
                 Extras::CHMOD if value.len() > 4 => {
                     let (umask, rules) = value.split_at(4);
                     let umask = u32::from_le_bytes(umask.try_into().expect("four bytes"));
@@ -1820,6 +1866,7 @@ mod tests {
                     prune_empty_dirs: true,
                     lists_marked: true,
                     partial: true,
+                    preserve_one: Some(PreserveOne::Times),
                 }
                 .items(),
             },
@@ -1839,6 +1886,7 @@ mod tests {
             prune_empty_dirs: true,
             lists_marked: true,
             partial: true,
+            preserve_one: Some(PreserveOne::Modes),
         };
         let one = Extras {
             existing: true,
@@ -1868,6 +1916,9 @@ mod tests {
             Extras::from_items(&[(10, vec![0])]).is_err(),
             "--partial has none"
         );
+        for bad in [vec![], vec![0], vec![3], vec![1, 2]] {
+            assert!(Extras::from_items(&[(11, bad)]).is_err(), "modes or times");
+        }
         assert!(Extras::from_items(&[(999, vec![])]).is_err(), "unknown");
         assert!(Extras::from_items(&[]).is_err(), "no items");
         assert!(

@@ -17,7 +17,7 @@ use rfabric::link::{Chunk, Incoming as LinkIncoming, Link};
 use rfabric::wire::chunk_flags;
 use tokio::task::JoinHandle;
 
-use crate::archive::{Keep, Powers, Xattr, XattrInbox};
+use crate::archive::{Keep, Powers, Preserve, Xattr, XattrInbox};
 use crate::arrivals::{Action, Arrivals, Place, Shape};
 use crate::backup::Backups;
 use crate::chain::{Merging, Relay};
@@ -49,7 +49,8 @@ const CHECKED_AHEAD: usize = 8;
 
 #[derive(Debug, Clone, Copy)]
 pub struct RecvOptions {
-    pub preserve: bool,
+    /// `-p`, `--perms`, `-t`.
+    pub preserve: Preserve,
     /// Archive metadata to apply (`-o -g -D -X -A -H`).
     pub keep: Keep,
     /// The operator lets this session set owners and make device nodes
@@ -1273,8 +1274,8 @@ impl Creator<'_> {
     /// What `-i` compares.
     fn kept(&self) -> Kept {
         Kept {
-            times: self.opts.preserve,
-            perms: self.opts.preserve,
+            times: self.opts.preserve.times,
+            perms: self.opts.preserve.modes,
             owner: self.opts.keep.owner,
             group: self.opts.keep.group,
         }
@@ -1401,7 +1402,13 @@ impl Creator<'_> {
             (false, false) => Leftover::Discard,
         };
         let out = match self.part_file(&e, leftover).await {
-            Ok(out) => Arc::new(out),
+            Ok(mut out) => {
+                // (Without modes kept, a file it replaces gives its mode.)
+                if !self.opts.preserve.modes {
+                    out.take_the_replaced_mode();
+                }
+                Arc::new(out)
+            }
             Err(err) => {
                 self.answers.send(e.index, Err(failed(&err)));
                 bail!("{}: {err:#}", tree::show(&e.path));

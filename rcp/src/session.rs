@@ -12,7 +12,7 @@ use rfabric::link::{Incoming, Link};
 use rfabric::transport::{Backend, Connection};
 use rfabric::wire::Role;
 
-use crate::archive::Keep;
+use crate::archive::{Keep, Preserve};
 use crate::backup;
 use crate::chain::{self, Onward, Relay};
 use crate::connect::link_config;
@@ -38,7 +38,8 @@ use rfabric::storage::Kind;
 #[derive(Debug, Clone)]
 pub struct Params {
     pub recursive: bool,
-    pub preserve: bool,
+    /// `-p`, `--perms`, `-t` (the client's choice).
+    pub preserve: Preserve,
     /// Archive metadata kept (the client's choice).
     pub keep: Keep,
     /// A server's: sessions may set owners and make device nodes (when
@@ -115,8 +116,8 @@ impl Params {
     /// the client's own end acts on are left out (a server from before
     /// one would refuse it for nothing): `--chmod`, `-m` and a list's
     /// marks in a push (the client walks), `--max-delete`,
-    /// `--delete-excluded`, `--force`, the backups and `--link-dest` in a
-    /// pull (the client receives).
+    /// `--delete-excluded`, `--force`, the backups, `--link-dest` and
+    /// which of modes and times are kept in a pull (the client receives).
     /// `--existing` goes both ways: a sender waits for the answers it
     /// makes the receiver give.
     fn asked_of(&self, side: Side) -> Params {
@@ -132,6 +133,7 @@ impl Params {
                 asked.extras.delete_excluded = false;
                 asked.extras.force = false;
                 (asked.extras.backup, asked.extras.backup_dir) = (None, None);
+                asked.extras.preserve_one = None;
                 asked.link_dests = Arc::default();
             }
         }
@@ -143,7 +145,7 @@ impl Params {
         if self.recursive {
             f |= flags::RECURSIVE;
         }
-        if self.preserve {
+        if self.preserve.any() {
             f |= flags::PRESERVE;
         }
         if !self.verify {
@@ -202,7 +204,12 @@ impl Params {
         }
         Ok(Params {
             recursive: f & flags::RECURSIVE != 0,
-            preserve: f & flags::PRESERVE != 0,
+            preserve: match (f & flags::PRESERVE != 0, tail.extras.preserve_one) {
+                (false, None) => Preserve::default(),
+                (true, None) => Preserve::BOTH,
+                (true, Some(one)) => one.preserve(),
+                (false, Some(_)) => bail!("the request keeps modes or times without preserve"),
+            },
             keep: Keep::from_flags(f),
             verify: f & flags::NO_VERIFY == 0,
             resume: f & flags::RESUME != 0,

@@ -20,7 +20,7 @@ use anyhow::{Context, bail};
 use rfabric::storage::Engine;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 
-use crate::archive::{self, Keep, Node, Powers, Xattr};
+use crate::archive::{self, Keep, Node, Powers, Preserve, Xattr};
 use crate::chmod::Chmod;
 use crate::digest;
 use crate::filter::Filter;
@@ -1419,6 +1419,9 @@ pub struct PartFile {
     fresh: bool,
     /// An earlier copy's leftover, kept as it was ([`Leftover`]).
     taken_up: bool,
+    /// The mode (all twelve bits) of the regular file this one replaces
+    /// ([`PartFile::take_the_replaced_mode`]).
+    replaces_mode: Option<u32>,
     /// Created with the entry's mode (the umask applied): no chmod needed.
     mode_right: bool,
     /// The mode it was made with, where it is known (made afresh, no
@@ -1689,7 +1692,7 @@ impl Base {
             let made = self.made.lock().expect("made dirs lock");
             made.contains(&(st.st_dev, st.st_ino))
         };
-        let mode = if how.preserve {
+        let mode = if how.preserve.modes {
             Some(how.powers.mode(e.mode))
         } else if made_here() {
             Some((e.mode & 0o777 & !umask()) | (st.st_mode & 0o2000))
@@ -1718,7 +1721,7 @@ impl Base {
                 let node = Node::At(parent.as_fd(), temp.as_c_str());
                 archive::apply(node, e.kind, meta, xattrs, how.keep, how.powers, None)?;
             }
-            if how.preserve {
+            if how.preserve.times {
                 rustix::fs::utimensat(
                     &parent,
                     temp.as_c_str(),
@@ -1782,7 +1785,7 @@ impl Base {
                 Mode::from_raw_mode(how.mode_of(e)),
                 AtFlags::empty(),
             )?;
-            if how.preserve {
+            if how.preserve.times {
                 rustix::fs::utimensat(
                     &parent,
                     temp.as_c_str(),
@@ -1949,6 +1952,7 @@ impl Base {
                     name,
                     fresh: true,
                     taken_up: false,
+                    replaces_mode: None,
                     mode_right,
                     made_mode,
                     way: Some(Arc::clone(&self.way)),
@@ -2042,6 +2046,7 @@ fn open_part(
         name: CString::default(),
         fresh,
         taken_up: false,
+        replaces_mode: None,
         mode_right,
         made_mode,
         way: None,
@@ -2153,6 +2158,23 @@ impl PartFile {
         Ok(())
     }
 
+    /// For a copy that does not keep modes (no `-p`, `--perms`): where
+    /// this file replaces a regular file, it gets that file's mode (all
+    /// twelve bits), as rsync's receiver gives an existing file's
+    /// permissions to the file that updates it. (A new file gets the
+    /// source's permission bits under the umask.) In a directory this
+    /// copy made nothing is replaced, and nothing is looked at.
+    pub fn take_the_replaced_mode(&mut self) {
+        if self.parent.made_here {
+            return;
+        }
+        if let Ok(st) = rustix::fs::statat(&self.parent, &self.name, AtFlags::SYMLINK_NOFOLLOW)
+            && FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+        {
+            self.replaces_mode = Some(st.st_mode & 0o7777);
+        }
+    }
+
     /// Whether this is an earlier copy's leftover, kept as it was
     /// ([`Leftover::TakeUp`] found something in it; always with
     /// [`Leftover::Resume`] unless made afresh).
@@ -2214,16 +2236,22 @@ impl PartFile {
                 there,
             )?;
         }
+        // Without modes kept, a file that replaces one keeps the mode of
+        // the one it replaces, as rsync's.
+        let mode = match self.replaces_mode {
+            Some(mode) if !how.preserve.modes => mode,
+            _ => how.mode_of(e),
+        };
         // Made with its final mode already, unless an ACL set above
         // changed it.
-        let as_made =
-            self.made_mode == Some(how.mode_of(e)) && !xattrs.iter().any(|x| x.name == ACL_ACCESS);
-        if (how.preserve || !self.mode_right) && !as_made {
+        let as_made = self.made_mode == Some(mode) && !xattrs.iter().any(|x| x.name == ACL_ACCESS);
+        let chmod = how.preserve.modes || !self.mode_right || self.replaces_mode.is_some();
+        if chmod && !as_made {
             // With -p exactly the source's bits, setuid and all, whatever
             // the umask (unless the powers say otherwise).
-            rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(how.mode_of(e)))?;
+            rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode))?;
         }
-        if how.preserve {
+        if how.preserve.times {
             rustix::fs::futimens(&self.fd, &times(e))?;
         }
         let PartFile {
@@ -2314,8 +2342,8 @@ impl PartFile {
 /// What the receiver applies to each entry beyond its contents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fidelity {
-    /// `-p`: modes exactly, and modification times.
-    pub preserve: bool,
+    /// `-p`, `--perms`, `-t`: modes exactly, modification times.
+    pub preserve: Preserve,
     /// `-o -g -D -X -A -H`.
     pub keep: Keep,
     /// What this process may do of it.
@@ -2323,10 +2351,11 @@ pub struct Fidelity {
 }
 
 impl Fidelity {
-    /// The mode a received entry gets: the source's exactly with `-p` (as
-    /// far as the powers allow), else its permission bits under the umask.
+    /// The mode a received entry gets: the source's exactly with `-p` or
+    /// `--perms` (as far as the powers allow), else its permission bits
+    /// under the umask.
     pub(crate) fn mode_of(&self, e: &Entry) -> u32 {
-        if self.preserve {
+        if self.preserve.modes {
             self.powers.mode(e.mode)
         } else {
             e.mode & 0o777 & !umask()
@@ -2343,9 +2372,9 @@ impl Fidelity {
     }
 
     /// Whether the modification time there (`st`) is not `e`'s, when
-    /// `-p` keeps it.
+    /// `-p` or `-t` keeps it.
     pub(crate) fn time_differs(&self, e: &Entry, st: &rustix::fs::Stat) -> bool {
-        self.preserve && (st.st_mtime, st.st_mtime_nsec as u32) != mtime(e)
+        self.preserve.times && (st.st_mtime, st.st_mtime_nsec as u32) != mtime(e)
     }
 
     /// Whether the attributes of `node` are not `xattrs`, as far as they
@@ -2595,7 +2624,7 @@ async fn sync_dirs(
 pub(crate) fn commit_whole(out: PartFile, e: &Entry) -> anyhow::Result<()> {
     let engine = Engine::start(rfabric::storage::Kind::Threads, None)?;
     let how = Fidelity {
-        preserve: false,
+        preserve: Preserve::default(),
         keep: Keep::default(),
         powers: Powers::here(false),
     };

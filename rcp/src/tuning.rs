@@ -138,7 +138,7 @@ pub fn params(
     t: &Tuning,
     io_engine: Kind,
     recursive: bool,
-    preserve: bool,
+    preserve: crate::archive::Preserve,
     verify: bool,
 ) -> Params {
     Params {
