@@ -397,7 +397,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
         dry_run: a.dry_run,
         // (`-v` asks for the same changes, shown by name; `-q` silences
         // it, as rsync's, but not `-i`, asked for by name.)
-        itemize: a.itemize_changes || (a.verbose > 0 && !a.quiet),
+        itemize: a.itemize_changes || (a.verbose() && !a.quiet),
         lines: match a.itemize_changes {
             true => crate::recv::Lines::Codes,
             false => crate::recv::Lines::Names,
@@ -481,7 +481,7 @@ fn broadcast_params(a: &CopyArgs, p: Params) -> anyhow::Result<Params> {
         (a.backup || a.backup_dir.is_some(), "--backup", on_each),
         (a.dry_run, "--dry-run", names),
         (a.itemize_changes, "--itemize-changes", names),
-        (a.verbose > 0, "--verbose", names),
+        (a.verbose(), "--verbose", names),
         (a.files_from.is_some(), "--files-from", lists),
         (a.relative, "--relative", lists),
         (

@@ -287,8 +287,15 @@ pub struct CopyArgs {
     /// Remove what the destination directories hold that the source does
     /// not: only inside the directories copied, never through a symlink,
     /// and only once the whole copy succeeded (a failed copy deletes
-    /// nothing). Needs -r or -a.
-    #[arg(long, requires = "recursion")]
+    /// nothing). Needs -r or -a. rsync's --delete-after and
+    /// --delete-delay are this; its --delete-before, --delete-during and
+    /// --del are taken as this too (rcp deletes after the copy always).
+    #[arg(
+        long,
+        requires = "recursion",
+        visible_aliases = ["delete-after", "delete-delay"],
+        aliases = ["delete-before", "delete-during", "del"]
+    )]
     pub delete: bool,
     /// With --delete, remove what the --exclude rules exclude at the
     /// destination too (without it, excluded names there are left alone).
@@ -384,6 +391,21 @@ pub struct CopyArgs {
     /// Repeating it (-vv) changes nothing more.
     #[arg(short = 'v', long, action = clap::ArgAction::Count, conflicts_with = "json")]
     pub verbose: u8,
+    /// rsync's --info=FLAGS (comma-separated), as far as rcp has them:
+    /// progress0, progress1, progress2 (rcp shows the whole copy's
+    /// progress on a terminal anyway, unless -q), name0 (no -v), name1
+    /// and name2 (-v). Others are refused.
+    #[arg(long, value_name = "FLAGS", value_parser = parse_info)]
+    pub info: Vec<Info>,
+    /// Send whole files: what rcp does anyway (it has no delta transfer;
+    /// -c, --resume and --partial still send only the chunks that differ).
+    /// Accepted for rsync's -W.
+    #[arg(short = 'W', long)]
+    pub whole_file: bool,
+    /// Keep holes: what rcp does anyway (only the chunks holding data
+    /// travel). Accepted for rsync's -S.
+    #[arg(short = 'S', long)]
+    pub sparse: bool,
     /// Name each change on stdout with rsync's 11-letter code (`>f+++++++++
     /// path` for a new file, `>f.st......` for one sent again, `.f...p.....`
     /// for a mode set, `cd+++++++++` for a new directory, `*deleting` for
@@ -558,6 +580,15 @@ impl CopyArgs {
         self.recursive || (self.archive && self.files_from.is_none() && !self.no_recursive)
     }
 
+    /// `-v`, or `--info=name1` (`--info=name0` takes back `-v`; the
+    /// last `--info` naming names counts).
+    pub fn verbose(&self) -> bool {
+        match self.info.iter().rev().find_map(|i| i.names) {
+            Some(names) => names,
+            None => self.verbose > 0,
+        }
+    }
+
     pub fn preserve(&self) -> crate::archive::Preserve {
         crate::archive::Preserve {
             modes: (self.preserve || self.perms || self.archive) && !self.no_perms,
@@ -684,6 +715,31 @@ pub fn parse_file_size(s: &str) -> Result<u64, String> {
     rsync_size(s, 'b')
 }
 
+/// What one `--info=FLAGS` asks of rcp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Info {
+    /// `name0` (false), `name1` or `name2` (true), where given.
+    pub names: Option<bool>,
+}
+
+/// rsync's `--info` flags that rcp has (see [`CopyArgs::info`]).
+pub fn parse_info(s: &str) -> Result<Info, String> {
+    let mut info = Info { names: None };
+    for flag in s.split(',') {
+        match flag.to_ascii_lowercase().as_str() {
+            "progress" | "progress0" | "progress1" | "progress2" => {}
+            "name0" => info.names = Some(false),
+            "name" | "name1" | "name2" => info.names = Some(true),
+            _ => {
+                return Err(format!(
+                    "rcp takes --info=progress0/1/2 and name0/1/2 only, not {flag:?}"
+                ));
+            }
+        }
+    }
+    Ok(info)
+}
+
 /// A rate as rsync reads `--bwlimit`: bytes a second in the units of
 /// [`parse_file_size`], KiB where no unit is given; 0 for none.
 pub fn parse_bwlimit(s: &str) -> Result<u64, String> {
@@ -743,6 +799,64 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn copy_args(args: &[&str]) -> Result<CopyArgs, clap::Error> {
+        let all = ["rcp"].iter().chain(args).chain(&["a", "b"]);
+        Cli::try_parse_from(all).map(|cli| cli.copy)
+    }
+
+    /// The options an rsync user types out of habit parse to what rcp
+    /// does: `-avhP --delete-after --info=progress2`, `-rlptgoD`, the
+    /// `--no-` forms, `-W`, `-S`; `--info` flags rcp does not have are
+    /// refused.
+    #[test]
+    fn rsync_habits_parse_to_what_rcp_does() {
+        let a = copy_args(&["-avhP", "--delete-after", "--info=progress2"]).unwrap();
+        assert!(a.archive && a.verbose() && a.partial_progress && a.delete);
+        assert_eq!(a.preserve(), crate::archive::Preserve::BOTH);
+        for delete in [
+            "--delete-before",
+            "--delete-during",
+            "--delete-delay",
+            "--del",
+        ] {
+            assert!(copy_args(&["-a", delete]).unwrap().delete, "{delete}");
+        }
+        let a = copy_args(&["-rlptgoD"]).unwrap();
+        let archive = copy_args(&["-a"]).unwrap();
+        assert_eq!(
+            (a.recursive(), a.preserve(), a.keep()),
+            (archive.recursive(), archive.preserve(), archive.keep())
+        );
+        let a = copy_args(&["-a", "--no-o", "--no-g", "--no-D", "--no-t"]).unwrap();
+        let keep = a.keep();
+        assert!(!keep.owner && !keep.group && !keep.devices);
+        assert_eq!(
+            a.preserve(),
+            crate::archive::Preserve {
+                modes: true,
+                times: false
+            }
+        );
+        // The last of a letter and its --no- form counts; -p gives modes
+        // back after --no-p (and times, as scp's).
+        assert!(copy_args(&["-a", "--no-o", "-o"]).unwrap().keep().owner);
+        assert!(!copy_args(&["-o", "--no-o"]).unwrap().keep().owner);
+        assert!(copy_args(&["-a", "--no-p", "-p"]).unwrap().preserve().modes);
+        assert!(!copy_args(&["-a", "--no-r"]).unwrap().recursive());
+        // --usermap still keeps owners: it asks for them by name.
+        assert!(
+            copy_args(&["-a", "--no-o", "--usermap", "0:1"])
+                .unwrap()
+                .keep()
+                .owner
+        );
+        let a = copy_args(&["-vW", "-S", "--info=name0"]).unwrap();
+        assert!(a.whole_file && a.sparse && !a.verbose());
+        assert!(copy_args(&["--info=progress2,name1"]).unwrap().verbose());
+        let err = copy_args(&["--info=stats2"]).unwrap_err().to_string();
+        assert!(err.contains("progress0/1/2 and name0/1/2"), "{err}");
+    }
 
     #[test]
     fn file_sizes_read_as_rsync_reads_them() {
