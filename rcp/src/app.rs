@@ -380,6 +380,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
             prune_empty_dirs: a.prune_empty_dirs,
             lists_marked: a.delete && (a.files_from.is_some() || a.relative),
             partial: a.partial || a.partial_progress,
+            mkpath: a.mkpath,
             preserve_one: crate::proto::PreserveOne::of(a.preserve()),
             chmod: chmod_of(&a)?,
             backup,

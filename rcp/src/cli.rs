@@ -218,6 +218,12 @@ pub struct CopyArgs {
     /// -I.)
     #[arg(long)]
     pub partial: bool,
+    /// Make the destination's missing directories first, as mkdir -p
+    /// (without it, only the last name of the destination may be
+    /// missing). A destination that ends in / is a directory: made too,
+    /// and the copy goes into it.
+    #[arg(long)]
+    pub mkpath: bool,
     /// --partial --progress, as rsync's -P.
     #[arg(short = 'P')]
     pub partial_progress: bool,

@@ -516,6 +516,9 @@ pub struct Extras {
     /// copy keeps only that one of the two (`--perms`, `-t`; the flag
     /// alone keeps both).
     pub preserve_one: Option<PreserveOne>,
+    /// `--mkpath` (key 12, no value): the receiver makes the missing
+    /// directories of the destination's path first (`mkdir -p`).
+    pub mkpath: bool,
     /// `--partial` (key 10, no value): the receiver keeps what arrived of
     /// a file when the copy is cut off, and takes up what an earlier copy
     /// kept when files are answered (digests of it, as with `--resume`).
@@ -560,6 +563,7 @@ impl Extras {
     const LISTS_MARKED: u16 = 9;
     const PARTIAL: u16 = 10;
     const PRESERVE_ONE: u16 = 11;
+    const MKPATH: u16 = 12;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -599,6 +603,9 @@ impl Extras {
         if self.partial {
             items.push((Extras::PARTIAL, Vec::new()));
         }
+        if self.mkpath {
+            items.push((Extras::MKPATH, Vec::new()));
+        }
         if let Some(one) = self.preserve_one {
             let value = match one {
                 PreserveOne::Modes => 1,
@@ -634,6 +641,7 @@ impl Extras {
                 Extras::PRUNE_EMPTY_DIRS if value.is_empty() => extras.prune_empty_dirs = true,
                 Extras::LISTS_MARKED if value.is_empty() => extras.lists_marked = true,
                 Extras::PARTIAL if value.is_empty() => extras.partial = true,
+                Extras::MKPATH if value.is_empty() => extras.mkpath = true,
                 Extras::PRESERVE_ONE => {
                     extras.preserve_one = Some(match value.as_slice() {
                         [1] => PreserveOne::Modes,
@@ -661,7 +669,8 @@ impl Extras {
                 | Extras::FORCE
                 | Extras::PRUNE_EMPTY_DIRS
                 | Extras::LISTS_MARKED
-                | Extras::PARTIAL => {
+                | Extras::PARTIAL
+                | Extras::MKPATH => {
                     return Err(ProtoError::BadField("extras: a flag with a value"));
                 }
                 _ => {
@@ -1866,6 +1875,7 @@ mod tests {
                     prune_empty_dirs: true,
                     lists_marked: true,
                     partial: true,
+                    mkpath: true,
                     preserve_one: Some(PreserveOne::Times),
                 }
                 .items(),
@@ -1886,6 +1896,7 @@ mod tests {
             prune_empty_dirs: true,
             lists_marked: true,
             partial: true,
+            mkpath: true,
             preserve_one: Some(PreserveOne::Modes),
         };
         let one = Extras {

@@ -116,8 +116,9 @@ impl Params {
     /// the client's own end acts on are left out (a server from before
     /// one would refuse it for nothing): `--chmod`, `-m` and a list's
     /// marks in a push (the client walks), `--max-delete`,
-    /// `--delete-excluded`, `--force`, the backups, `--link-dest` and
-    /// which of modes and times are kept in a pull (the client receives).
+    /// `--delete-excluded`, `--force`, the backups, `--link-dest`,
+    /// `--mkpath` and which of modes and times are kept in a pull (the
+    /// client receives).
     /// `--existing` goes both ways: a sender waits for the answers it
     /// makes the receiver give.
     fn asked_of(&self, side: Side) -> Params {
@@ -134,6 +135,7 @@ impl Params {
                 asked.extras.force = false;
                 (asked.extras.backup, asked.extras.backup_dir) = (None, None);
                 asked.extras.preserve_one = None;
+                asked.extras.mkpath = false;
                 asked.link_dests = Arc::default();
             }
         }
@@ -583,7 +585,12 @@ async fn client_session(
             (stats, outcome)
         }
         Request::Pull { sources, dest } => {
-            let mut base = local_base(&dest, sources.len(), params.listed.is_some())?;
+            let mut base = local_base(
+                &dest,
+                sources.len(),
+                params.listed.is_some(),
+                params.extras.mkpath,
+            )?;
             base.by_path(Some(dest.as_os_str().as_encoded_bytes().to_vec()));
             if !params.link_dests.is_empty() {
                 let at = dest.as_os_str().as_encoded_bytes();
@@ -938,18 +945,28 @@ fn listed_base(sources: &[PathBuf]) -> anyhow::Result<OwnedFd> {
 /// Where a local destination puts what arrives: into `dest` if it is a
 /// directory, else as `dest` itself (one source only). `make`
 /// (`--files-from`): `dest` is a directory, made if missing.
-pub fn local_base(dest: &Path, sources: usize, make: bool) -> anyhow::Result<Base> {
-    if make && !dest.exists() {
+pub fn local_base(dest: &Path, sources: usize, make: bool, mkpath: bool) -> anyhow::Result<Base> {
+    let as_dir = make || tree::names_a_directory(dest.as_os_str().as_encoded_bytes());
+    if mkpath {
+        let path = if as_dir { Some(dest) } else { dest.parent() };
+        if let Some(path) = path.filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(path)
+                .with_context(|| format!("cannot make {}", path.display()))?;
+        }
+    }
+    if as_dir && !dest.exists() {
         std::fs::create_dir(dest).with_context(|| format!("cannot make {}", dest.display()))?;
     }
     if dest.is_dir() {
         return Ok(Base::new(tree::open_root(dest)?, None));
     }
-    if make {
-        bail!(
-            "{} is not a directory (--files-from needs one)",
-            dest.display()
-        );
+    if as_dir {
+        let why = if make {
+            " (--files-from needs one)"
+        } else {
+            ""
+        };
+        bail!("{} is not a directory{why}", dest.display());
     }
     if sources > 1 {
         bail!(
@@ -981,7 +998,10 @@ pub struct ServeConfig {
     pub sessions: Arc<Sessions>,
     /// The server runs as its one user, for that user alone (a local
     /// copy's, remote-shell mode's): it may reach files' attributes by
-    /// path ([`tree::Walker::by_path`]). Never a daemon's.
+    /// path ([`tree::Walker::by_path`]), and the paths the user gave are
+    /// the system's to resolve, symlinks and `..` and all, as scp's and
+    /// rsync's (a daemon's stay beneath its roots, never through a
+    /// symlink). Never a daemon's.
     pub own_files: bool,
 }
 
@@ -1092,12 +1112,12 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             if chain.is_some() && streams != 1 {
                 bail!("a broadcast hop is one stream, not {streams}");
             }
-            let mut base = confined_base(
-                &config.roots,
-                &dest,
-                sources as usize,
-                params.listed.is_some(),
-            )?;
+            let (count, make) = (sources as usize, params.listed.is_some());
+            let mkpath = params.extras.mkpath;
+            let mut base = match config.own_files {
+                true => local_base(&requested_path(&dest)?, count, make, mkpath)?,
+                false => confined_base(&config.roots, &dest, count, make, mkpath)?,
+            };
             if config.own_files {
                 base.by_path(Some(
                     requested_path(&dest)?.into_os_string().into_encoded_bytes(),
@@ -1204,15 +1224,24 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                     bail!("--files-from takes one source: the directory the names are in");
                 };
                 Sources::Listed {
-                    base: confined_dir(&config.roots, dir)?,
+                    base: match config.own_files {
+                        true => listed_base(&[requested_path(dir)?])?,
+                        false => confined_dir(&config.roots, dir)?,
+                    },
                     names,
                     disk: config.own_files.then(|| dir.clone()),
                 }
+            } else if config.own_files {
+                let paths = sources
+                    .iter()
+                    .map(|s| requested_path(s))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                Sources::Operands(local_sources(&paths)?)
             } else {
                 Sources::Operands(
                     sources
                         .iter()
-                        .map(|s| confined_source(&config.roots, s, config.own_files))
+                        .map(|s| confined_source(&config.roots, s))
                         .collect::<anyhow::Result<Vec<_>>>()?,
                 )
             };
@@ -1310,16 +1339,27 @@ fn requested_path(raw: &[u8]) -> anyhow::Result<PathBuf> {
 }
 
 /// A client's destination, confined beneath the roots; `make`
-/// (`--files-from`): a directory, made if missing.
+/// (`--files-from`), or a path that ends in `/`: a directory, made if
+/// missing. `mkpath`: the directories on its way are made first.
 fn confined_base(
     roots: &[PathBuf],
     dest: &[u8],
     sources: usize,
     make: bool,
+    mkpath: bool,
 ) -> anyhow::Result<Base> {
     let path = requested_path(dest)?;
+    let make = make || tree::names_a_directory(dest);
     let (root, parts) = tree::under_roots(&path, roots)?;
     let root = tree::open_root(root)?;
+    if mkpath {
+        let on_the_way = match make {
+            true => &parts[..],
+            false => &parts[..parts.len().saturating_sub(1)],
+        };
+        tree::make_dirs_beneath(&root, on_the_way)
+            .with_context(|| format!("--mkpath: cannot make {}", path.display()))?;
+    }
     if let Ok(dir) = tree::open_dir_beneath(&root, &parts) {
         return Ok(Base::new(dir, None));
     }
@@ -1359,9 +1399,8 @@ fn confined_dir(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<OwnedFd> {
     tree::open_dir_beneath(tree::open_root(root)?, &parts)
 }
 
-/// A client's source, confined beneath the roots (reached by path too for
-/// [`ServeConfig::own_files`]).
-fn confined_source(roots: &[PathBuf], raw: &[u8], own_files: bool) -> anyhow::Result<Source> {
+/// A client's source, confined beneath the roots.
+fn confined_source(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<Source> {
     let path = requested_path(raw)?;
     let (root, parts) = tree::under_roots(&path, roots)?;
     let root = tree::open_root(root)?;
@@ -1372,7 +1411,7 @@ fn confined_source(roots: &[PathBuf], raw: &[u8], own_files: bool) -> anyhow::Re
         parent: tree::open_dir_beneath(&root, dirs)?,
         name: last.to_vec(),
         top: last.to_vec(),
-        disk: own_files.then(|| path.clone().into_os_string().into_encoded_bytes()),
+        disk: None,
     })
 }
 

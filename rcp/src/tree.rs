@@ -92,6 +92,48 @@ fn open_dirs(dir: impl AsFd, parts: &[&[u8]], follow: bool) -> anyhow::Result<Ow
     Ok(cur)
 }
 
+/// [`open_dir_beneath`], making each component that is missing (mode
+/// 0777 under the umask, as `mkdir -p`): `--mkpath`. A symlink on the way
+/// is refused, as there.
+pub fn make_dirs_beneath(dir: impl AsFd, parts: &[&[u8]]) -> anyhow::Result<OwnedFd> {
+    let mut cur = rustix::io::dup(dir)?;
+    for p in parts {
+        let name = cstr(p)?;
+        let open = |at: &OwnedFd| {
+            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            rustix::fs::openat(at, name.as_c_str(), flags, Mode::empty())
+        };
+        cur = match open(&cur) {
+            Err(rustix::io::Errno::NOENT) => {
+                match rustix::fs::mkdirat(&cur, name.as_c_str(), Mode::from_raw_mode(0o777)) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => {
+                        return Err(e).with_context(|| {
+                            format!("cannot make {:?}", String::from_utf8_lossy(p))
+                        });
+                    }
+                }
+                open(&cur)
+            }
+            r => r,
+        }
+        .with_context(|| {
+            format!(
+                "cannot open directory {:?} (not a directory, or a symlink)",
+                String::from_utf8_lossy(p)
+            )
+        })?;
+    }
+    Ok(cur)
+}
+
+/// Whether a destination as written names a directory: it ends in `/`
+/// (`/` alone is one anyway). A file copied there goes into it, made if
+/// missing, as rsync's; without the `/` a missing name becomes the copy.
+pub fn names_a_directory(dest: &[u8]) -> bool {
+    dest.len() > 1 && dest.ends_with(b"/")
+}
+
 /// An absolute path split into a root (one of `roots`, longest match) and
 /// the checked components below it. `roots` are absolute, normalized.
 pub fn under_roots<'a>(
