@@ -97,6 +97,8 @@ pub enum PlanError {
          --partial"
     )]
     PartialDir,
+    #[error("--delete does not work without -r (-a --no-r takes it away)")]
+    DeleteWithoutRecursion,
 }
 
 /// `-b`, `--backup-dir`, `--suffix`: the suffix of backups, when they
@@ -349,6 +351,9 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
     }
     if a.partial_dir.is_some() {
         return Err(PlanError::PartialDir.into());
+    }
+    if a.delete && !a.recursive() && a.files_from.is_none() && !a.relative {
+        return Err(PlanError::DeleteWithoutRecursion.into());
     }
     let (dest, sources) = operands.split_last().expect("clap asks for two or more");
     let mut a = a;

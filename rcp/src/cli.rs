@@ -119,22 +119,23 @@ pub struct CopyArgs {
     #[arg(short = 'p', long)]
     pub preserve: bool,
     /// Preserve modes exactly (rsync's -p).
-    #[arg(long, overrides_with = "no_perms")]
+    #[arg(long)]
     pub perms: bool,
     /// Preserve modification times, to the nanosecond (rsync's -t).
-    #[arg(short = 't', long, overrides_with = "no_times")]
+    #[arg(short = 't', long)]
     pub times: bool,
     /// Copy symlinks as symlinks: what rcp does anyway unless -L or
     /// --copy-unsafe-links (accepted for rsync's -l and -rlptgoD).
     #[arg(short = 'l', long)]
     pub links: bool,
-    /// Keep modes as the umask makes them, even with -a or -p (a new
-    /// file gets the source's permission bits under the umask).
-    #[arg(long, alias = "no-p", overrides_with_all = ["perms", "preserve"])]
+    /// Keep no modes, even with -a or -p: a new file gets the source's
+    /// permission bits under the umask, a file that replaces one the mode
+    /// of the one it replaces.
+    #[arg(long, alias = "no-p")]
     pub no_perms: bool,
     /// Leave modification times as the copy makes them, even with -a or
     /// -p (rsync's quick check then finds every file changed).
-    #[arg(long, alias = "no-t", overrides_with = "times")]
+    #[arg(long, alias = "no-t")]
     pub no_times: bool,
     /// No owners, even with -a.
     #[arg(long, alias = "no-o", overrides_with = "owner")]
@@ -471,6 +472,13 @@ pub struct CopyArgs {
     /// [`crate::broadcast::CHUNK`]).
     #[arg(skip)]
     pub chunk_size_given: bool,
+    /// Modes kept or not as the last of -p, --perms and --no-perms says
+    /// (none given: as -a says).
+    #[arg(skip)]
+    pub modes_given: Option<bool>,
+    /// Times kept or not as the last of -p, -t and --no-times says.
+    #[arg(skip)]
+    pub times_given: Option<bool>,
     /// Remote shell for host:path operands.
     #[arg(short = 'e', long, default_value = "ssh", value_name = "CMD")]
     pub rsh: String,
@@ -597,8 +605,8 @@ impl CopyArgs {
 
     pub fn preserve(&self) -> crate::archive::Preserve {
         crate::archive::Preserve {
-            modes: (self.preserve || self.perms || self.archive) && !self.no_perms,
-            times: (self.preserve || self.times || self.archive) && !self.no_times,
+            modes: self.modes_given.unwrap_or(self.archive),
+            times: self.times_given.unwrap_or(self.archive),
         }
     }
 }
@@ -676,13 +684,21 @@ pub fn parse() -> Cli {
 /// matching rule decides, across --exclude, --include and --exclude-from),
 /// which clap's derived fields do not keep.
 pub fn parse_from(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> Cli {
+    parse_args(args).unwrap_or_else(|e| e.exit())
+}
+
+/// [`parse_from`], with what clap refuses (or the help asked for) as the
+/// error.
+pub fn parse_args(
+    args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+) -> Result<Cli, clap::Error> {
     let mut args: Vec<OsString> = args.into_iter().map(Into::into).collect();
     // (A lone `-h` asks for the help, as with rsync.)
     if args.len() == 2 && args[1] == "-h" {
         args[1] = "--help".into();
     }
-    let matches = Cli::command().get_matches_from(args);
-    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let matches = Cli::command().try_get_matches_from(args)?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
     let c = &mut cli.copy;
     let at = |id: &str| -> Vec<usize> {
         matches
@@ -710,7 +726,18 @@ pub fn parse_from(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -
     c.rules = rules.into_iter().map(|(_, r)| r).collect();
     c.chunk_size_given =
         matches.value_source("chunk_size") == Some(clap::parser::ValueSource::CommandLine);
-    cli
+    // Of -p, --perms and --no-perms the last given decides modes; of -p,
+    // -t and --no-times, times (-p is both, as scp's).
+    let last = |ids: [&'static str; 3]| {
+        ids.into_iter()
+            .filter(|id| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+            .filter_map(|id| at(id).last().map(|i| (*i, id)))
+            .max()
+            .map(|(_, id)| id)
+    };
+    c.modes_given = last(["preserve", "perms", "no_perms"]).map(|id| id != "no_perms");
+    c.times_given = last(["preserve", "times", "no_times"]).map(|id| id != "no_times");
+    Ok(cli)
 }
 
 /// A file size as rsync reads one (`--max-size`, `--min-size`): a number,
@@ -808,7 +835,7 @@ mod tests {
 
     fn copy_args(args: &[&str]) -> Result<CopyArgs, clap::Error> {
         let all = ["rcp"].iter().chain(args).chain(&["a", "b"]);
-        Cli::try_parse_from(all).map(|cli| cli.copy)
+        parse_args(all).map(|cli| cli.copy)
     }
 
     /// The options an rsync user types out of habit parse to what rcp
@@ -849,6 +876,18 @@ mod tests {
         assert!(copy_args(&["-a", "--no-o", "-o"]).unwrap().keep().owner);
         assert!(!copy_args(&["-o", "--no-o"]).unwrap().keep().owner);
         assert!(copy_args(&["-a", "--no-p", "-p"]).unwrap().preserve().modes);
+        let both = crate::archive::Preserve::BOTH;
+        let only = |modes, times| crate::archive::Preserve { modes, times };
+        for (args, kept) in [
+            (&["-rp", "--no-p"][..], only(false, true)),
+            (&["-rp", "--no-t"][..], only(true, false)),
+            (&["--no-t", "-rp"][..], both),
+            (&["-rt", "--perms"][..], both),
+            (&["-a", "--no-perms", "--perms"][..], both),
+            (&["-r"][..], only(false, false)),
+        ] {
+            assert_eq!(copy_args(args).unwrap().preserve(), kept, "{args:?}");
+        }
         assert!(!copy_args(&["-a", "--no-r"]).unwrap().recursive());
         // --usermap still keeps owners: it asks for them by name.
         assert!(

@@ -545,8 +545,10 @@ pub async fn receive(
         for w in file.writes {
             let _ = w.wait().await;
         }
+        // (A file compared with the one there holds only what differed:
+        // the next `-c` compares again, and nothing else could use it.)
         if let Ok(out) = Arc::try_unwrap(file.out) {
-            match opts.partial {
+            match opts.partial && file.basis.is_none() {
                 true => out.keep_if_any(),
                 false => out.discard(),
             }
@@ -1395,20 +1397,25 @@ impl Creator<'_> {
         asks: bool,
     ) -> anyhow::Result<File> {
         // (What `--partial` kept is taken up only where the sender waits
-        // for an answer; the whole file comes otherwise.)
-        let leftover = match (self.opts.resume, self.opts.partial && asks) {
+        // for an answer, the whole file coming otherwise; and not where
+        // `-c` compares with the file there, which stays if equal.)
+        let take_up = self.opts.partial && asks && basis.is_none();
+        let leftover = match (self.opts.resume, take_up) {
             (true, _) => Leftover::Resume,
             (false, true) => Leftover::TakeUp,
             (false, false) => Leftover::Discard,
         };
         let out = match self.part_file(&e, leftover).await {
-            Ok(mut out) => {
-                // (Without modes kept, a file it replaces gives its mode.)
-                if !self.opts.preserve.modes {
-                    out.take_the_replaced_mode();
+            Ok(out) if self.opts.preserve.modes => Arc::new(out),
+            // (Without modes kept, a file it replaces gives its mode.)
+            Ok(mut out) => match out.take_the_replaced_mode() {
+                Ok(()) => Arc::new(out),
+                Err(err) => {
+                    out.discard();
+                    self.answers.send(e.index, Err(failed(&err)));
+                    bail!("{}: {err:#}", tree::show(&e.path));
                 }
-                Arc::new(out)
-            }
+            },
             Err(err) => {
                 self.answers.send(e.index, Err(failed(&err)));
                 bail!("{}: {err:#}", tree::show(&e.path));
@@ -1416,8 +1423,6 @@ impl Creator<'_> {
         };
         let alg = self.opts.digest;
         let (size, chunk) = (e.size, e.chunk);
-        // (What an earlier copy kept of this very file is nearer to it
-        // than the old file under its name: the basis goes unused.)
         let (basis, digests) = if self.opts.resume || out.taken_up() {
             let o = Arc::clone(&out);
             let d = tokio::task::spawn_blocking(move || o.existing_digests(size, chunk, alg));
@@ -1616,6 +1621,13 @@ async fn finish_file(
             }
         }
         (None, None) => {
+            // (A file `-c` would have compared, with no file there it
+            // could read: named as sent.)
+            if let Some((there, kept)) = &itemize
+                && let Some(code) = resync::itemize(&entry, there.as_ref(), true, *kept)
+            {
+                answers.itemized(code, entry.path.clone());
+            }
             // Whether the last chunk was written (then the file ends where it
             // should; else its tail is a hole still to be sized).
             let sized = count == 0 || chunks.get(count as usize - 1).is_some_and(Option::is_some);

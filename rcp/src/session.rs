@@ -120,7 +120,8 @@ impl Params {
     /// `--mkpath` and which of modes and times are kept in a pull (the
     /// client receives).
     /// `--existing` goes both ways: a sender waits for the answers it
-    /// makes the receiver give.
+    /// makes the receiver give; so does `--partial`, whose answers may be
+    /// digests.
     fn asked_of(&self, side: Side) -> Params {
         let mut asked = self.clone();
         match side {

@@ -2019,6 +2019,17 @@ impl Base {
                     temp.to_string_lossy()
                 );
             }
+            // A leftover with other names (a snapshot of the directory
+            // made with links) or of another owner is not this copy's to
+            // write into: its name goes, and a file of this copy's own
+            // takes it.
+            if !incoming.fresh
+                && (held.st_nlink != 1 || held.st_uid != rustix::process::geteuid().as_raw())
+            {
+                rustix::fs::unlinkat(&parent, temp.as_c_str(), AtFlags::empty())
+                    .with_context(shown)?;
+                continue;
+            }
             let keep = match leftover {
                 Leftover::Discard => false,
                 Leftover::Resume => true,
@@ -2205,16 +2216,28 @@ impl PartFile {
     /// twelve bits), as rsync's receiver gives an existing file's
     /// permissions to the file that updates it. (A new file gets the
     /// source's permission bits under the umask.) In a directory this
-    /// copy made nothing is replaced, and nothing is looked at.
-    pub fn take_the_replaced_mode(&mut self) {
+    /// copy made nothing is replaced, and nothing is looked at. Until it
+    /// is in place, the file being received is no more open than the one
+    /// it replaces: the new contents of a file someone closed to others
+    /// are not theirs to read meanwhile (nor in a part `--partial` keeps).
+    pub fn take_the_replaced_mode(&mut self) -> anyhow::Result<()> {
         if self.parent.made_here {
-            return;
+            return Ok(());
         }
-        if let Ok(st) = rustix::fs::statat(&self.parent, &self.name, AtFlags::SYMLINK_NOFOLLOW)
-            && FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
-        {
-            self.replaces_mode = Some(st.st_mode & 0o7777);
+        let Ok(st) = rustix::fs::statat(&self.parent, &self.name, AtFlags::SYMLINK_NOFOLLOW) else {
+            return Ok(());
+        };
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Ok(());
         }
+        self.replaces_mode = Some(st.st_mode & 0o7777);
+        let own = rustix::fs::fstat(&self.fd)?.st_mode & 0o777;
+        let narrower = own & st.st_mode;
+        if narrower != own {
+            rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(narrower))?;
+            self.made_mode = self.made_mode.map(|_| narrower);
+        }
+        Ok(())
     }
 
     /// Whether this is an earlier copy's leftover, kept as it was
@@ -2281,7 +2304,9 @@ impl PartFile {
         // Without modes kept, a file that replaces one keeps the mode of
         // the one it replaces, as rsync's.
         let mode = match self.replaces_mode {
-            Some(mode) if !how.preserve.modes => mode,
+            // (As far as the powers allow: a daemon that may not set
+            // owners does not make a setuid file.)
+            Some(mode) if !how.preserve.modes => how.powers.mode(mode),
             _ => how.mode_of(e),
         };
         // Made with its final mode already, unless an ACL set above
@@ -2506,8 +2531,6 @@ fn copy_by_hand(from: &OwnedFd, to: &OwnedFd, len: u64) -> anyhow::Result<u64> {
     Ok(done)
 }
 
-/// The temporary name of a file being received: fixed, so that an
-/// interrupted copy can be resumed.
 /// Where the temporary file of the file at `path` is: beside it, as
 /// `.rcp-NAME.part`.
 pub fn part_beside(path: &Path) -> Option<PathBuf> {
@@ -2516,6 +2539,8 @@ pub fn part_beside(path: &Path) -> Option<PathBuf> {
     Some(path.with_file_name(OsStr::from_bytes(part.as_bytes())))
 }
 
+/// The temporary name of a file being received: fixed, so that an
+/// interrupted copy can be resumed.
 fn part_name(name: &CString) -> anyhow::Result<CString> {
     // Keep within NAME_MAX (255) even for long names.
     let base = &name.as_bytes()[..name.as_bytes().len().min(240)];
@@ -3017,7 +3042,23 @@ mod tests {
         // An empty leftover is no leftover.
         let out = open(Leftover::TakeUp);
         assert!(!out.taken_up());
-        out.discard();
+        drop(out);
+        // One with another name too (a snapshot made with links) is not
+        // written into, whatever the choice: its other name keeps it.
+        std::fs::write(&temp, b"half").unwrap();
+        let other = scratch.path("snapshot-of-part");
+        std::fs::hard_link(&temp, &other).unwrap();
+        for leftover in [Leftover::TakeUp, Leftover::Resume, Leftover::Discard] {
+            let out = open(leftover);
+            // (A resumed file is one to fill whatever it holds.)
+            assert!(leftover == Leftover::Resume || !out.taken_up());
+            assert!(std::fs::read(&temp).unwrap().is_empty(), "{leftover:?}");
+            rustix::io::pwrite(&out.fd, b"new", 0).unwrap();
+            assert_eq!(std::fs::read(&other).unwrap(), b"half", "{leftover:?}");
+            out.discard();
+            std::fs::hard_link(&other, &temp).unwrap();
+        }
+        std::fs::remove_file(&temp).unwrap();
         assert!(!temp.exists());
     }
 

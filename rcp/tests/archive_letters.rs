@@ -190,3 +190,31 @@ fn the_letters_parse_as_documented() {
         assert_eq!(*source_time, time_kept, "{flags:?}");
     }
 }
+
+/// Without modes kept, a file that replaces a setuid file gets its mode
+/// only as far as the receiver may give it: a daemon that may not set
+/// owners (no `--allow-owners`) makes no setuid file, as it would not
+/// with `-p`; the user's own copy as root keeps the bit, as rsync's.
+#[test]
+fn a_replaced_setuid_file_gives_its_bit_only_where_the_receiver_may() {
+    if !is_root() {
+        eprintln!("skipped: needs root (a setuid file of root's)");
+        return;
+    }
+    let t = Scratch::new("letters-setuid");
+    write(&t.path("src/tool"), b"new contents", 0o755);
+    let modes = Modes::new(&t, &[]);
+    for (mode, setuid_kept) in [("push", false), ("local", true)] {
+        let into = t.path(mode);
+        write(&into.join("tool"), b"old", 0o4755);
+        let out = modes.run_out(mode, vec![], &t.path("src/tool"), &into.join("tool"));
+        assert!(out.status.success(), "{mode}");
+        assert_eq!(std::fs::read(into.join("tool")).unwrap(), b"new contents");
+        let got = std::fs::metadata(into.join("tool"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(got & 0o4000 != 0, setuid_kept, "{mode}: {got:o}");
+        assert_eq!(got & 0o777, 0o755, "{mode}: {got:o}");
+    }
+}

@@ -217,3 +217,52 @@ fn writing_in_place_and_a_partial_dir_are_refused_with_the_reason() {
         "{err}"
     );
 }
+
+/// A file that replaces one closed to others is no more open while it
+/// arrives: what `--partial` keeps of it, cut off, has no bits the file
+/// it replaces lacks (the source's are 0644, the file there 0600).
+#[test]
+fn a_part_replacing_a_private_file_is_private_too() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = Scratch::new("partial-private");
+    std::fs::create_dir(t.path("src")).unwrap();
+    std::fs::write(t.path("src/big"), pattern(SIZE, 43)).unwrap();
+    let modes = Modes::new(&t, &[]);
+    let into = t.path("push-private");
+    std::fs::create_dir(&into).unwrap();
+    std::fs::write(into.join("big"), b"the old, private contents").unwrap();
+    std::fs::set_permissions(into.join("big"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let args = ["--bwlimit", "4M", "--partial"].map(OsStr::new).to_vec();
+    let mut copy = modes
+        .command("push", args, &[&t.path("src/big")], &into.join("big"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let part = into.join(".rcp-big.part");
+    until_part_holds(&part, 1 << 20, &mut copy);
+    let mode = std::fs::metadata(&part).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o} while it arrives");
+    copy.kill().unwrap();
+    let _ = copy.wait();
+    let kept = settled(&part).expect("kept");
+    assert!(kept >= 1 << 20);
+    let mode = std::fs::metadata(&part).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o} kept");
+    // Taken up, it ends with the mode of the file it replaced (no -p).
+    let out = modes.run_out(
+        "push",
+        vec![OsStr::new("-P")],
+        &t.path("src/big"),
+        &into.join("big"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mode = std::fs::metadata(into.join("big"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o600);
+}
