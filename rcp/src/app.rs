@@ -538,23 +538,10 @@ fn chmod_of(a: &CopyArgs) -> anyhow::Result<Option<(u32, String)>> {
 /// with symlinks resolved. (Remote copies cannot be checked here; rsync
 /// checks none.)
 fn onto_itself(sources: &[Landing], dest: &Path) -> Result<(), PlanError> {
-    // (One not there yet is made in its parent.)
-    let dest = match dest.canonicalize() {
-        Ok(dest) => dest,
-        Err(_) => match (dest.parent(), dest.file_name()) {
-            (Some(parent), Some(name)) => {
-                let parent = if parent.as_os_str().is_empty() {
-                    Path::new(".")
-                } else {
-                    parent
-                };
-                match parent.canonicalize() {
-                    Ok(parent) => parent.join(name),
-                    Err(_) => return Ok(()),
-                }
-            }
-            _ => return Ok(()),
-        },
+    // (What is not there yet is made beneath what is: by the copy, or by
+    // `--mkpath`.)
+    let Some(dest) = resolved(dest) else {
+        return Ok(());
     };
     for (source, kept) in sources {
         let Ok(source) = source.canonicalize() else {
@@ -573,6 +560,23 @@ fn onto_itself(sources: &[Landing], dest: &Path) -> Result<(), PlanError> {
         }
     }
     Ok(())
+}
+
+/// `path` with symlinks resolved as far as it is there, and the names
+/// after that as given (`None` where one of them is `..`).
+fn resolved(path: &Path) -> Option<PathBuf> {
+    let mut missing = Vec::new();
+    let mut at = path;
+    loop {
+        if let Ok(real) = at.canonicalize() {
+            return Some(missing.into_iter().rev().fold(real, |p, name| p.join(name)));
+        }
+        missing.push(at.file_name()?);
+        at = match at.parent()? {
+            p if p.as_os_str().is_empty() => Path::new("."),
+            p => p,
+        };
+    }
 }
 
 /// Two remote operands name the same place: the same login for a remote

@@ -31,6 +31,8 @@ use rfabric::storage::EngineChoice;
     // (`-h` is rsync's --human-readable, which rsync's users type with
     // -av; `--help` and a lone `-h` print the help.)
     disable_help_flag = true,
+    // (A flag given twice is given, as rsync takes it: `-t --no-t -t`.)
+    args_override_self = true,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
     after_long_help = "Exit status:\n  \
@@ -876,6 +878,10 @@ mod tests {
         assert!(copy_args(&["-a", "--no-o", "-o"]).unwrap().keep().owner);
         assert!(!copy_args(&["-o", "--no-o"]).unwrap().keep().owner);
         assert!(copy_args(&["-a", "--no-p", "-p"]).unwrap().preserve().modes);
+        // A flag given again is taken, the last of each kind deciding;
+        // -vv still counts.
+        let again = copy_args(&["-t", "--no-t", "-t", "-q", "-q", "-vv"]).unwrap();
+        assert!(again.preserve().times && again.quiet && again.verbose == 2);
         let both = crate::archive::Preserve::BOTH;
         let only = |modes, times| crate::archive::Preserve { modes, times };
         for (args, kept) in [

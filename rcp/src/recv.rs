@@ -1363,11 +1363,17 @@ impl Creator<'_> {
         Ok(actions)
     }
 
-    /// The temporary file of `e`, once no other copy holds it.
+    /// The temporary file of `e`, once no other copy holds it; without
+    /// modes kept, of the mode of the file it replaces
+    /// ([`Base::create_file`]).
     async fn part_file(&self, e: &Entry, leftover: Leftover) -> anyhow::Result<PartFile> {
+        let replaces = match self.opts.preserve.modes {
+            true => None,
+            false => self.base.replaced_mode(e)?,
+        };
         let since = tokio::time::Instant::now();
         loop {
-            match self.base.create_file(e, leftover)? {
+            match self.base.create_file(e, leftover, replaces)? {
                 Opened::Ready(out) => return Ok(out),
                 Opened::Busy => {
                     if let Some(limit) = self.opts.busy_wait
@@ -1406,16 +1412,7 @@ impl Creator<'_> {
             (false, false) => Leftover::Discard,
         };
         let out = match self.part_file(&e, leftover).await {
-            Ok(out) if self.opts.preserve.modes => Arc::new(out),
-            // (Without modes kept, a file it replaces gives its mode.)
-            Ok(mut out) => match out.take_the_replaced_mode() {
-                Ok(()) => Arc::new(out),
-                Err(err) => {
-                    out.discard();
-                    self.answers.send(e.index, Err(failed(&err)));
-                    bail!("{}: {err:#}", tree::show(&e.path));
-                }
-            },
+            Ok(out) => Arc::new(out),
             Err(err) => {
                 self.answers.send(e.index, Err(failed(&err)));
                 bail!("{}: {err:#}", tree::show(&e.path));

@@ -255,6 +255,14 @@ impl Params {
         })
     }
 
+    /// What the receiver may make of the destination's path.
+    fn making(&self) -> Making {
+        Making {
+            mkpath: self.extras.mkpath,
+            dry_run: self.dry_run,
+        }
+    }
+
     /// The sender's options.
     fn send_options(&self) -> SendOptions {
         SendOptions {
@@ -590,7 +598,7 @@ async fn client_session(
                 &dest,
                 sources.len(),
                 params.listed.is_some(),
-                params.extras.mkpath,
+                params.making(),
             )?;
             base.by_path(Some(dest.as_os_str().as_encoded_bytes().to_vec()));
             if !params.link_dests.is_empty() {
@@ -946,22 +954,33 @@ fn listed_base(sources: &[PathBuf]) -> anyhow::Result<OwnedFd> {
 /// Where a local destination puts what arrives: into `dest` if it is a
 /// directory, else as `dest` itself (one source only). `make`
 /// (`--files-from`): `dest` is a directory, made if missing.
-pub fn local_base(dest: &Path, sources: usize, make: bool, mkpath: bool) -> anyhow::Result<Base> {
-    let as_dir = make || tree::names_a_directory(dest.as_os_str().as_encoded_bytes());
-    if mkpath {
+pub fn local_base(dest: &Path, sources: usize, make: bool, how: Making) -> anyhow::Result<Base> {
+    let slash = tree::names_a_directory(dest.as_os_str().as_encoded_bytes());
+    let as_dir = make || slash;
+    if how.mkpath && !how.dry_run {
         let path = if as_dir { Some(dest) } else { dest.parent() };
         if let Some(path) = path.filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(path)
                 .with_context(|| format!("cannot make {}", path.display()))?;
         }
     }
-    if as_dir && !dest.exists() {
-        std::fs::create_dir(dest).with_context(|| format!("cannot make {}", dest.display()))?;
+    // (Made meanwhile by another copy is as good; a file there is said
+    // below.)
+    if make || (slash && !how.dry_run) {
+        match std::fs::create_dir(dest) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(e).with_context(|| format!("cannot make {}", dest.display()));
+            }
+            _ => {}
+        }
     }
     if dest.is_dir() {
         return Ok(Base::new(tree::open_root(dest)?, None));
     }
-    if as_dir {
+    // (A dry run makes nothing: a directory not there yet is looked at
+    // as a name in its parent.)
+    let not_made = how.dry_run && slash && std::fs::symlink_metadata(dest).is_err();
+    if as_dir && !not_made {
         let why = if make {
             " (--files-from needs one)"
         } else {
@@ -983,6 +1002,14 @@ pub fn local_base(dest: &Path, sources: usize, make: bool, mkpath: bool) -> anyh
         tree::open_root(parent)?,
         Some(tree::file_name(dest)?),
     ))
+}
+
+/// What a receiver may make of its destination's path: `--mkpath`'s
+/// directories, and not even a `/`'s directory in a dry run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Making {
+    pub mkpath: bool,
+    pub dry_run: bool,
 }
 
 /// The server side's configuration.
@@ -1114,10 +1141,10 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
                 bail!("a broadcast hop is one stream, not {streams}");
             }
             let (count, make) = (sources as usize, params.listed.is_some());
-            let mkpath = params.extras.mkpath;
+            let how = params.making();
             let mut base = match config.own_files {
-                true => local_base(&requested_path(&dest)?, count, make, mkpath)?,
-                false => confined_base(&config.roots, &dest, count, make, mkpath)?,
+                true => local_base(&requested_path(&dest)?, count, make, how)?,
+                false => confined_base(&config.roots, &dest, count, make, how)?,
             };
             if config.own_files {
                 base.by_path(Some(
@@ -1347,13 +1374,15 @@ fn confined_base(
     dest: &[u8],
     sources: usize,
     make: bool,
-    mkpath: bool,
+    how: Making,
 ) -> anyhow::Result<Base> {
     let path = requested_path(dest)?;
-    let make = make || tree::names_a_directory(dest);
+    // (A dry run makes nothing but a list's directory, as before: one a
+    // `/` names is looked at as a name in its parent.)
+    let make = make || (tree::names_a_directory(dest) && !how.dry_run);
     let (root, parts) = tree::under_roots(&path, roots)?;
     let root = tree::open_root(root)?;
-    if mkpath {
+    if how.mkpath && !how.dry_run {
         let on_the_way = match make {
             true => &parts[..],
             false => &parts[..parts.len().saturating_sub(1)],
@@ -1369,12 +1398,16 @@ fn confined_base(
             .split_last()
             .with_context(|| format!("{} is not a directory", path.display()))?;
         let parent = tree::open_dir_beneath(&root, dirs)?;
-        rustix::fs::mkdirat(
+        // (Made meanwhile by another copy is as good; anything else
+        // there fails to open as a directory.)
+        match rustix::fs::mkdirat(
             &parent,
             tree::os(last),
             rustix::fs::Mode::from_raw_mode(0o777),
-        )
-        .with_context(|| format!("cannot make {}", path.display()))?;
+        ) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot make {}", path.display())),
+        }
         return Ok(Base::new(tree::open_dir_beneath(&parent, &[last])?, None));
     }
     if sources > 1 {

@@ -1461,8 +1461,8 @@ pub struct PartFile {
     fresh: bool,
     /// An earlier copy's leftover, kept as it was ([`Leftover`]).
     taken_up: bool,
-    /// The mode (all twelve bits) of the regular file this one replaces
-    /// ([`PartFile::take_the_replaced_mode`]).
+    /// The mode (all twelve bits) of the regular file this one replaces,
+    /// where the copy keeps no modes ([`Base::create_file`]).
     replaces_mode: Option<u32>,
     /// Created with the entry's mode (the umask applied): no chmod needed.
     mode_right: bool,
@@ -1954,6 +1954,24 @@ impl Base {
         Ok(parent)
     }
 
+    /// The mode (all twelve bits) of the regular file under `e`'s name,
+    /// which a file received replaces: none in a directory this copy made
+    /// (nothing was there), nor where something else stands.
+    pub fn replaced_mode(&self, e: &Entry) -> anyhow::Result<Option<u32>> {
+        let (parent, name) = self.place(&e.path)?;
+        if parent.made_here {
+            return Ok(None);
+        }
+        Ok(
+            match rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+                    Some(st.st_mode & 0o7777)
+                }
+                _ => None,
+            },
+        )
+    }
+
     /// Opens the temporary file an entry's data goes to: `.rcp-NAME.part`
     /// next to the final name. Without `resume` it starts empty. With
     /// `resume` what an interrupted copy left there is kept, or, if nothing
@@ -1976,14 +1994,26 @@ impl Base {
     ///
     /// `leftover`: what becomes of what an earlier copy left under the
     /// temporary name ([`PartFile::taken_up`] tells whether any was kept).
-    pub fn create_file(&self, e: &Entry, leftover: Leftover) -> anyhow::Result<Opened> {
+    /// `replaces`: the mode of the regular file there that this one
+    /// replaces, where the copy keeps no modes ([`Base::replaced_mode`]):
+    /// the file ends with it, as rsync's receiver gives an existing
+    /// file's permissions to the file that updates it, and is no more
+    /// open than it to others while it arrives (nor in a part
+    /// `--partial` keeps).
+    pub fn create_file(
+        &self,
+        e: &Entry,
+        leftover: Leftover,
+        replaces: Option<u32>,
+    ) -> anyhow::Result<Opened> {
+        let within = replaces.map(|m| m & 0o777);
         let (parent, name) = self.place(&e.path)?;
         let resume = leftover == Leftover::Resume;
         if !resume
             && e.size <= u64::from(e.chunk)
             && let Some(how) = self.unnamed_in(&parent)
         {
-            let (mode, mode_right) = first_mode(e, &parent);
+            let (mode, mode_right) = first_mode(e, &parent, within);
             // (Where that fails, the named file says why.)
             if let Ok(fd) = unnamed::open(&parent, mode) {
                 let made_mode = parent.made_mode(mode);
@@ -1994,7 +2024,7 @@ impl Base {
                     name,
                     fresh: true,
                     taken_up: false,
-                    replaces_mode: None,
+                    replaces_mode: replaces,
                     mode_right,
                     made_mode,
                     way: Some(Arc::clone(&self.way)),
@@ -2003,8 +2033,13 @@ impl Base {
         }
         let temp = part_name(&name)?;
         let shown = || format!("cannot create a temporary file for {}", show(&e.path));
+        // (Made only afresh once a leftover was removed: where files do
+        // not show this user as their owner, as root's on NFS with root
+        // squashed, one it made itself would be removed again forever.)
+        let mut afresh = !resume;
         loop {
-            let Some(mut incoming) = open_part(&parent, &temp, e, resume).with_context(shown)?
+            let Some(mut incoming) =
+                open_part(&parent, &temp, e, !afresh, within).with_context(shown)?
             else {
                 return Ok(Opened::Busy);
             };
@@ -2028,6 +2063,7 @@ impl Base {
             {
                 rustix::fs::unlinkat(&parent, temp.as_c_str(), AtFlags::empty())
                     .with_context(shown)?;
+                afresh = true;
                 continue;
             }
             let keep = match leftover {
@@ -2039,6 +2075,16 @@ impl Base {
                 rustix::fs::ftruncate(&incoming.fd, 0)?;
             }
             incoming.taken_up = !incoming.fresh && keep;
+            incoming.replaces_mode = replaces;
+            if let Some(within) = within
+                && !incoming.fresh
+            {
+                let own = held.st_mode & 0o777;
+                let narrower = own & (within | 0o700);
+                if narrower != own {
+                    rustix::fs::fchmod(&incoming.fd, Mode::from_raw_mode(narrower))?;
+                }
+            }
             incoming.name = name;
             incoming.way = Some(Arc::clone(&self.way));
             if resume && held.st_size == 0 {
@@ -2060,18 +2106,21 @@ pub enum Opened {
 /// Opens (or creates) temporary file `temp` in `parent` and takes its lock;
 /// `None` if another copy holds it. Not yet truncated: that waits for the
 /// lock. (The returned file's `name` is filled in by the caller.)
+/// `open_first` (a resumed copy's): what is there is opened, not made
+/// anew first, so even a file made here counts as a leftover.
 fn open_part(
     parent: &Arc<DestDir>,
     temp: &CString,
     e: &Entry,
-    resume: bool,
+    open_first: bool,
+    within: Option<u32>,
 ) -> rustix::io::Result<Option<PartFile>> {
     let mut made = None;
-    if !resume {
+    if !open_first {
         // Usually nothing is there: create it.
         let flags =
             OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let (mode, mode_right) = first_mode(e, parent);
+        let (mode, mode_right) = first_mode(e, parent, within);
         match rustix::fs::openat(parent, temp.as_c_str(), flags, mode) {
             Ok(fd) => made = Some((fd, mode_right, parent.made_mode(mode))),
             Err(rustix::io::Errno::EXIST) => {}
@@ -2142,14 +2191,19 @@ fn remove_leftover(parent: &DestDir, name: &CString) -> anyhow::Result<()> {
 /// ([`DestDir::gives_final_mode`]: a chmod per file less where the copy
 /// keeps modes); else only the owner has access until then (setting an
 /// attribute on a read-only file is refused).
-fn first_mode(e: &Entry, parent: &DestDir) -> (Mode, bool) {
+///
+/// `within`: the mode of the file it replaces, where the copy keeps no
+/// modes (it ends with that mode): no more open than that meanwhile, to
+/// anyone but its owner.
+fn first_mode(e: &Entry, parent: &DestDir, within: Option<u32>) -> (Mode, bool) {
     let mode_right = e.meta.is_none();
     let final_now = mode_right
         || e.meta
             .as_ref()
             .is_some_and(|m| parent.gives_final_mode(e.mode, m));
-    let mode = Mode::from_raw_mode(if final_now { e.mode & 0o777 } else { 0o600 });
-    (mode, mode_right)
+    let mode = if final_now { e.mode & 0o777 } else { 0o600 };
+    let mode = within.map_or(mode, |w| mode & (w | 0o700));
+    (Mode::from_raw_mode(mode), mode_right)
 }
 
 /// The status of the file open as `fd` if `temp` in `parent` still names
@@ -2207,35 +2261,6 @@ impl PartFile {
                 break;
             }
             left -= n;
-        }
-        Ok(())
-    }
-
-    /// For a copy that does not keep modes (no `-p`, `--perms`): where
-    /// this file replaces a regular file, it gets that file's mode (all
-    /// twelve bits), as rsync's receiver gives an existing file's
-    /// permissions to the file that updates it. (A new file gets the
-    /// source's permission bits under the umask.) In a directory this
-    /// copy made nothing is replaced, and nothing is looked at. Until it
-    /// is in place, the file being received is no more open than the one
-    /// it replaces: the new contents of a file someone closed to others
-    /// are not theirs to read meanwhile (nor in a part `--partial` keeps).
-    pub fn take_the_replaced_mode(&mut self) -> anyhow::Result<()> {
-        if self.parent.made_here {
-            return Ok(());
-        }
-        let Ok(st) = rustix::fs::statat(&self.parent, &self.name, AtFlags::SYMLINK_NOFOLLOW) else {
-            return Ok(());
-        };
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Ok(());
-        }
-        self.replaces_mode = Some(st.st_mode & 0o7777);
-        let own = rustix::fs::fstat(&self.fd)?.st_mode & 0o777;
-        let narrower = own & st.st_mode;
-        if narrower != own {
-            rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(narrower))?;
-            self.made_mode = self.made_mode.map(|_| narrower);
         }
         Ok(())
     }
@@ -3020,7 +3045,7 @@ mod tests {
             meta: None,
         };
         let temp = scratch.path(".rcp-f.part");
-        let open = |leftover| match base.create_file(&e, leftover).unwrap() {
+        let open = |leftover| match base.create_file(&e, leftover, None).unwrap() {
             Opened::Ready(p) => p,
             Opened::Busy => panic!("held by another copy"),
         };
@@ -3093,17 +3118,17 @@ mod tests {
         let temp = scratch.path(".rcp-f.part");
 
         // The old copy writes; the new one, resuming or not, waits.
-        let held = ready(old.create_file(&e, Leftover::Discard).unwrap());
+        let held = ready(old.create_file(&e, Leftover::Discard, None).unwrap());
         rustix::io::pwrite(&held.fd, b"old", 0).unwrap();
-        assert!(busy(new.create_file(&e, Leftover::Resume).unwrap()));
-        assert!(busy(new.create_file(&e, Leftover::Discard).unwrap()));
+        assert!(busy(new.create_file(&e, Leftover::Resume, None).unwrap()));
+        assert!(busy(new.create_file(&e, Leftover::Discard, None).unwrap()));
         assert_eq!(std::fs::read(&temp).unwrap(), b"old", "not truncated");
 
         // The old copy removes its file: the new one gets a file of its own.
         held.discard();
-        let mine = ready(new.create_file(&e, Leftover::Resume).unwrap());
+        let mine = ready(new.create_file(&e, Leftover::Resume, None).unwrap());
         rustix::io::pwrite(&mine.fd, b"new", 0).unwrap();
-        assert!(busy(old.create_file(&e, Leftover::Resume).unwrap()));
+        assert!(busy(old.create_file(&e, Leftover::Resume, None).unwrap()));
         assert_eq!(std::fs::read(&temp).unwrap(), b"new");
 
         // A copy that finishes renames its file while another waits for
@@ -3112,7 +3137,7 @@ mod tests {
         rustix::io::pwrite(&mine.fd, b"new!!", 0).unwrap();
         commit_whole(mine, &e).unwrap();
         assert_eq!(std::fs::read(scratch.path("f")).unwrap(), b"new!!");
-        let after = ready(old.create_file(&e, Leftover::Resume).unwrap());
+        let after = ready(old.create_file(&e, Leftover::Resume, None).unwrap());
         assert_eq!(
             std::fs::read(&temp).unwrap(),
             b"new!!",
@@ -3134,7 +3159,7 @@ mod tests {
         )
         .unwrap();
         for leftover in [Leftover::Discard, Leftover::Resume, Leftover::TakeUp] {
-            let err = old.create_file(&e, leftover).unwrap_err().to_string();
+            let err = old.create_file(&e, leftover, None).unwrap_err().to_string();
             assert!(
                 err.contains("is in the way and not a regular file"),
                 "{err}"

@@ -116,6 +116,39 @@ fn a_destination_ending_in_a_slash_is_a_directory_made_if_missing() {
     let out = modes.run_out("local", vec![], &t.path("src/f"), &t.path("no/such/"));
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert!(!t.path("no").exists());
+    // A file there under that name is not a directory: refused, left.
+    std::fs::write(t.path("plain"), b"a file").unwrap();
+    for mode in EVERY_MODE {
+        let out = modes.run_out(mode, vec![], &t.path("src/f"), &t.path("plain/"));
+        assert!(!out.status.success(), "{mode}");
+        assert_eq!(std::fs::read(t.path("plain")).unwrap(), b"a file", "{mode}");
+    }
+    // A dry run makes nothing, and says what it would send.
+    let out = modes.run_out(
+        "local",
+        ["-n", "-i"].map(OsStr::new).to_vec(),
+        &t.path("src/f"),
+        &t.path("not-yet/"),
+    );
+    ok(&out, "dry run");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(">f+++++++++"));
+    assert!(!t.path("not-yet").exists());
+}
+
+/// `--remove-source-files` refuses a copy into the source itself also
+/// where `--mkpath` would make the way there.
+#[test]
+fn mkpath_into_the_source_itself_is_refused_with_remove_source_files() {
+    let t = Scratch::new("dest-mkpath-onto");
+    write(&t.path("src/f"), b"stays");
+    let modes = Modes::new(&t, &[]);
+    let args = ["-r", "--remove-source-files", "--mkpath"]
+        .map(OsStr::new)
+        .to_vec();
+    let out = modes.run_out("local", args, &t.path("src"), &t.path("src/a/b"));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(std::fs::read(t.path("src/f")).unwrap(), b"stays");
+    assert!(!t.path("src/a").exists());
 }
 
 /// `--mkpath` makes every missing directory of the destination (all of

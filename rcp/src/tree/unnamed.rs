@@ -157,7 +157,7 @@ mod tests {
         let scratch = test_support::Scratch::new("rcp-unnamed-new");
         let base = Base::new(open_root(scratch.dir()).unwrap(), None);
         let e = file("f", 3, 4096);
-        let out = ready(base.create_file(&e, Leftover::Discard).unwrap());
+        let out = ready(base.create_file(&e, Leftover::Discard, None).unwrap());
         assert!(matches!(out.naming, crate::tree::Naming::Unnamed(_)));
         rustix::io::pwrite(&out.fd, b"abc", 0).unwrap();
         assert!(
@@ -184,7 +184,7 @@ mod tests {
         std::fs::hard_link(scratch.path("f"), scratch.path("g")).unwrap();
         let base = Base::new(open_root(scratch.dir()).unwrap(), None);
         let e = file("f", 3, 4096);
-        let out = ready(base.create_file(&e, Leftover::Discard).unwrap());
+        let out = ready(base.create_file(&e, Leftover::Discard, None).unwrap());
         rustix::io::pwrite(&out.fd, b"new", 0).unwrap();
         commit_whole(out, &e).unwrap();
         assert_eq!(names(scratch.dir()), ["f", "g"]);
@@ -200,7 +200,7 @@ mod tests {
         std::fs::write(scratch.path(".rcp-f.part"), b"left by a killed copy").unwrap();
         let base = Base::new(open_root(scratch.dir()).unwrap(), None);
         let e = file("f", 3, 4096);
-        let out = ready(base.create_file(&e, Leftover::Discard).unwrap());
+        let out = ready(base.create_file(&e, Leftover::Discard, None).unwrap());
         rustix::io::pwrite(&out.fd, b"abc", 0).unwrap();
         commit_whole(out, &e).unwrap();
         assert_eq!(names(scratch.dir()), ["f"]);
@@ -208,10 +208,10 @@ mod tests {
         let other = Base::new(open_root(scratch.dir()).unwrap(), None);
         let held = ready(
             other
-                .create_file(&file("f", 5000, 4096), Leftover::Discard)
+                .create_file(&file("f", 5000, 4096), Leftover::Discard, None)
                 .unwrap(),
         );
-        let out = ready(base.create_file(&e, Leftover::Discard).unwrap());
+        let out = ready(base.create_file(&e, Leftover::Discard, None).unwrap());
         rustix::io::pwrite(&out.fd, b"xyz", 0).unwrap();
         commit_whole(out, &e).unwrap();
         assert_eq!(names(scratch.dir()), [".rcp-f.part", "f"]);
@@ -224,7 +224,7 @@ mod tests {
         let scratch = test_support::Scratch::new("rcp-unnamed-discard");
         let base = Base::new(open_root(scratch.dir()).unwrap(), None);
         let out = ready(
-            base.create_file(&file("f", 3, 4096), Leftover::Discard)
+            base.create_file(&file("f", 3, 4096), Leftover::Discard, None)
                 .unwrap(),
         );
         rustix::io::pwrite(&out.fd, b"abc", 0).unwrap();
@@ -239,11 +239,11 @@ mod tests {
         let scratch = test_support::Scratch::new("rcp-unnamed-named");
         let base = Base::new(open_root(scratch.dir()).unwrap(), None);
         let two_chunks = ready(
-            base.create_file(&file("big", 5000, 4096), Leftover::Discard)
+            base.create_file(&file("big", 5000, 4096), Leftover::Discard, None)
                 .unwrap(),
         );
         let resumed = ready(
-            base.create_file(&file("small", 3, 4096), Leftover::Resume)
+            base.create_file(&file("small", 3, 4096), Leftover::Resume, None)
                 .unwrap(),
         );
         assert_eq!(names(scratch.dir()), [".rcp-big.part", ".rcp-small.part"]);
