@@ -386,6 +386,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
             lists_marked: a.delete && (a.files_from.is_some() || a.relative),
             partial: a.partial || a.partial_progress,
             mkpath: a.mkpath,
+            omit_dir_times: a.omit_dir_times,
             preserve_one: crate::proto::PreserveOne::of(a.preserve()),
             chmod: chmod_of(&a)?,
             backup,

@@ -221,6 +221,11 @@ pub struct CopyArgs {
     /// -I.)
     #[arg(long)]
     pub partial: bool,
+    /// Leave directories' modification times as the copy makes them, even
+    /// with -a, -p or -t (as rsync's -O: for file systems that cannot set
+    /// them, or where they do not matter).
+    #[arg(short = 'O', long)]
+    pub omit_dir_times: bool,
     /// Make the destination's missing directories first, as mkdir -p
     /// (without it, only the last name of the destination may be
     /// missing). A destination that ends in / is a directory: made too,

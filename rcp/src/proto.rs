@@ -519,6 +519,9 @@ pub struct Extras {
     /// `--mkpath` (key 12, no value): the receiver makes the missing
     /// directories of the destination's path first (`mkdir -p`).
     pub mkpath: bool,
+    /// `-O` (key 13, no value): the receiver leaves directories'
+    /// modification times as they are.
+    pub omit_dir_times: bool,
     /// `--partial` (key 10, no value): the receiver keeps what arrived of
     /// a file when the copy is cut off, and takes up what an earlier copy
     /// kept when files are answered (digests of it, as with `--resume`).
@@ -564,6 +567,7 @@ impl Extras {
     const PARTIAL: u16 = 10;
     const PRESERVE_ONE: u16 = 11;
     const MKPATH: u16 = 12;
+    const OMIT_DIR_TIMES: u16 = 13;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -606,6 +610,9 @@ impl Extras {
         if self.mkpath {
             items.push((Extras::MKPATH, Vec::new()));
         }
+        if self.omit_dir_times {
+            items.push((Extras::OMIT_DIR_TIMES, Vec::new()));
+        }
         if let Some(one) = self.preserve_one {
             let value = match one {
                 PreserveOne::Modes => 1,
@@ -642,6 +649,7 @@ impl Extras {
                 Extras::LISTS_MARKED if value.is_empty() => extras.lists_marked = true,
                 Extras::PARTIAL if value.is_empty() => extras.partial = true,
                 Extras::MKPATH if value.is_empty() => extras.mkpath = true,
+                Extras::OMIT_DIR_TIMES if value.is_empty() => extras.omit_dir_times = true,
                 Extras::PRESERVE_ONE => {
                     extras.preserve_one = Some(match value.as_slice() {
                         [1] => PreserveOne::Modes,
@@ -670,7 +678,8 @@ impl Extras {
                 | Extras::PRUNE_EMPTY_DIRS
                 | Extras::LISTS_MARKED
                 | Extras::PARTIAL
-                | Extras::MKPATH => {
+                | Extras::MKPATH
+                | Extras::OMIT_DIR_TIMES => {
                     return Err(ProtoError::BadField("extras: a flag with a value"));
                 }
                 _ => {
@@ -1876,6 +1885,7 @@ mod tests {
                     lists_marked: true,
                     partial: true,
                     mkpath: true,
+                    omit_dir_times: true,
                     preserve_one: Some(PreserveOne::Times),
                 }
                 .items(),
@@ -1897,6 +1907,7 @@ mod tests {
             lists_marked: true,
             partial: true,
             mkpath: true,
+            omit_dir_times: true,
             preserve_one: Some(PreserveOne::Modes),
         };
         let one = Extras {

@@ -110,6 +110,8 @@ pub struct RecvOptions {
     /// non-directory must go, is emptied and removed (as with `--delete`;
     /// see `tree/way.rs`).
     pub force: bool,
+    /// `-O`: directories' modification times are left as they are.
+    pub omit_dir_times: bool,
     /// `--partial`: what arrived of a file stays under its temporary name
     /// when the copy is cut off, and a file answered takes up what an
     /// earlier copy kept so (the sender is told its digests, as with
@@ -262,8 +264,9 @@ pub async fn receive(
         opts.max_delete,
         base.take_backups(),
     ));
-    // (`--backup` without `--backup-dir`: rsync's `--omit-dir-times`.)
-    let dir_times = !way.backups().is_some_and(Backups::beside_their_files);
+    // (`-O`; and `--backup` without `--backup-dir` implies it, as
+    // rsync's.)
+    let dir_times = !opts.omit_dir_times && !way.backups().is_some_and(Backups::beside_their_files);
     base.making_way(Arc::clone(&way) as Arc<dyn tree::MakingWay>);
     let base = Arc::new(base);
     let mut files: HashMap<u32, File> = HashMap::new();

@@ -117,8 +117,8 @@ impl Params {
     /// one would refuse it for nothing): `--chmod`, `-m` and a list's
     /// marks in a push (the client walks), `--max-delete`,
     /// `--delete-excluded`, `--force`, the backups, `--link-dest`,
-    /// `--mkpath` and which of modes and times are kept in a pull (the
-    /// client receives).
+    /// `--mkpath`, `-O` and which of modes and times are kept in a pull
+    /// (the client receives).
     /// `--existing` goes both ways: a sender waits for the answers it
     /// makes the receiver give; so does `--partial`, whose answers may be
     /// digests.
@@ -137,6 +137,7 @@ impl Params {
                 (asked.extras.backup, asked.extras.backup_dir) = (None, None);
                 asked.extras.preserve_one = None;
                 asked.extras.mkpath = false;
+                asked.extras.omit_dir_times = false;
                 asked.link_dests = Arc::default();
             }
         }
@@ -313,6 +314,7 @@ impl Params {
             delete_excluded: self.extras.delete_excluded,
             force: self.extras.force,
             partial: self.extras.partial,
+            omit_dir_times: self.extras.omit_dir_times,
         }
     }
 }

@@ -130,6 +130,7 @@ fn each_archive_letter_and_its_no_form_keep_what_rsyncs_keep() {
         ("no-p-then-p", &["-a", "--no-p", "-p", "--no-t"]),
         ("no-owner", &["-a", "--no-o", "--no-g"]),
         ("no-o-then-o", &["-a", "--no-o", "-o"]),
+        ("omit-dir-times", &["-a", "-O"]),
     ];
     for (name, flags) in cases {
         as_rsync(&t, &modes, name, flags, &src, &fresh);
