@@ -39,8 +39,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<Exit> {
         Some(Cmd::Serve(a)) => daemon::serve(a).await,
         Some(Cmd::ServerOnce(a)) => daemon::server_once(a).await,
         None => {
-            let (json, quiet) = (cli.copy.json, cli.copy.quiet);
+            let (json, quiet, stats) = (cli.copy.json, cli.copy.quiet, cli.copy.stats);
             let report = copy(cli.copy).await?;
+            if stats && !json {
+                // (On stdout, as rsync's; a closed stdout fails nothing.)
+                use std::io::Write;
+                let _ = write!(std::io::stdout().lock(), "{}", report::stats_lines(&report));
+            }
             Ok(report::summarize(&report, json, quiet))
         }
     }

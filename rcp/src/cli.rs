@@ -411,6 +411,11 @@ pub struct CopyArgs {
     /// and name2 (-v). Others are refused.
     #[arg(long, value_name = "FLAGS", value_parser = parse_info)]
     pub info: Vec<Info>,
+    /// Print rsync's --stats lines for what rcp counts (regular files,
+    /// those transferred, entries deleted, data bytes sent) on stdout at
+    /// the end. --json has them all.
+    #[arg(long, conflicts_with = "json")]
+    pub stats: bool,
     /// Send whole files: what rcp does anyway (it has no delta transfer;
     /// -c, --resume and --partial still send only the chunks that differ).
     /// Accepted for rsync's -W.

@@ -925,3 +925,43 @@ fn walk_names(dir: &Path) -> Vec<String> {
     }
     out
 }
+
+/// `--stats` says, in rsync's words, how many files a re-sync sent again
+/// and how many entries it deleted: what scripts read of rsync's.
+#[test]
+fn stats_count_the_files_a_resync_sends_and_deletes() {
+    let t = Scratch::new("resync-stats");
+    let src = t.path("src");
+    for i in 0..5 {
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join(format!("f{i}")), format!("file {i}")).unwrap();
+        set_times(&src.join(format!("f{i}")), 1_600_000_000, 0);
+    }
+    let modes = common::modes::Modes::new(&t, &[]);
+    for mode in ["local", "push"] {
+        let into = t.path(mode);
+        std::fs::create_dir(&into).unwrap();
+        let run = || {
+            let args = ["-a", "--delete", "--stats"].map(OsStr::new).to_vec();
+            let out = modes.run_out(mode, args, &src, &into);
+            assert!(out.status.success(), "{mode}");
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let first = run();
+        assert!(
+            first.contains("Number of regular files transferred: 5\n"),
+            "{first}"
+        );
+        std::fs::write(src.join("f1"), "changed").unwrap();
+        std::fs::write(into.join("src/extra"), "not in the source").unwrap();
+        let again = run();
+        for line in [
+            "Number of regular files: 5\n",
+            "Number of regular files transferred: 1\n",
+            "Number of deleted files: 1\n",
+            "Literal data: 7 bytes\n",
+        ] {
+            assert!(again.contains(line), "{mode}: {line:?} in {again}");
+        }
+    }
+}
