@@ -392,6 +392,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
             partial: a.partial || a.partial_progress,
             mkpath: a.mkpath,
             omit_dir_times: a.omit_dir_times,
+            ignore_missing_args: a.ignore_missing_args,
             preserve_one: crate::proto::PreserveOne::of(a.preserve()),
             chmod: chmod_of(&a)?,
             backup,

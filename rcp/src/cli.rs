@@ -221,6 +221,11 @@ pub struct CopyArgs {
     /// -I.)
     #[arg(long)]
     pub partial: bool,
+    /// Pass over a source named (an operand, a --files-from name) that is
+    /// not there, without a word (without it such a source fails alone,
+    /// the rest is copied, and the copy ends with status 1).
+    #[arg(long)]
+    pub ignore_missing_args: bool,
     /// Leave directories' modification times as the copy makes them, even
     /// with -a, -p or -t (as rsync's -O: for file systems that cannot set
     /// them, or where they do not matter).

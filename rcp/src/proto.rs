@@ -519,6 +519,9 @@ pub struct Extras {
     /// `--mkpath` (key 12, no value): the receiver makes the missing
     /// directories of the destination's path first (`mkdir -p`).
     pub mkpath: bool,
+    /// `--ignore-missing-args` (key 14, no value), in a pull: the
+    /// sender passes over a source named that is not there.
+    pub ignore_missing_args: bool,
     /// `-O` (key 13, no value): the receiver leaves directories'
     /// modification times as they are.
     pub omit_dir_times: bool,
@@ -568,6 +571,7 @@ impl Extras {
     const PRESERVE_ONE: u16 = 11;
     const MKPATH: u16 = 12;
     const OMIT_DIR_TIMES: u16 = 13;
+    const IGNORE_MISSING_ARGS: u16 = 14;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -613,6 +617,9 @@ impl Extras {
         if self.omit_dir_times {
             items.push((Extras::OMIT_DIR_TIMES, Vec::new()));
         }
+        if self.ignore_missing_args {
+            items.push((Extras::IGNORE_MISSING_ARGS, Vec::new()));
+        }
         if let Some(one) = self.preserve_one {
             let value = match one {
                 PreserveOne::Modes => 1,
@@ -650,6 +657,9 @@ impl Extras {
                 Extras::PARTIAL if value.is_empty() => extras.partial = true,
                 Extras::MKPATH if value.is_empty() => extras.mkpath = true,
                 Extras::OMIT_DIR_TIMES if value.is_empty() => extras.omit_dir_times = true,
+                Extras::IGNORE_MISSING_ARGS if value.is_empty() => {
+                    extras.ignore_missing_args = true;
+                }
                 Extras::PRESERVE_ONE => {
                     extras.preserve_one = Some(match value.as_slice() {
                         [1] => PreserveOne::Modes,
@@ -679,7 +689,8 @@ impl Extras {
                 | Extras::LISTS_MARKED
                 | Extras::PARTIAL
                 | Extras::MKPATH
-                | Extras::OMIT_DIR_TIMES => {
+                | Extras::OMIT_DIR_TIMES
+                | Extras::IGNORE_MISSING_ARGS => {
                     return Err(ProtoError::BadField("extras: a flag with a value"));
                 }
                 _ => {
@@ -1886,6 +1897,7 @@ mod tests {
                     partial: true,
                     mkpath: true,
                     omit_dir_times: true,
+                    ignore_missing_args: true,
                     preserve_one: Some(PreserveOne::Times),
                 }
                 .items(),
@@ -1908,6 +1920,7 @@ mod tests {
             partial: true,
             mkpath: true,
             omit_dir_times: true,
+            ignore_missing_args: true,
             preserve_one: Some(PreserveOne::Modes),
         };
         let one = Extras {

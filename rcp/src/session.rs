@@ -128,6 +128,7 @@ impl Params {
             Side::Receiver => {
                 asked.extras.chmod = None;
                 asked.extras.prune_empty_dirs = false;
+                asked.extras.ignore_missing_args = false;
                 asked.extras.lists_marked = false;
             }
             Side::Sender => {
@@ -916,6 +917,7 @@ fn start_walk(local: Sources, params: &Params) -> anyhow::Result<send::Walk> {
             one_file_system: params.one_file_system,
             symlinks: params.symlinks,
             prune_empty_dirs: params.extras.prune_empty_dirs,
+            ignore_missing_args: params.extras.ignore_missing_args,
         },
         params.walk_helper,
     );

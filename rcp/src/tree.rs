@@ -257,6 +257,8 @@ pub struct Scope {
     pub symlinks: Symlinks,
     /// `-m` ([`Walker::prune_empty_dirs`]).
     pub prune_empty_dirs: bool,
+    /// `--ignore-missing-args` ([`Walker::ignore_missing_args`]).
+    pub ignore_missing_args: bool,
 }
 
 /// A walked file, by its directory and name: opened when its data is
@@ -382,6 +384,8 @@ pub struct Walker {
     next_index: u32,
     /// `-m`: see [`Walker::prune_empty_dirs`].
     prune: bool,
+    /// See [`Walker::ignore_missing_args`].
+    ignore_missing: bool,
     /// See [`Walker::follow_listed_dirlinks`].
     follow_listed_dirlinks: bool,
     /// With `-m`, the directories walked into and not yet sent, outermost
@@ -470,6 +474,7 @@ impl Walker {
             filter,
             next_index: 0,
             prune: false,
+            ignore_missing: false,
             follow_listed_dirlinks: false,
             waiting_dirs: Vec::new(),
             first_names: Default::default(),
@@ -510,6 +515,30 @@ impl Walker {
     /// destination directory itself is the receiver's.
     pub fn prune_empty_dirs(&mut self, on: bool) {
         self.prune = on;
+    }
+
+    /// A source the user named (an operand, a name in a `--files-from`
+    /// list or of `-R`) that is not there fails alone, as rsync's (the
+    /// others are copied; the copy ends with status 1 and `--delete`
+    /// deletes nothing); with `--ignore-missing-args` (`on`) it is passed
+    /// over without a word, as rsync's.
+    pub fn ignore_missing_args(&mut self, on: bool) {
+        self.ignore_missing = on;
+    }
+
+    /// A source the user named could not be looked at (`e`): what
+    /// [`Walker::ignore_missing_args`] says is done with it.
+    fn named_but_missing(
+        &mut self,
+        path: &[u8],
+        e: rustix::io::Errno,
+        emit: &mut dyn FnMut(Item) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        if self.ignore_missing && e == rustix::io::Errno::NOENT {
+            return Ok(());
+        }
+        let why = format!("cannot look at it: {e}");
+        self.put(emit, Item::unsent(path.to_vec(), why))
     }
 
     /// `--files-from`, `-R` in a user's own copy: a symlink to a
@@ -642,8 +671,11 @@ impl Walker {
     ) -> anyhow::Result<()> {
         let shown = || String::from_utf8_lossy(name).into_owned();
         self.under_top = true;
-        let stat = rustix::fs::statat(parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .with_context(|| format!("cannot stat {}", shown()))?;
+        let stat =
+            match rustix::fs::statat(parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => stat,
+                Err(e) => return self.named_but_missing(top, e, emit),
+            };
         let parent = Arc::new(rustix::io::dup(parent)?);
         let how = Visit {
             depth: Depth::All,
@@ -746,8 +778,14 @@ impl Walker {
                 shown()
             )
         })?);
-        let stat = rustix::fs::statat(&*parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .with_context(|| format!("cannot stat {} (named by --files-from or -R)", shown()))?;
+        let stat =
+            match rustix::fs::statat(&*parent, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => stat,
+                Err(e) => {
+                    self.named_but_missing(path, e, emit)?;
+                    return Ok(false);
+                }
+            };
         self.visit(
             &parent,
             &cstr(name)?,

@@ -293,6 +293,7 @@ impl Walk {
         walk.one_file_system(scope.one_file_system);
         walk.symlinks(scope.symlinks);
         walk.prune_empty_dirs(scope.prune_empty_dirs);
+        walk.ignore_missing_args(scope.ignore_missing_args);
         walk.with_helper(helper);
         let (walked_with_data, room) = (Arc::clone(&with_data), Arc::clone(&shared));
         let thread = tokio::task::spawn_blocking(move || {
