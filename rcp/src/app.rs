@@ -393,6 +393,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
             mkpath: a.mkpath,
             omit_dir_times: a.omit_dir_times,
             ignore_missing_args: a.ignore_missing_args,
+            copy_dirlinks: a.copy_dirlinks,
             preserve_one: crate::proto::PreserveOne::of(a.preserve()),
             chmod: chmod_of(&a)?,
             backup,

@@ -221,6 +221,11 @@ pub struct CopyArgs {
     /// -I.)
     #[arg(long)]
     pub partial: bool,
+    /// Copy a symlink to a directory as that directory, under the
+    /// symlink's name (as rsync's -k; -L follows every symlink). Not from
+    /// rcp serve, which follows no symlink.
+    #[arg(short = 'k', long)]
+    pub copy_dirlinks: bool,
     /// Pass over a source named (an operand, a --files-from name) that is
     /// not there, without a word (without it such a source fails alone,
     /// the rest is copied, and the copy ends with status 1).

@@ -522,6 +522,9 @@ pub struct Extras {
     /// `--ignore-missing-args` (key 14, no value), in a pull: the
     /// sender passes over a source named that is not there.
     pub ignore_missing_args: bool,
+    /// `-k` (key 15, no value), in a pull: the sender walks a symlink to a
+    /// directory as that directory (a daemon refuses it).
+    pub copy_dirlinks: bool,
     /// `-O` (key 13, no value): the receiver leaves directories'
     /// modification times as they are.
     pub omit_dir_times: bool,
@@ -572,6 +575,7 @@ impl Extras {
     const MKPATH: u16 = 12;
     const OMIT_DIR_TIMES: u16 = 13;
     const IGNORE_MISSING_ARGS: u16 = 14;
+    const COPY_DIRLINKS: u16 = 15;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -620,6 +624,9 @@ impl Extras {
         if self.ignore_missing_args {
             items.push((Extras::IGNORE_MISSING_ARGS, Vec::new()));
         }
+        if self.copy_dirlinks {
+            items.push((Extras::COPY_DIRLINKS, Vec::new()));
+        }
         if let Some(one) = self.preserve_one {
             let value = match one {
                 PreserveOne::Modes => 1,
@@ -660,6 +667,7 @@ impl Extras {
                 Extras::IGNORE_MISSING_ARGS if value.is_empty() => {
                     extras.ignore_missing_args = true;
                 }
+                Extras::COPY_DIRLINKS if value.is_empty() => extras.copy_dirlinks = true,
                 Extras::PRESERVE_ONE => {
                     extras.preserve_one = Some(match value.as_slice() {
                         [1] => PreserveOne::Modes,
@@ -690,7 +698,8 @@ impl Extras {
                 | Extras::PARTIAL
                 | Extras::MKPATH
                 | Extras::OMIT_DIR_TIMES
-                | Extras::IGNORE_MISSING_ARGS => {
+                | Extras::IGNORE_MISSING_ARGS
+                | Extras::COPY_DIRLINKS => {
                     return Err(ProtoError::BadField("extras: a flag with a value"));
                 }
                 _ => {
@@ -1898,6 +1907,7 @@ mod tests {
                     mkpath: true,
                     omit_dir_times: true,
                     ignore_missing_args: true,
+                    copy_dirlinks: true,
                     preserve_one: Some(PreserveOne::Times),
                 }
                 .items(),
@@ -1921,6 +1931,7 @@ mod tests {
             mkpath: true,
             omit_dir_times: true,
             ignore_missing_args: true,
+            copy_dirlinks: true,
             preserve_one: Some(PreserveOne::Modes),
         };
         let one = Extras {

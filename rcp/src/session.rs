@@ -129,6 +129,7 @@ impl Params {
                 asked.extras.chmod = None;
                 asked.extras.prune_empty_dirs = false;
                 asked.extras.ignore_missing_args = false;
+                asked.extras.copy_dirlinks = false;
                 asked.extras.lists_marked = false;
             }
             Side::Sender => {
@@ -918,6 +919,7 @@ fn start_walk(local: Sources, params: &Params) -> anyhow::Result<send::Walk> {
             symlinks: params.symlinks,
             prune_empty_dirs: params.extras.prune_empty_dirs,
             ignore_missing_args: params.extras.ignore_missing_args,
+            copy_dirlinks: params.extras.copy_dirlinks,
         },
         params.walk_helper,
     );
@@ -1239,11 +1241,12 @@ async fn server_session(links: &mut Vec<Link>, config: &ServeConfig) -> anyhow::
             // A symlink followed could lead anywhere: a daemon keeps to
             // its roots. (A remote shell's server is the user's own.)
             if !config.own_files
-                && matches!(params.symlinks, Symlinks::Follow | Symlinks::FollowUnsafe)
+                && (matches!(params.symlinks, Symlinks::Follow | Symlinks::FollowUnsafe)
+                    || params.extras.copy_dirlinks)
             {
                 bail!(
-                    "rcp serve follows no symlinks (-L, --copy-unsafe-links): one could lead \
-                     outside its roots"
+                    "rcp serve follows no symlinks (-L, --copy-unsafe-links, -k): one could \
+                     lead outside its roots"
                 );
             }
             // (A daemon serves its files; it does not give them away.)

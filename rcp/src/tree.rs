@@ -259,6 +259,8 @@ pub struct Scope {
     pub prune_empty_dirs: bool,
     /// `--ignore-missing-args` ([`Walker::ignore_missing_args`]).
     pub ignore_missing_args: bool,
+    /// `-k` ([`Walker::copy_dirlinks`]).
+    pub copy_dirlinks: bool,
 }
 
 /// A walked file, by its directory and name: opened when its data is
@@ -386,6 +388,8 @@ pub struct Walker {
     prune: bool,
     /// See [`Walker::ignore_missing_args`].
     ignore_missing: bool,
+    /// See [`Walker::copy_dirlinks`].
+    copy_dirlinks: bool,
     /// See [`Walker::follow_listed_dirlinks`].
     follow_listed_dirlinks: bool,
     /// With `-m`, the directories walked into and not yet sent, outermost
@@ -475,6 +479,7 @@ impl Walker {
             next_index: 0,
             prune: false,
             ignore_missing: false,
+            copy_dirlinks: false,
             follow_listed_dirlinks: false,
             waiting_dirs: Vec::new(),
             first_names: Default::default(),
@@ -539,6 +544,15 @@ impl Walker {
         }
         let why = format!("cannot look at it: {e}");
         self.put(emit, Item::unsent(path.to_vec(), why))
+    }
+
+    /// `-k` (rsync's `--copy-dirlinks`): a symlink to a directory is
+    /// walked as that directory, under the symlink's name, as `-L` does
+    /// (a loop, a symlink to a directory it is in, fails alone); other
+    /// symlinks stay symlinks. Only in a user's own walk: a server's
+    /// follows no symlink.
+    pub fn copy_dirlinks(&mut self, on: bool) {
+        self.copy_dirlinks = on;
     }
 
     /// `--files-from`, `-R` in a user's own copy: a symlink to a
@@ -832,7 +846,7 @@ impl Walker {
         let is_symlink = FileType::from_raw_mode(stat.st_mode) == FileType::Symlink;
         // (A symlink to a directory above a listed name: what it leads to,
         // looked at once.)
-        let through = (is_symlink && how.through_dirlink)
+        let through = (is_symlink && (how.through_dirlink || self.copy_dirlinks))
             .then(|| rustix::fs::statat(&**parent, cname, AtFlags::empty()).ok())
             .flatten()
             .filter(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory);

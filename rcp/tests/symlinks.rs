@@ -114,7 +114,10 @@ fn symlink_choices_copy_what_rsync_copies_in_every_mode() {
     let t = Scratch::new("rcp-symlinks");
     let src = tree(t.dir(), true);
     let (rsh, path) = fake_rsh(&t);
-    let choices: [&[&str]; 4] = [
+    let choices: [&[&str]; 5] = [
+        // (A symlink to a directory, inside the tree or out, walked as
+        // that directory; the others stay symlinks.)
+        &["-k"],
         &["--copy-unsafe-links"],
         &["--safe-links"],
         &["--copy-unsafe-links", "--safe-links"],
@@ -272,7 +275,7 @@ fn a_daemon_follows_no_symlink_out_of_its_roots() {
     let key = secret(&t, "s");
     let daemon = Daemon::start(&[t.dir()], &key);
     std::fs::create_dir(t.path("pulled")).unwrap();
-    for flag in ["-L", "--copy-unsafe-links"] {
+    for flag in ["-L", "--copy-unsafe-links", "-k"] {
         let out = rcp(
             &[
                 "-r",

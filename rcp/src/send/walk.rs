@@ -294,6 +294,7 @@ impl Walk {
         walk.symlinks(scope.symlinks);
         walk.prune_empty_dirs(scope.prune_empty_dirs);
         walk.ignore_missing_args(scope.ignore_missing_args);
+        walk.copy_dirlinks(scope.copy_dirlinks);
         walk.with_helper(helper);
         let (walked_with_data, room) = (Arc::clone(&with_data), Arc::clone(&shared));
         let thread = tokio::task::spawn_blocking(move || {
