@@ -158,7 +158,7 @@ mod tests {
         let base = Base::new(open_root(scratch.dir()).unwrap(), None);
         let e = file("f", 3, 4096);
         let out = ready(base.create_file(&e, Leftover::Discard, None).unwrap());
-        assert!(matches!(out.naming, crate::tree::Naming::Unnamed(_)));
+        assert!(matches!(out.naming, crate::tree::part::Naming::Unnamed(_)));
         rustix::io::pwrite(&out.fd, b"abc", 0).unwrap();
         assert!(
             names(scratch.dir()).is_empty(),
