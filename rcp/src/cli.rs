@@ -719,6 +719,21 @@ pub fn parse_args(
     if args.len() == 2 && args[1] == "-h" {
         args[1] = "--help".into();
     }
+    // (A flag given again is taken, the last counting; a map of owners
+    // given twice is refused, as rsync's: the first would go unsaid.)
+    for map in ["--usermap", "--groupmap", "--chown"] {
+        let given = args
+            .iter()
+            .filter(|a| {
+                let a = a.as_encoded_bytes();
+                a == map.as_bytes() || a.starts_with(format!("{map}=").as_bytes())
+            })
+            .count();
+        if given > 1 {
+            let msg = format!("{map} may be given once");
+            return Err(Cli::command().error(clap::error::ErrorKind::ArgumentConflict, msg));
+        }
+    }
     let matches = Cli::command().try_get_matches_from(args)?;
     let mut cli = Cli::from_arg_matches(&matches)?;
     let c = &mut cli.copy;
@@ -925,6 +940,11 @@ mod tests {
         let a = copy_args(&["-vW", "-S", "--info=name0"]).unwrap();
         assert!(a.whole_file && a.sparse && !a.verbose());
         assert!(copy_args(&["--info=progress2,name1"]).unwrap().verbose());
+        let err = copy_args(&["--usermap", "0:1", "--usermap=2:3"]).unwrap_err();
+        assert!(
+            err.to_string().contains("--usermap may be given once"),
+            "{err}"
+        );
         let err = copy_args(&["--info=stats2"]).unwrap_err().to_string();
         assert!(err.contains("progress0/1/2 and name0/1/2"), "{err}");
     }

@@ -53,6 +53,10 @@ pub struct Report {
     pub nodes: Vec<NodeResult>,
     /// A broadcast's: the nodes of each round's chain, in chain order.
     pub rounds: Vec<Vec<String>>,
+    /// This side received the data (a pull): `stats.bytes` came in.
+    pub received: bool,
+    /// `-n`: nothing was sent, and every file was answered as if there.
+    pub dry_run: bool,
 }
 
 impl Report {
@@ -70,6 +74,8 @@ impl Report {
             failed: Vec::new(),
             nodes: Vec::new(),
             rounds: Vec::new(),
+            received: false,
+            dry_run: false,
         }
     }
 }
@@ -364,25 +370,37 @@ fn broadcast_line(r: &Report) -> String {
 }
 
 /// rsync's `--stats` lines, as far as rcp counts what they say (rsync's
-/// others, the total size and the file list's, are left out rather than
-/// made up). **Sans I/O.**
+/// others, the total size, the entries of each kind and the file list's,
+/// are left out rather than made up; `Number of regular files` is rcp's
+/// own, rsync's `reg:` count). **Sans I/O.**
 pub fn stats_lines(r: &Report) -> String {
     let s = &r.stats;
-    let rate = rate(r);
+    // (A dry run answers every file as there: what it would send is
+    // named by -i, not counted.)
+    let transferred = match r.dry_run {
+        true => String::new(),
+        false => format!(
+            "Number of regular files transferred: {}\n",
+            commas(s.files.saturating_sub(s.skipped))
+        ),
+    };
+    // (Data bytes only: rcp does not count its messages.)
+    let (sent, received) = match r.received {
+        true => (0, s.bytes),
+        false => (s.bytes, 0),
+    };
     format!(
         "\nNumber of regular files: {}\n\
-         Number of regular files transferred: {}\n\
+         {transferred}\
          Number of deleted files: {}\n\
-         Literal data: {} bytes\n\
-         Total transfer time: {:.3} seconds\n\n\
-         sent {} bytes  {} bytes/sec\n",
+         Literal data: {} bytes\n\n\
+         sent {} bytes  received {} bytes  {:.2} bytes/sec\n",
         commas(s.files),
-        commas(s.files.saturating_sub(s.skipped)),
         commas(s.deleted),
         commas(s.bytes),
-        r.seconds,
-        commas(s.bytes),
-        commas(rate.round() as u64),
+        commas(sent),
+        commas(received),
+        rate(r),
     )
 }
 
@@ -513,6 +531,8 @@ mod tests {
             failed,
             nodes: Vec::new(),
             rounds: Vec::new(),
+            received: false,
+            dry_run: false,
         }
     }
 
@@ -532,10 +552,19 @@ mod tests {
             "Number of regular files transferred: 24\n",
             "Number of deleted files: 3\n",
             "Literal data: 18,874,368 bytes\n",
-            "sent 18,874,368 bytes  9,437,184 bytes/sec\n",
+            "sent 18,874,368 bytes  received 0 bytes  9437184.00 bytes/sec\n",
         ] {
             assert!(lines.contains(line), "{line:?} in {lines}");
         }
+        // A pull received the data; a dry run counts no transfers.
+        r.received = true;
+        r.dry_run = true;
+        let lines = stats_lines(&r);
+        assert!(
+            lines.contains("sent 0 bytes  received 18,874,368 bytes"),
+            "{lines}"
+        );
+        assert!(!lines.contains("transferred"), "{lines}");
         assert_eq!(commas(0), "0");
         assert_eq!(commas(999), "999");
         assert_eq!(commas(1_000), "1,000");

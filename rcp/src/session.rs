@@ -428,6 +428,7 @@ pub async fn client(
     let protection = first.protection();
     let mut links = vec![first];
     let (io_engine, algorithm) = (params.io_engine, params.verify.then_some(params.digest));
+    let (received, dry_run) = (matches!(request, Request::Pull { .. }), params.dry_run);
     let result = client_session(target, &mut links, secret, request, params, progress, early).await;
     if result.is_err() {
         streams::abort_all(&links, "client gave up");
@@ -452,6 +453,8 @@ pub async fn client(
         failed: outcome.failed,
         nodes,
         rounds: Vec::new(),
+        received,
+        dry_run,
     })
 }
 
@@ -931,16 +934,37 @@ fn start_walk(local: Sources, params: &Params) -> anyhow::Result<send::Walk> {
 
 /// Local source operands.
 pub fn local_sources(paths: &[PathBuf]) -> anyhow::Result<Vec<Source>> {
+    let parent_of = |p: &Path| match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
     paths
         .iter()
         .map(|p| {
-            let parent = match p.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d,
-                _ => Path::new("."),
-            };
+            let parent = parent_of(p);
             let name = tree::file_name(p)?;
+            let opened = match tree::open_root(&parent) {
+                Ok(opened) => opened,
+                // (A directory on the way that is not there: the deepest
+                // one that is, and the first name missing in it.)
+                Err(e) if is_missing(&e) => {
+                    let mut missing = parent;
+                    loop {
+                        let up = parent_of(&missing);
+                        match tree::open_root(&up) {
+                            Ok(deepest) => {
+                                let gone = tree::file_name(&missing)?;
+                                return Ok(missing_on_the_way(deepest, &gone, &name));
+                            }
+                            Err(e) if is_missing(&e) && up != missing => missing = up,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            };
             Ok(Source {
-                parent: tree::open_root(parent)?,
+                parent: opened,
                 top: name.clone(),
                 name,
                 disk: Some(p.as_os_str().as_encoded_bytes().to_vec()),
@@ -993,6 +1017,12 @@ pub fn local_base(dest: &Path, sources: usize, make: bool, how: Making) -> anyho
             ""
         };
         bail!("{} is not a directory{why}", dest.display());
+    }
+    if not_made && sources > 1 {
+        bail!(
+            "{} is not there yet, and a dry run makes nothing: several sources need it",
+            dest.display()
+        );
     }
     if sources > 1 {
         bail!(
@@ -1418,10 +1448,11 @@ fn confined_base(
         return Ok(Base::new(tree::open_dir_beneath(&parent, &[last])?, None));
     }
     if sources > 1 {
-        bail!(
-            "{} is not a directory; several sources need one",
-            path.display()
-        );
+        let why = match how.dry_run && tree::names_a_directory(dest) {
+            true => "is not there yet, and a dry run makes nothing: several sources need it",
+            false => "is not a directory; several sources need one",
+        };
+        bail!("{} {why}", path.display());
     }
     let (last, dirs) = parts
         .split_last()
@@ -1448,12 +1479,43 @@ fn confined_source(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<Source> {
     let (last, dirs) = parts
         .split_last()
         .with_context(|| format!("{} names a root, not something in it", path.display()))?;
+    // (A directory on the way that is not there: see `missing_on_the_way`.)
+    let mut parent = root;
+    for dir in dirs {
+        match tree::open_dir_beneath(&parent, &[dir]) {
+            Ok(next) => parent = next,
+            Err(e) if is_missing(&e) => return Ok(missing_on_the_way(parent, dir, last)),
+            Err(e) => return Err(e),
+        }
+    }
     Ok(Source {
-        parent: tree::open_dir_beneath(&root, dirs)?,
+        parent,
         name: last.to_vec(),
         top: last.to_vec(),
         disk: None,
     })
+}
+
+/// Whether `e` says a name is not there.
+fn is_missing(e: &anyhow::Error) -> bool {
+    e.root_cause().downcast_ref::<rustix::io::Errno>() == Some(&rustix::io::Errno::NOENT)
+        || e.root_cause()
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// An operand one of whose directories, `missing` in `deepest`, is not
+/// there (`gone/x`): a source whose walk finds nothing under that name,
+/// so that it fails alone (or, with `--ignore-missing-args`, is passed
+/// over) as an operand that is not there does
+/// ([`tree::Walker::ignore_missing_args`]), rather than end the copy.
+fn missing_on_the_way(deepest: OwnedFd, missing: &[u8], top: &[u8]) -> Source {
+    Source {
+        parent: deepest,
+        name: missing.to_vec(),
+        top: top.to_vec(),
+        disk: None,
+    }
 }
 
 #[cfg(test)]

@@ -534,6 +534,41 @@ impl Walker {
         self.ignore_missing = on;
     }
 
+    /// Whether listed `name` is there to walk: `NOENT` where it, or a
+    /// directory on its way, is not, and `NOTDIR` where something on its
+    /// way is not a directory (in a user's own walk: a server's, which
+    /// follows no symlink, says so of a symlink too, and its walk tells
+    /// why). Anything else is left to the walk to say.
+    fn look_listed(&self, base: &OwnedFd, name: &[u8]) -> Result<(), rustix::io::Errno> {
+        let follow = self.follow_listed_dirlinks;
+        let Ok(parts) = relative(name) else {
+            return Ok(());
+        };
+        let Some((last, dirs)) = parts.split_last() else {
+            return Ok(());
+        };
+        let said = |e: &rustix::io::Errno| {
+            *e == rustix::io::Errno::NOENT || (follow && *e == rustix::io::Errno::NOTDIR)
+        };
+        let missing = |e: &anyhow::Error| {
+            e.root_cause()
+                .downcast_ref::<rustix::io::Errno>()
+                .copied()
+                .filter(said)
+        };
+        let parent = match open_dirs(base, dirs, follow) {
+            Ok(parent) => parent,
+            Err(e) => return missing(&e).map_or(Ok(()), Err),
+        };
+        let Ok(last) = cstr(last) else {
+            return Ok(());
+        };
+        match rustix::fs::statat(&parent, last.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Err(e) if said(&e) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// A source the user named could not be looked at (`e`): what
     /// [`Walker::ignore_missing_args`] says is done with it.
     fn named_but_missing(
@@ -736,6 +771,13 @@ impl Walker {
             let contents = listed.ends_with(b"/");
             let name = listed::bare(listed);
             if walked.is_some_and(|dir| listed::beneath(name, dir)) || made.contains(name) {
+                continue;
+            }
+            // (A name not there, or beneath something that is not a
+            // directory, fails alone before the directories it implies
+            // are made, as rsync's.)
+            if let Err(e) = self.look_listed(base, name) {
+                self.named_but_missing(name, e, emit)?;
                 continue;
             }
             for dir in listed::implied_dirs(name) {

@@ -27,20 +27,26 @@ fn a_missing_source_fails_alone_and_ignore_missing_args_passes_it_over() {
     let t = Scratch::new("missing-sources");
     write(&t.path("src/tree/f"), b"there");
     let (missing, there) = (t.path("src/gone"), t.path("src/tree"));
+    // (One whose directory is not there either.)
+    let below = t.path("src/nodir/x");
     let modes = Modes::new(&t, &[]);
     // What a destination holds from before, which --delete would remove.
     let before = |into: &Path| write(&into.join("tree/extra"), b"from before");
     // (rsync without --delete: what rcp's copy that failed leaves.)
     let oracle = t.path("rsync");
     before(&oracle);
-    let out = rsync_sources_out(&["-a"].map(OsStr::new), &[&missing, &there], &oracle);
+    let out = rsync_sources_out(
+        &["-a"].map(OsStr::new),
+        &[&missing, &below, &there],
+        &oracle,
+    );
     assert_eq!(out.status.code(), Some(23), "rsync: {out:?}");
     for mode in EVERY_MODE {
         let tag = mode.replace(' ', "-");
         let into = t.path(&format!("named-{tag}"));
         before(&into);
         let args = ["-a", "--delete"].map(OsStr::new).to_vec();
-        let out = modes.run_sources_out(mode, args, &[&missing, &there], &into);
+        let out = modes.run_sources_out(mode, args, &[&missing, &below, &there], &into);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{mode}: {err}");
         assert!(
@@ -54,7 +60,7 @@ fn a_missing_source_fails_alone_and_ignore_missing_args_passes_it_over() {
         let into = t.path(&format!("ignored-{tag}"));
         std::fs::create_dir(&into).unwrap();
         let args = ["-a", "--ignore-missing-args"].map(OsStr::new).to_vec();
-        let out = modes.run_sources_out(mode, args, &[&missing, &there], &into);
+        let out = modes.run_sources_out(mode, args, &[&missing, &below, &there], &into);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{mode}: {err}");
         assert!(!err.contains("gone"), "{mode}: {err}");
@@ -67,7 +73,7 @@ fn a_missing_source_fails_alone_and_ignore_missing_args_passes_it_over() {
 fn a_missing_listed_name_fails_alone() {
     let t = Scratch::new("missing-listed");
     write(&t.path("src/a"), b"listed and there");
-    std::fs::write(t.path("list"), "a\ngone\n").unwrap();
+    std::fs::write(t.path("list"), "a\ngone\nnodir/x\n").unwrap();
     let modes = Modes::new(&t, &[]);
     let list = t.path("list");
     for (ignore, status) in [(false, 1), (true, 0)] {
@@ -80,5 +86,7 @@ fn a_missing_listed_name_fails_alone() {
         let out = modes.run_out("local", args, &t.path("src"), &into);
         assert_eq!(out.status.code(), Some(status), "{out:?}");
         assert_eq!(std::fs::read(into.join("a")).unwrap(), b"listed and there");
+        // (What a name not there implies is not made either.)
+        assert!(!into.join("nodir").exists(), "{ignore}");
     }
 }

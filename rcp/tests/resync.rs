@@ -938,7 +938,7 @@ fn stats_count_the_files_a_resync_sends_and_deletes() {
         set_times(&src.join(format!("f{i}")), 1_600_000_000, 0);
     }
     let modes = common::modes::Modes::new(&t, &[]);
-    for mode in ["local", "push"] {
+    for mode in ["local", "push", "pull"] {
         let into = t.path(mode);
         std::fs::create_dir(&into).unwrap();
         let run = || {
@@ -963,5 +963,11 @@ fn stats_count_the_files_a_resync_sends_and_deletes() {
         ] {
             assert!(again.contains(line), "{mode}: {line:?} in {again}");
         }
+        // (A pull received the data.)
+        let line = match mode {
+            "pull" => "sent 0 bytes  received 7 bytes",
+            _ => "sent 7 bytes  received 0 bytes",
+        };
+        assert!(again.contains(line), "{mode}: {line:?} in {again}");
     }
 }
