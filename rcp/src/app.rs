@@ -7,7 +7,7 @@
 //! destination: [`crate::broadcast`]), then runs it.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -571,15 +571,26 @@ fn onto_itself(sources: &[Landing], dest: &Path) -> Result<(), PlanError> {
 }
 
 /// `path` with symlinks resolved as far as it is there, and the names
-/// after that as given (`None` where one of them is `..`).
+/// after that as given: those are made (by the copy, or `--mkpath`), so
+/// no symlink is among them and a `..` there is the name before it.
 fn resolved(path: &Path) -> Option<PathBuf> {
     let mut missing = Vec::new();
     let mut at = path;
     loop {
         if let Ok(real) = at.canonicalize() {
-            return Some(missing.into_iter().rev().fold(real, |p, name| p.join(name)));
+            let mut out = real;
+            for name in missing.into_iter().rev() {
+                match name {
+                    Component::ParentDir => {
+                        out.pop();
+                    }
+                    Component::CurDir => {}
+                    name => out.push(name),
+                }
+            }
+            return Some(out);
         }
-        missing.push(at.file_name()?);
+        missing.push(at.components().next_back()?);
         at = match at.parent()? {
             p if p.as_os_str().is_empty() => Path::new("."),
             p => p,

@@ -145,10 +145,13 @@ fn mkpath_into_the_source_itself_is_refused_with_remove_source_files() {
     let args = ["-r", "--remove-source-files", "--mkpath"]
         .map(OsStr::new)
         .to_vec();
-    let out = modes.run_out("local", args, &t.path("src"), &t.path("src/a/b"));
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert_eq!(std::fs::read(t.path("src/f")).unwrap(), b"stays");
-    assert!(!t.path("src/a").exists());
+    // (Also where a `..` among the names to make leads back into it.)
+    for dest in ["src/a/b", "elsewhere/new/../../src/c"] {
+        let out = modes.run_out("local", args.clone(), &t.path("src"), &t.path(dest));
+        assert_eq!(out.status.code(), Some(2), "{dest}: {out:?}");
+        assert_eq!(std::fs::read(t.path("src/f")).unwrap(), b"stays");
+        assert!(!t.path("src/a").exists() && !t.path("src/c").exists());
+    }
 }
 
 /// `--mkpath` makes every missing directory of the destination (all of
