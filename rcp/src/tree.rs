@@ -2551,6 +2551,23 @@ mod tests {
         assert!(!Arc::ptr_eq(&first, &place(1)), "opened again");
     }
 
+    /// A file of `size` bytes (5 to 8) named `name`, in chunks of 4: two
+    /// of them (a file of one is made unnamed, see unnamed.rs).
+    fn file_of_two_chunks(name: &str, size: u64) -> Entry {
+        Entry {
+            index: 0,
+            kind: EntryKind::File,
+            mode: 0o644,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            size,
+            path: name.as_bytes().to_vec(),
+            target: Vec::new(),
+            chunk: 4,
+            meta: None,
+        }
+    }
+
     /// What an earlier copy left under the temporary name: `--partial`
     /// keeps it when it holds something, and says so; otherwise, and
     /// without `--partial` or `--resume`, the file starts empty.
@@ -2558,19 +2575,7 @@ mod tests {
     fn a_leftover_is_taken_up_only_with_something_in_it() {
         let scratch = test_support::Scratch::new("rcp-take-up");
         let base = Base::new(open_root(scratch.dir()).unwrap(), None);
-        let e = Entry {
-            index: 0,
-            kind: EntryKind::File,
-            mode: 0o644,
-            mtime_sec: 0,
-            mtime_nsec: 0,
-            size: 8,
-            path: b"f".to_vec(),
-            target: Vec::new(),
-            // (Two chunks: a file of one is made unnamed, see unnamed.rs.)
-            chunk: 4,
-            meta: None,
-        };
+        let e = file_of_two_chunks("f", 8);
         let temp = scratch.path(".rcp-f.part");
         let open = |leftover| match base.create_file(&e, leftover, None).unwrap() {
             Opened::Ready(p) => p,
@@ -2624,19 +2629,7 @@ mod tests {
         let scratch = test_support::Scratch::new("rcp-part-lock");
         let base = || Base::new(open_root(scratch.dir()).unwrap(), None);
         let (old, new) = (base(), base());
-        let e = Entry {
-            index: 0,
-            kind: EntryKind::File,
-            mode: 0o644,
-            mtime_sec: 0,
-            mtime_nsec: 0,
-            size: 5,
-            path: b"f".to_vec(),
-            target: Vec::new(),
-            // (Two chunks: a file of one is made unnamed, see unnamed.rs.)
-            chunk: 4,
-            meta: None,
-        };
+        let e = file_of_two_chunks("f", 5);
         let ready = |o: Opened| match o {
             Opened::Ready(p) => p,
             Opened::Busy => panic!("held by another copy"),
