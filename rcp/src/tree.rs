@@ -775,8 +775,11 @@ impl Walker {
             }
             // (A name not there, or beneath something that is not a
             // directory, fails alone before the directories it implies
-            // are made, as rsync's.)
-            if let Err(e) = self.look_listed(base, name) {
+            // are made, as rsync's. Looked at first only where it implies
+            // one not made yet: else the walk of it says so, and a long
+            // list of names in a few directories pays no second look.)
+            let implies_new = listed::implied_dirs(name).any(|d| !made.contains(d));
+            if implies_new && let Err(e) = self.look_listed(base, name) {
                 self.named_but_missing(name, e, emit)?;
                 continue;
             }
