@@ -983,7 +983,9 @@ fn listed_base(sources: &[PathBuf]) -> anyhow::Result<OwnedFd> {
 
 /// Where a local destination puts what arrives: into `dest` if it is a
 /// directory, else as `dest` itself (one source only). `make`
-/// (`--files-from`): `dest` is a directory, made if missing.
+/// (`--files-from`), or a `dest` that ends in `/`: a directory, made if
+/// missing (a list's even in a dry run, as before; a `/`'s not). `how`:
+/// `--mkpath` makes the directories on the way first (not in a dry run).
 pub fn local_base(dest: &Path, sources: usize, make: bool, how: Making) -> anyhow::Result<Base> {
     let slash = tree::names_a_directory(dest.as_os_str().as_encoded_bytes());
     let as_dir = make || slash;
