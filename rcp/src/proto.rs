@@ -582,50 +582,43 @@ impl Extras {
         *self != Extras::default()
     }
 
+    /// The items that are flags (no value), each with its field: every
+    /// one is carried, read and checked alike.
+    fn flags_mut(&mut self) -> [(u16, &mut bool); 10] {
+        [
+            (Extras::DELETE_EXCLUDED, &mut self.delete_excluded),
+            (Extras::EXISTING, &mut self.existing),
+            (Extras::FORCE, &mut self.force),
+            (Extras::PRUNE_EMPTY_DIRS, &mut self.prune_empty_dirs),
+            (Extras::LISTS_MARKED, &mut self.lists_marked),
+            (Extras::PARTIAL, &mut self.partial),
+            (Extras::MKPATH, &mut self.mkpath),
+            (Extras::OMIT_DIR_TIMES, &mut self.omit_dir_times),
+            (Extras::IGNORE_MISSING_ARGS, &mut self.ignore_missing_args),
+            (Extras::COPY_DIRLINKS, &mut self.copy_dirlinks),
+        ]
+    }
+
     pub fn items(&self) -> Vec<(u16, Vec<u8>)> {
         let mut items = Vec::new();
         if let Some(n) = self.max_delete {
             items.push((Extras::MAX_DELETE, n.to_le_bytes().to_vec()));
         }
-        if self.delete_excluded {
-            items.push((Extras::DELETE_EXCLUDED, Vec::new()));
-        }
-        if self.existing {
-            items.push((Extras::EXISTING, Vec::new()));
+        let mut flags = self.clone();
+        for (key, on) in flags.flags_mut() {
+            if *on {
+                items.push((key, Vec::new()));
+            }
         }
         if let Some((umask, rules)) = &self.chmod {
             let value = [&umask.to_le_bytes()[..], rules.as_bytes()].concat();
             items.push((Extras::CHMOD, value));
-        }
-        if self.force {
-            items.push((Extras::FORCE, Vec::new()));
         }
         if let Some(suffix) = &self.backup {
             items.push((Extras::BACKUP, suffix.clone()));
         }
         if let Some(dir) = &self.backup_dir {
             items.push((Extras::BACKUP_DIR, dir.clone()));
-        }
-        if self.prune_empty_dirs {
-            items.push((Extras::PRUNE_EMPTY_DIRS, Vec::new()));
-        }
-        if self.lists_marked {
-            items.push((Extras::LISTS_MARKED, Vec::new()));
-        }
-        if self.partial {
-            items.push((Extras::PARTIAL, Vec::new()));
-        }
-        if self.mkpath {
-            items.push((Extras::MKPATH, Vec::new()));
-        }
-        if self.omit_dir_times {
-            items.push((Extras::OMIT_DIR_TIMES, Vec::new()));
-        }
-        if self.ignore_missing_args {
-            items.push((Extras::IGNORE_MISSING_ARGS, Vec::new()));
-        }
-        if self.copy_dirlinks {
-            items.push((Extras::COPY_DIRLINKS, Vec::new()));
         }
         if let Some(one) = self.preserve_one {
             let value = match one {
@@ -648,6 +641,13 @@ impl Extras {
         }
         let mut extras = Extras::default();
         for (key, value) in items {
+            if let Some((_, on)) = extras.flags_mut().into_iter().find(|(k, _)| k == key) {
+                if !value.is_empty() {
+                    return Err(ProtoError::BadField("extras: a flag with a value"));
+                }
+                *on = true;
+                continue;
+            }
             match *key {
                 Extras::MAX_DELETE => {
                     let n: [u8; 8] = value
@@ -656,18 +656,6 @@ impl Extras {
                         .map_err(|_| ProtoError::BadField("extras.max_delete"))?;
                     extras.max_delete = Some(u64::from_le_bytes(n));
                 }
-                Extras::DELETE_EXCLUDED if value.is_empty() => extras.delete_excluded = true,
-                Extras::EXISTING if value.is_empty() => extras.existing = true,
-                Extras::FORCE if value.is_empty() => extras.force = true,
-                Extras::PRUNE_EMPTY_DIRS if value.is_empty() => extras.prune_empty_dirs = true,
-                Extras::LISTS_MARKED if value.is_empty() => extras.lists_marked = true,
-                Extras::PARTIAL if value.is_empty() => extras.partial = true,
-                Extras::MKPATH if value.is_empty() => extras.mkpath = true,
-                Extras::OMIT_DIR_TIMES if value.is_empty() => extras.omit_dir_times = true,
-                Extras::IGNORE_MISSING_ARGS if value.is_empty() => {
-                    extras.ignore_missing_args = true;
-                }
-                Extras::COPY_DIRLINKS if value.is_empty() => extras.copy_dirlinks = true,
                 Extras::PRESERVE_ONE => {
                     extras.preserve_one = Some(match value.as_slice() {
                         [1] => PreserveOne::Modes,
@@ -690,18 +678,6 @@ impl Extras {
                     extras.backup_dir = Some(value.clone());
                 }
                 Extras::BACKUP_DIR => return Err(ProtoError::BadField("extras.backup_dir")),
-                Extras::DELETE_EXCLUDED
-                | Extras::EXISTING
-                | Extras::FORCE
-                | Extras::PRUNE_EMPTY_DIRS
-                | Extras::LISTS_MARKED
-                | Extras::PARTIAL
-                | Extras::MKPATH
-                | Extras::OMIT_DIR_TIMES
-                | Extras::IGNORE_MISSING_ARGS
-                | Extras::COPY_DIRLINKS => {
-                    return Err(ProtoError::BadField("extras: a flag with a value"));
-                }
                 _ => {
                     return Err(ProtoError::BadField(
                         "extras: an item this rcp does not know",

@@ -1498,12 +1498,10 @@ fn confined_source(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<Source> {
     })
 }
 
-/// Whether `e` says a name is not there.
+/// Whether `e` (of `tree::open_root` or `open_dir_beneath`) says a name
+/// is not there.
 fn is_missing(e: &anyhow::Error) -> bool {
     e.root_cause().downcast_ref::<rustix::io::Errno>() == Some(&rustix::io::Errno::NOENT)
-        || e.root_cause()
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::NotFound)
 }
 
 /// An operand one of whose directories, `missing` in `deepest`, is not
