@@ -39,7 +39,7 @@ mod answers;
 mod precheck;
 mod without_data;
 use answers::Answers;
-use precheck::{Checking, Prechecks};
+use precheck::{Checking, Cleared, FileId, Prechecks};
 
 /// Batches of entries being checked at most, the one the loop handles
 /// next included ([`precheck`]): while more batches have come, the loop
@@ -325,6 +325,8 @@ pub async fn receive(
         dirs: Vec::new(),
         unlisted: delete::Unlisted::default(),
         hard_links: Vec::new(),
+        unchanged_linked: HashMap::new(),
+        other_names_linked: 0,
         unread: HashSet::new(),
         unread_paths: HashSet::new(),
         left_out: HashSet::new(),
@@ -430,13 +432,13 @@ pub async fn receive(
                 other => {
                     held = other;
                     let oldest = checking.pop_front().expect("a batch being checked");
-                    let (batch, unchanged) = oldest.done().await;
+                    let (batch, cleared) = oldest.done().await;
                     let mut actions = Vec::new();
                     for (at, next) in batch.into_iter().enumerate() {
                         actions.extend(match next {
                             Next::Create(ready) => {
-                                let unchanged = unchanged.get(at).copied().unwrap_or(false);
-                                new.create(&mut arrivals, &mut files, ready, unchanged)
+                                let cleared = cleared.get(at).copied().unwrap_or_default();
+                                new.create(&mut arrivals, &mut files, ready, cleared)
                                     .await?
                             }
                             Next::End {
@@ -530,6 +532,9 @@ pub async fn receive(
     }
     drop(incoming);
     drop(arrivals);
+    if let Some(checks) = &prechecks {
+        checks.other_names_linked(new.other_names_linked);
+    }
     let mut ok = result.is_ok();
     let Finals {
         digests,
@@ -915,6 +920,12 @@ struct Creator<'a> {
     unlisted: delete::Unlisted,
     /// Other names of files, linked once every file is in place.
     hard_links: Vec<Entry>,
+    /// Files of several names there, found unchanged by the checks: by
+    /// path, their device and inode. An other name of one (`-H`) that
+    /// the checks found to be that file is left as it is.
+    unchanged_linked: HashMap<Vec<u8>, FileId>,
+    /// Other names left as they are by that rule.
+    other_names_linked: u64,
     /// What the sender could not read (`Abandoned`, `Unsent`): entries by
     /// index (a directory's metadata failing too is not said again) and
     /// paths (no other name is linked to one, there or from before).
@@ -1036,22 +1047,23 @@ impl Creator<'_> {
 
     /// Creates an announced entry: a file under its temporary name (with
     /// resume, telling the sender what is there already), a directory or
-    /// symlink in place. `unchanged`: the checks found the entry (a file,
-    /// symlink or special file) there as it would be made
-    /// ([`precheck`]). Returns what the rules say to do next (land the
-    /// file's early chunks, finish it).
+    /// symlink in place. `cleared`: what the checks found ([`precheck`]):
+    /// the entry (a file, symlink or special file) there as it would be
+    /// made, or what is under another name of a file. Returns what the
+    /// rules say to do next (land the file's early chunks, finish it).
     async fn create(
         &mut self,
         arrivals: &mut Arrivals<Arc<Chunk>>,
         files: &mut HashMap<u32, File>,
         ready: Ready,
-        unchanged: bool,
+        cleared: Cleared,
     ) -> anyhow::Result<Vec<Action<Arc<Chunk>>>> {
         let Ready {
             entry: e,
             xattrs,
             end,
         } = ready;
+        let unchanged = matches!(cleared, Cleared::Unchanged { .. });
         if let Some(sent) = &mut self.sent {
             sent.entry(&e.path);
         }
@@ -1107,7 +1119,12 @@ impl Creator<'_> {
         // What to do with a file whose name is there already (re-sync).
         let (decision, there) = match e.kind {
             // (Skipped as a file whose metadata was found right.)
-            EntryKind::File if unchanged => (Decision::Skip { metadata: false }, None),
+            EntryKind::File if unchanged => {
+                if let Cleared::Unchanged { id: Some(id) } = cleared {
+                    self.unchanged_linked.insert(e.path.clone(), id);
+                }
+                (Decision::Skip { metadata: false }, None)
+            }
             EntryKind::File if self.opts.policy.asks() => {
                 let (found, st) = existing::look(self.base, &e)?;
                 let decision = match (self.opts.policy.decide(&e, found), &st) {
@@ -1240,6 +1257,15 @@ impl Creator<'_> {
             // (`--ignore-existing`: another name there is left as it is,
             // not linked again to what its file's first name is there.)
             EntryKind::HardLink if self.opts.policy.ignore_existing && !self.absent(&e.path) => {
+                self.answers.send(e.index, Ok(()));
+            }
+            // Linked there already to its first name's file, which was
+            // found unchanged (and so stays): as it would be linked.
+            EntryKind::HardLink
+                if matches!(cleared, Cleared::OtherName(id)
+                    if self.unchanged_linked.get(&e.target) == Some(&id)) =>
+            {
+                self.other_names_linked += 1;
                 self.answers.send(e.index, Ok(()));
             }
             EntryKind::HardLink => self.hard_links.push(e),

@@ -777,6 +777,118 @@ fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
     }
 }
 
+/// How many other names of files (`-H`) the receiver left as they are by
+/// what its checks found, as a run with `RCP_TEST_PRECHECK=every-batch`
+/// said on stderr.
+fn linked_by_checks(said: &str) -> Option<u64> {
+    said.lines().find_map(|l| {
+        l.strip_prefix("rcp test: ")?
+            .strip_suffix(" other names were there linked")?
+            .parse()
+            .ok()
+    })
+}
+
+#[test]
+fn other_names_checked_ahead_are_linked_as_rsync_links_them() {
+    let t = Scratch::new("resync-other-names");
+    let src = t.path("src");
+    let files = plain_tree(&src, 200, 31);
+    // Six files of three names each: the first in d0 (so met first),
+    // two more in other directories.
+    let firsts: Vec<&PathBuf> = files
+        .iter()
+        .filter(|p| p.parent() == Some(&src.join("d0")))
+        .take(6)
+        .collect();
+    assert_eq!(firsts.len(), 6);
+    let others: Vec<[PathBuf; 2]> = firsts
+        .iter()
+        .enumerate()
+        .map(|(g, first)| {
+            [0, 1].map(|k| {
+                let p = src
+                    .join(format!("d{}", 1 + (g + k) % 4))
+                    .join(format!("g{g}-{k}"));
+                std::fs::hard_link(first, &p).unwrap();
+                p
+            })
+        })
+        .collect();
+    let (rsh, path) = fake_rsh(&t);
+    let modes = ["local", "remote shell", "loop only"];
+    let into: Vec<PathBuf> = modes
+        .iter()
+        .map(|m| t.path(&format!("into-{}", m.replace(' ', "-"))))
+        .collect();
+    let oracle = t.path("oracle");
+    let rel = |p: &Path| p.strip_prefix(t.dir()).unwrap().to_path_buf();
+    for d in into.iter().chain([&oracle]) {
+        std::fs::create_dir(d).unwrap();
+        rsync_into(&["-aH"], &src, d);
+        // There: group 2's first other name a file of its own, group 3's
+        // second linked to group 4's file, group 4's first gone.
+        let copy = d.join(rel(&others[2][0]));
+        std::fs::remove_file(&copy).unwrap();
+        std::fs::copy(firsts[2], &copy).unwrap();
+        let meta = std::fs::metadata(firsts[2]).unwrap();
+        std::fs::set_permissions(&copy, meta.permissions()).unwrap();
+        let mtime = std::os::unix::fs::MetadataExt::mtime(&meta);
+        set_times(&copy, mtime, 5000);
+        let moved = d.join(rel(&others[3][1]));
+        std::fs::remove_file(&moved).unwrap();
+        std::fs::hard_link(d.join(rel(firsts[4])), &moved).unwrap();
+        std::fs::remove_file(d.join(rel(&others[4][0]))).unwrap();
+    }
+    // At the source: group 1's contents (its first name is sent again,
+    // its other names must follow), group 5's mode (set where it is).
+    std::fs::write(firsts[1], pattern(1000, 7)).unwrap();
+    set_times(firsts[1], 1_700_000_000, 1);
+    std::fs::set_permissions(
+        firsts[5],
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    for d in 0..5 {
+        set_times(&src.join(format!("d{d}")), 1_500_000_000, d);
+    }
+    rsync_into(&["-aH"], &src, &oracle);
+
+    for (mode, into) in modes.iter().zip(&into) {
+        let before = ctimes(into);
+        let to = match *mode {
+            "remote shell" => format!("localhost:{}", into.display()),
+            _ => s(into).into(),
+        };
+        let mut args: Vec<&OsStr> = vec![OsStr::new("-aH")];
+        if *mode == "remote shell" {
+            args.extend([OsStr::new("--rsh"), rsh.as_os_str()]);
+        }
+        args.extend([src.as_os_str(), OsStr::new(&to)]);
+        let hook = if *mode == "loop only" {
+            "off"
+        } else {
+            "every-batch"
+        };
+        let (_, said) = rcp_said(&args, &[("PATH", &path), ("RCP_TEST_PRECHECK", hook)]);
+        // Left as they are: group 0's two other names, and the one other
+        // name of groups 2, 3 and 4 that was not touched there.
+        let expected = (*mode != "loop only").then_some(5);
+        assert_eq!(linked_by_checks(&said), expected, "{mode}: {said}");
+        assert_same(mode, &oracle, into);
+        let after = ctimes(into);
+        for p in std::iter::once(firsts[0]).chain(&others[0]) {
+            let p = into.join(rel(p));
+            assert_eq!(
+                before.get(&p),
+                after.get(&p),
+                "{mode}: {} touched",
+                p.display()
+            );
+        }
+    }
+}
+
 /// A copy into a local destination that holds nothing (not there, or an
 /// empty directory), by a local copy or a pull, sends every file unasked:
 /// nothing is answered, so the receiver's checks never start (they serve

@@ -258,8 +258,8 @@ enum Inner {
 
 impl Engine {
     /// An engine of `kind` with a ring of its own (io_uring), whose fixed
-    /// buffers are `fixed`'s (reads into them skip the kernel's page
-    /// pinning).
+    /// buffers are `fixed`'s once enough was read into them (reads into
+    /// them then skip the kernel's page pinning).
     pub fn start(kind: Kind, fixed: Option<&Arc<BufferPool>>) -> std::io::Result<Engine> {
         let inner = match kind {
             Kind::IoUring => Inner::Ring(Uring::start(fixed)?),

@@ -21,6 +21,16 @@
 //! directory the batch has yet to make) goes the loop's own way, which
 //! looks again.
 //!
+//! With `-H`, a file's other names are linked once every file is in
+//! place, on the loop's thread: in an unchanged tree that was a serial
+//! tail of two lookups (and often a directory opened) for each name, with
+//! every other thread idle. So the checks also look under each other
+//! name: where a file of several names is there, they say which (device
+//! and inode), and so they do of each file found unchanged that has
+//! several names. The loop, which meets a file's first name before its
+//! other names, leaves an other name as it is when it is that first
+//! name's file, found unchanged ([`Cleared`]).
+//!
 //! A check and the loop's use of it are a few batches apart at most
 //! (`CHECKED_AHEAD` in [`super`]). Between them the file may change under
 //! the copy, as it may between any comparison and its result in rsync: a
@@ -66,7 +76,9 @@ pub(super) struct Rules {
 /// Test hook (`RCP_TEST_PRECHECK`), so that the integration tests know
 /// the checks ran and can compare with the loop's way alone:
 /// `every-batch` checks the files of every batch, however few, and says
-/// at the end how many the checks cleared; `off` checks none. Only in
+/// at the end how many the checks cleared and how many other names of
+/// files (`-H`) were left as they are by what they found; `off` checks
+/// none. Only in
 /// builds with the `test-hooks` feature: a shipping binary reads no such
 /// variable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +111,9 @@ pub(super) struct Prechecks {
     fewest: usize,
     /// Entries the checks found unchanged.
     cleared: Arc<AtomicU64>,
+    /// Other names of files the loop left as they are, by what the
+    /// checks found (only said, by the test hook).
+    other_names_linked: AtomicU64,
 }
 
 impl Prechecks {
@@ -118,7 +133,14 @@ impl Prechecks {
             threads: Staying::start("rcp-check", count).ok()?,
             fewest,
             cleared: Arc::default(),
+            other_names_linked: AtomicU64::new(0),
         })
+    }
+
+    /// The loop left `n` other names of files as they are, by what the
+    /// checks found ([`Cleared::OtherName`]).
+    pub fn other_names_linked(&self, n: u64) {
+        self.other_names_linked.store(n, Ordering::Relaxed);
     }
 
     /// Starts checking `batch`'s entries, split among the threads.
@@ -139,7 +161,11 @@ impl Prechecks {
             let cleared = Arc::clone(&self.cleared);
             let job: Job = Box::new(move || {
                 let found = check_run(&base, &rules, &batch, &positions);
-                cleared.fetch_add(found.len() as u64, Ordering::Relaxed);
+                let unchanged = found
+                    .iter()
+                    .filter(|(_, how)| matches!(how, Cleared::Unchanged { .. }))
+                    .count();
+                cleared.fetch_add(unchanged as u64, Ordering::Relaxed);
                 // Let go of the batch before answering: the loop takes
                 // it back whole once every answer is in.
                 drop(batch);
@@ -153,11 +179,29 @@ impl Prechecks {
     }
 }
 
+/// What the checks found of one entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum Cleared {
+    /// Nothing the loop may go by: it looks itself.
+    #[default]
+    No,
+    /// There unchanged; of a file that has several names there, its
+    /// device and inode (its other names may be linked to it already).
+    Unchanged { id: Option<FileId> },
+    /// Another name of a file (`-H`), under which there is a file of
+    /// several names: this one. It is linked as it would be where that
+    /// is the file its first name was found unchanged as.
+    OtherName(FileId),
+}
+
+/// A file's device and inode.
+pub(super) type FileId = (u64, u64);
+
 /// A batch whose entries are being checked (or, [`Checking::unchecked`],
 /// are not).
 pub(super) struct Checking {
     batch: Arc<Vec<Next>>,
-    answers: Vec<tokio::sync::oneshot::Receiver<Vec<usize>>>,
+    answers: Vec<tokio::sync::oneshot::Receiver<Vec<(usize, Cleared)>>>,
 }
 
 impl Checking {
@@ -169,18 +213,18 @@ impl Checking {
         }
     }
 
-    /// The batch back, once checked, and which of its steps create an
-    /// entry that is there unchanged (`true` at its position; none past
-    /// the end).
-    pub async fn done(self) -> (Vec<Next>, Vec<bool>) {
-        let mut unchanged = Vec::new();
+    /// The batch back, once checked, and what the checks found of the
+    /// entry each of its steps creates (at its position; none past the
+    /// end: [`Cleared::No`]).
+    pub async fn done(self) -> (Vec<Next>, Vec<Cleared>) {
+        let mut cleared = Vec::new();
         if !self.answers.is_empty() {
-            unchanged.resize(self.batch.len(), false);
+            cleared.resize(self.batch.len(), Cleared::No);
         }
         for answer in self.answers {
             // (A thread gone answers nothing: its entries go the loop's way.)
-            for at in answer.await.unwrap_or_default() {
-                unchanged[at] = true;
+            for (at, found) in answer.await.unwrap_or_default() {
+                cleared[at] = found;
             }
         }
         // Every job let go of the batch before it answered. Only a job
@@ -189,7 +233,7 @@ impl Checking {
         let mut batch = self.batch;
         loop {
             match Arc::try_unwrap(batch) {
-                Ok(batch) => return (batch, unchanged),
+                Ok(batch) => return (batch, cleared),
                 Err(shared) => {
                     batch = shared;
                     std::thread::yield_now();
@@ -204,9 +248,13 @@ impl Drop for Prechecks {
         if test_hook() == Some(Hook::EveryBatch) {
             use std::io::Write;
             let cleared = self.cleared.load(Ordering::Relaxed);
-            // (One write: the line stays whole where several processes,
+            let linked = self.other_names_linked.load(Ordering::Relaxed);
+            // (One write: the lines stay whole where several processes,
             // a broadcast's nodes, share one stderr.)
-            let line = format!("rcp test: the checks cleared {cleared} entries\n");
+            let line = format!(
+                "rcp test: the checks cleared {cleared} entries\n\
+                 rcp test: {linked} other names were there linked\n"
+            );
             let _ = std::io::stderr().write_all(line.as_bytes());
         }
     }
@@ -214,7 +262,7 @@ impl Drop for Prechecks {
 
 /// Positions in `batch` of the entries to check: files announced without
 /// their data (a file that came with it is answered by no check),
-/// symlinks and special files.
+/// symlinks, special files and other names of files.
 fn candidates(batch: &[Next]) -> Vec<usize> {
     batch
         .iter()
@@ -225,7 +273,7 @@ fn candidates(batch: &[Next]) -> Vec<usize> {
             };
             match ready.entry.kind {
                 EntryKind::File => ready.end.is_none(),
-                EntryKind::Symlink => true,
+                EntryKind::Symlink | EntryKind::HardLink => true,
                 kind => kind.is_special(),
             }
         })
@@ -233,11 +281,16 @@ fn candidates(batch: &[Next]) -> Vec<usize> {
         .collect()
 }
 
-/// Positions in `batch` (among `positions`) of the entries there
-/// unchanged. Once an entry's directory cannot be reached (not made yet:
-/// the batch announces it too, as in a first copy), the entries after it
-/// in that directory are not tried.
-fn check_run(base: &Base, rules: &Rules, batch: &[Next], positions: &[usize]) -> Vec<usize> {
+/// Positions in `batch` (among `positions`) of the entries the checks
+/// cleared, and how. Once an entry's directory cannot be reached (not
+/// made yet: the batch announces it too, as in a first copy), the entries
+/// after it in that directory are not tried.
+fn check_run(
+    base: &Base,
+    rules: &Rules,
+    batch: &[Next],
+    positions: &[usize],
+) -> Vec<(usize, Cleared)> {
     let mut unreachable: Option<&[u8]> = None;
     let mut found = Vec::new();
     for &at in positions {
@@ -250,7 +303,7 @@ fn check_run(base: &Base, rules: &Rules, batch: &[Next], positions: &[usize]) ->
             continue;
         }
         match there_unchanged(base, ready, rules) {
-            Check::Unchanged => found.push(at),
+            Check::Cleared(how) => found.push((at, how)),
             Check::Differs => {}
             Check::NoDirectory => unreachable = Some(parent),
         }
@@ -272,8 +325,9 @@ fn runs(len: usize, parts: usize) -> Vec<Range<usize>> {
 #[derive(Debug, PartialEq, Eq)]
 enum Check {
     /// There with the same data and metadata, as the loop's own comparison
-    /// would find it: the loop skips it without looking again.
-    Unchanged,
+    /// would find it: the loop skips it without looking again. (Or, of
+    /// another name of a file, the file there under it.)
+    Cleared(Cleared),
     /// Anything else (new, changed, unreadable): the loop's way.
     Differs,
     /// Its directory could not be reached.
@@ -285,10 +339,16 @@ fn there_unchanged(base: &Base, ready: &super::Ready, rules: &Rules) -> Check {
     let Ok(placed) = base.place(&e.path) else {
         return Check::NoDirectory;
     };
+    if e.kind == EntryKind::HardLink {
+        return match existing::of_several_names(&placed) {
+            Some(id) => Check::Cleared(Cleared::OtherName(id)),
+            None => Check::Differs,
+        };
+    }
     if e.kind != EntryKind::File {
         // A symlink or special file: as the loop would find it.
         return if existing::in_place_in(placed, e, &ready.xattrs, rules.how) {
-            Check::Unchanged
+            Check::Cleared(Cleared::Unchanged { id: None })
         } else {
             Check::Differs
         };
@@ -298,14 +358,17 @@ fn there_unchanged(base: &Base, ready: &super::Ready, rules: &Rules) -> Check {
     };
     let unchanged = match rules.policy.decide(e, found) {
         Decision::Skip { metadata: false } => true,
-        Decision::Skip { metadata: true } => st.is_some_and(|st| {
-            existing::metadata_right(base, &placed, e, &ready.xattrs, rules.how, &st)
+        Decision::Skip { metadata: true } => st.as_ref().is_some_and(|st| {
+            existing::metadata_right(base, &placed, e, &ready.xattrs, rules.how, st)
                 .unwrap_or(false)
         }),
         Decision::Send | Decision::Compare => false,
     };
     if unchanged {
-        Check::Unchanged
+        let id = st
+            .filter(|st| st.st_nlink > 1)
+            .map(|st| (st.st_dev, st.st_ino));
+        Check::Cleared(Cleared::Unchanged { id })
     } else {
         Check::Differs
     }

@@ -18,6 +18,7 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use io_uring::{IoUring, opcode, squeue, types};
@@ -49,9 +50,37 @@ struct Shared {
     room: Semaphore,
     /// Signalled by the kernel for completions nobody reaped inline.
     eventfd: OwnedFd,
-    /// The pool whose buffers are this ring's fixed buffers.
-    fixed: Option<Arc<BufferPool>>,
+    /// The pool whose buffers become this ring's fixed buffers once
+    /// enough was read into them ([`Fixed`]).
+    pool: Option<Arc<BufferPool>>,
+    /// Whether they are: one of [`Fixed`]'s states.
+    fixed: AtomicU8,
+    /// Bytes read into the pool's buffers while they were not.
+    read_unfixed: AtomicU64,
 }
+
+/// Where the pool's buffers are as fixed buffers.
+///
+/// Registering pins every page of the pool, and so first faults in the
+/// pages no read touched yet: a 16 MiB pool cost 10 ms of a core at the
+/// start of every copy (`perf`), before its session could send a byte. A
+/// re-sync that sends little or nothing reads into the same few buffers
+/// (the pool hands back the last one freed), through unregistered reads
+/// as correct as fixed ones (the kernel pins a read's own pages). So the
+/// pool is registered once the reads into it add up to
+/// [`REGISTER_AFTER`] times its size, where a copy's data is large
+/// enough for fixed reads to pay.
+struct Fixed;
+
+impl Fixed {
+    const NOT_YET: u8 = 0;
+    const REGISTERED: u8 = 1;
+    /// Refused by the kernel (`RLIMIT_MEMLOCK`), or no pool.
+    const NEVER: u8 = 2;
+}
+
+/// The pool is registered once this many times its size was read into it.
+const REGISTER_AFTER: u64 = 2;
 
 struct State {
     ring: IoUring,
@@ -74,8 +103,8 @@ fn fd_of(file: &Held) -> types::Fd {
 }
 
 impl Uring {
-    /// Sets up a ring; `pool`'s buffers become its fixed buffers where the
-    /// kernel takes them.
+    /// Sets up a ring; `pool`'s buffers become its fixed buffers once
+    /// enough was read into them ([`Fixed`]), where the kernel takes them.
     ///
     /// Fixed buffers are pinned, and the pages are counted against the
     /// user's `RLIMIT_MEMLOCK` unless the process has `CAP_IPC_LOCK`: an
@@ -86,21 +115,6 @@ impl Uring {
     /// ring then runs without them rather than fail the copy.
     pub(crate) fn start(pool: Option<&Arc<BufferPool>>) -> std::io::Result<Uring> {
         let ring = IoUring::new(DEPTH)?;
-        let fixed = pool.filter(|pool| {
-            // SAFETY: the pool's memory lives as long as the ring (`fixed`
-            // holds the `Arc`), and buffers are handed to the kernel only
-            // with an exclusive lease kept until completion.
-            let registered = unsafe { ring.submitter().register_buffers(&pool.iovecs()) };
-            match registered {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::debug!(
-                        "io_uring: fixed buffers refused ({e}); reading into unregistered ones"
-                    );
-                    false
-                }
-            }
-        });
         let eventfd = rustix::event::eventfd(
             0,
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
@@ -120,7 +134,12 @@ impl Uring {
             }),
             room: Semaphore::new(DEPTH as usize),
             eventfd,
-            fixed: fixed.cloned(),
+            pool: pool.cloned(),
+            fixed: AtomicU8::new(match pool {
+                Some(_) => Fixed::NOT_YET,
+                None => Fixed::NEVER,
+            }),
+            read_unfixed: AtomicU64::new(0),
         });
         tokio::spawn(reap_announced(watch, Arc::downgrade(&shared)));
         Ok(Uring { shared })
@@ -159,10 +178,7 @@ impl Uring {
         // A registered buffer by its index (which io_uring counts in 16
         // bits: any beyond that is read like another pool's).
         let fixed = self
-            .shared
-            .fixed
-            .as_ref()
-            .filter(|p| Arc::ptr_eq(p, buf.pool()))
+            .fixed_pool(&buf, len)
             .and_then(|_| u16::try_from(buf.index()).ok());
         // SAFETY: `at` is within the buffer (the engine's caller cut the
         // range to it).
@@ -185,6 +201,48 @@ impl Uring {
         // the ring keeps until the kernel has answered.
         unsafe { self.submit_one(sqe, done) }.await;
         rx.await.expect("every operation is answered")
+    }
+
+    /// Whether `buf`, about to take a read of `len` bytes, is one of the
+    /// ring's fixed buffers; the pool is registered here once enough was
+    /// read into it ([`Fixed`]).
+    fn fixed_pool(&self, buf: &PoolBuf, len: u32) -> Option<()> {
+        let shared = &*self.shared;
+        let pool = shared
+            .pool
+            .as_ref()
+            .filter(|p| Arc::ptr_eq(p, buf.pool()))?;
+        match shared.fixed.load(Ordering::Acquire) {
+            Fixed::REGISTERED => return Some(()),
+            Fixed::NEVER => return None,
+            _ => {}
+        }
+        let read = shared
+            .read_unfixed
+            .fetch_add(u64::from(len), Ordering::Relaxed);
+        let size = (pool.count() * pool.buffer_size()) as u64;
+        if read < size.saturating_mul(REGISTER_AFTER) {
+            return None;
+        }
+        let state = shared.state.lock().expect("ring lock");
+        // (Another read may have registered it while this one waited.)
+        if shared.fixed.load(Ordering::Acquire) == Fixed::NOT_YET {
+            // SAFETY: the pool's memory lives as long as the ring (`pool`
+            // holds the `Arc`), and buffers are handed to the kernel only
+            // with an exclusive lease kept until completion.
+            let registered = unsafe { state.ring.submitter().register_buffers(&pool.iovecs()) };
+            let now = match registered {
+                Ok(()) => Fixed::REGISTERED,
+                Err(e) => {
+                    tracing::debug!(
+                        "io_uring: fixed buffers refused ({e}); reading into unregistered ones"
+                    );
+                    Fixed::NEVER
+                }
+            };
+            shared.fixed.store(now, Ordering::Release);
+        }
+        (shared.fixed.load(Ordering::Acquire) == Fixed::REGISTERED).then_some(())
     }
 
     /// Reads appended to vectors (see [`super::Engine::read_append_many`]),
@@ -480,5 +538,48 @@ impl Drop for Shared {
         }
         // Wake the reaper so that it sees the ring gone and ends.
         let _ = rustix::io::write(&self.eventfd, &1u64.to_ne_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pool's buffers become the ring's fixed buffers only once the
+    /// reads into them add up to [`REGISTER_AFTER`] times the pool's size;
+    /// every read lands the file's bytes, before and after.
+    #[tokio::test]
+    async fn the_pool_is_registered_once_enough_was_read_into_it() {
+        if let Err(e) = crate::storage::probe::uring_usable() {
+            eprintln!("not run: {e}");
+            return;
+        }
+        let size = 4096;
+        let pool = BufferPool::new(2, size).unwrap();
+        let content: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+        let path = std::env::temp_dir().join(format!("rfabric-uring-fixed-{}", std::process::id()));
+        std::fs::write(&path, &content).unwrap();
+        let file: Held = Arc::new(std::fs::File::open(&path).unwrap());
+        let ring = Uring::start(Some(&pool)).unwrap();
+        let state = || ring.shared.fixed.load(Ordering::Acquire);
+        // (Two buffers of 4 KiB: registered at the fourth read.)
+        let reads_before = REGISTER_AFTER as usize * 2;
+        for read in 0..reads_before + 2 {
+            let registered = state() == Fixed::REGISTERED;
+            let (mut buf, n) = ring
+                .read(Arc::clone(&file), 0, pool.acquire().await, 0, size)
+                .await;
+            buf.set_len(n.unwrap());
+            assert_eq!(buf.data(), &content[..], "read {read}");
+            assert_eq!(registered, read > reads_before, "read {read}: registered");
+        }
+        // A buffer of another pool is never read as a fixed one.
+        let other = BufferPool::new(1, size).unwrap();
+        let (mut buf, n) = ring
+            .read(Arc::clone(&file), 0, other.acquire().await, 0, size)
+            .await;
+        buf.set_len(n.unwrap());
+        assert_eq!(buf.data(), &content[..]);
+        std::fs::remove_file(&path).unwrap();
     }
 }
