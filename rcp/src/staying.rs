@@ -3,16 +3,6 @@
 //! checks of what is there ([`crate::recv`]) and the walk's look-ahead
 //! ([`crate::tree`]). Each thread takes jobs from a queue of its own, in
 //! order; a job answers through whatever channel it carries.
-//!
-//! Threads that only serve another's work may be started yielding
-//! ([`Turns::Yielding`]): the kernel then never lets them preempt the
-//! thread running where they wake (`SCHED_BATCH`, at the same weight as
-//! any other). The receiver's checks are such threads. In a local
-//! re-sync the walk of the source, one thread, is the longest piece of
-//! work, and the checks it feeds woke and took its core about 550 times
-//! in a 100,000-entry run (`perf record -e sched:sched_switch`): started
-//! yielding, the 1%-changed re-sync took 0.96x the time (0.85-1.03, 12
-//! paired rounds).
 
 use std::sync::mpsc;
 
@@ -27,18 +17,9 @@ pub struct Staying {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
-/// How the kernel gives the threads their turns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Turns {
-    /// As any thread.
-    Ordinary,
-    /// Never taking the core of the thread running where one wakes.
-    Yielding,
-}
-
 impl Staying {
     /// `count` threads (at least one), named `name`.
-    pub fn start(name: &str, count: usize, turns: Turns) -> std::io::Result<Staying> {
+    pub fn start(name: &str, count: usize) -> std::io::Result<Staying> {
         let mut queues = Vec::with_capacity(count.max(1));
         let mut threads = Vec::with_capacity(count.max(1));
         for _ in 0..count.max(1) {
@@ -47,10 +28,6 @@ impl Staying {
                 .name(name.into())
                 .spawn(move || {
                     let _stay = rfabric::thread_dir::stay();
-                    // (Where the kernel refuses, the thread is ordinary.)
-                    if turns == Turns::Yielding {
-                        rfabric::sched::batch_this_thread();
-                    }
                     while let Ok(job) = rx.recv() {
                         job();
                     }
@@ -87,27 +64,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn yielding_threads_are_batch_threads_and_ordinary_ones_are_not() {
-        for (turns, want) in [(Turns::Ordinary, 0), (Turns::Yielding, 3)] {
-            let threads = Staying::start("rcp-test", 2, turns).unwrap();
-            let (tx, rx) = mpsc::channel();
-            for i in 0..2 {
-                let tx = tx.clone();
-                let job: Job = Box::new(move || {
-                    tx.send(rfabric::sched::policy_of_this_thread().unwrap())
-                        .unwrap();
-                });
-                assert!(threads.run(i, job));
-            }
-            drop(tx);
-            let policies: Vec<u32> = rx.iter().collect();
-            assert_eq!(policies, [want, want], "{turns:?}");
-        }
-    }
-
-    #[test]
     fn jobs_run_in_order_on_their_thread_and_a_panicking_one_is_contained() {
-        let threads = Staying::start("rcp-test", 2, Turns::Ordinary).unwrap();
+        let threads = Staying::start("rcp-test", 2).unwrap();
         assert_eq!(threads.count(), 2);
         let (tx, rx) = mpsc::channel();
         for n in 0..10 {

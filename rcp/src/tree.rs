@@ -27,7 +27,7 @@ use crate::filter::Filter;
 use crate::idmap::Owners;
 use crate::listed;
 use crate::proto::{Entry, EntryKind, FailKind, Meta};
-use crate::staying::{Job, Staying, Turns};
+use crate::staying::{Job, Staying};
 
 mod part;
 mod symlinks;
@@ -668,7 +668,7 @@ impl Walker {
         names: &[CString],
     ) -> Option<std::sync::mpsc::Receiver<Vec<Looked>>> {
         if self.helper.is_none() {
-            self.helper = Staying::start("rcp-walk", 1, Turns::Ordinary).ok();
+            self.helper = Staying::start("rcp-walk", 1).ok();
             // (Where no thread can start, the walk goes on alone.)
             self.may_help &= self.helper.is_some();
         }

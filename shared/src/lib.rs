@@ -45,7 +45,6 @@ pub mod daemon_log;
 pub mod endpoint;
 pub mod link;
 pub mod memory;
-pub mod sched;
 pub mod size;
 pub mod storage;
 pub mod thread_dir;

@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::existing;
 use crate::proto::EntryKind;
 use crate::resync::{Decision, Policy};
-use crate::staying::{Job, Staying, Turns};
+use crate::staying::{Job, Staying};
 use crate::tree::{Base, Fidelity};
 
 use super::Next;
@@ -130,7 +130,7 @@ impl Prechecks {
         Some(Prechecks {
             base,
             rules,
-            threads: Staying::start("rcp-check", count, Turns::Yielding).ok()?,
+            threads: Staying::start("rcp-check", count).ok()?,
             fewest,
             cleared: Arc::default(),
             other_names_linked: AtomicU64::new(0),
