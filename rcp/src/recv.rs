@@ -47,6 +47,14 @@ use precheck::{Checking, Cleared, FileId, Prechecks};
 /// did no better over ssh than 8: 1.01x the time, 10 paired runs.)
 const CHECKED_AHEAD: usize = 8;
 
+/// Files of several names found unchanged that a receiver keeps the
+/// device and inode of, for their other names ([`Creator::create`]).
+/// In a destination made with `cp -al` from an older copy (rsnapshot's
+/// way) every file there has several names, whatever the source's: past
+/// this many (about 30 MiB of paths), other names go the way of those
+/// not checked ahead (looked at once every file is in place).
+const MOST_UNCHANGED_LINKED: usize = 1 << 18;
+
 #[derive(Debug, Clone, Copy)]
 pub struct RecvOptions {
     /// `-p`, `--perms`, `-t`.
@@ -920,9 +928,10 @@ struct Creator<'a> {
     unlisted: delete::Unlisted,
     /// Other names of files, linked once every file is in place.
     hard_links: Vec<Entry>,
-    /// Files of several names there, found unchanged by the checks: by
-    /// path, their device and inode. An other name of one (`-H`) that
-    /// the checks found to be that file is left as it is.
+    /// With `-H`, files of several names there, found unchanged by the
+    /// checks: by path, their device and inode (at most
+    /// [`MOST_UNCHANGED_LINKED`]). An other name of one that the checks
+    /// found to be that file is left as it is.
     unchanged_linked: HashMap<Vec<u8>, FileId>,
     /// Other names left as they are by that rule.
     other_names_linked: u64,
@@ -1120,7 +1129,10 @@ impl Creator<'_> {
         let (decision, there) = match e.kind {
             // (Skipped as a file whose metadata was found right.)
             EntryKind::File if unchanged => {
-                if let Cleared::Unchanged { id: Some(id) } = cleared {
+                if let Cleared::Unchanged { id: Some(id) } = cleared
+                    && self.opts.keep.hard_links
+                    && self.unchanged_linked.len() < MOST_UNCHANGED_LINKED
+                {
                     self.unchanged_linked.insert(e.path.clone(), id);
                 }
                 (Decision::Skip { metadata: false }, None)

@@ -8,7 +8,8 @@
 //!
 //! Unreadable sources need a user without root's powers: as root these
 //! tests run rcp as `nobody` (`setpriv`), with RHEL's limit on locked
-//! memory (64 KiB), under which io_uring refuses a copy's fixed buffers.
+//! memory (64 KiB), under which io_uring refuses a copy's fixed buffers
+//! (when the copy has read enough to ask for them).
 //! Elsewhere (not root) they say so and check nothing.
 
 use std::os::unix::fs::PermissionsExt;
@@ -237,6 +238,37 @@ fn sources_that_cannot_be_read_fail_alone_and_everything_else_arrives() {
     for p in ["b", "locked", "unsearchable"] {
         set_mode(&src.join(p), 0o755);
     }
+}
+
+/// As `nobody`, under RHEL's 64 KiB limit on locked memory, a copy that
+/// reads enough to ask for its pool as fixed buffers (twice a pool of
+/// four 64 KiB buffers) is refused them part way, and reads on without
+/// them: every byte arrives, verified. (Where io_uring is not there, the
+/// threads engine never asks.)
+#[test]
+fn a_copy_refused_fixed_buffers_part_way_reads_on_without_them() {
+    if !is_root() {
+        eprintln!("not root: no other user to be, nothing checked");
+        return;
+    }
+    let t = Scratch::new("rcp-memlock");
+    let (rcp, _) = tools(&t);
+    let src = t.path("big");
+    let data = pattern(3 << 20, 9);
+    std::fs::write(&src, &data).unwrap();
+    let dest = t.path("out");
+    std::fs::create_dir(&dest).unwrap();
+    give(&src);
+    give(&dest);
+    let to = format!("{}/", dest.display());
+    let args = ["--chunk-size", "64K", "--window", "4", "--streams", "1"];
+    let out = as_nobody(&rcp, &[&args[..], &[s(&src), &to]].concat(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read(dest.join("big")).unwrap() == data, "the copy");
 }
 
 #[test]

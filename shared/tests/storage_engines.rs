@@ -15,8 +15,8 @@ use rfabric::storage::{self, Engine, EngineChoice, Kind};
 use test_support::{Scratch, pattern};
 
 /// The engines to hold to the same contract, each with a ring of its own
-/// (with `fixed`'s buffers registered) and, for io_uring, also the
-/// per-thread rings servers use.
+/// (with `fixed`'s buffers, registered once twice the pool was read into
+/// them) and, for io_uring, also the per-thread rings servers use.
 fn engines(fixed: Option<&Arc<BufferPool>>) -> Vec<Engine> {
     let mut out = vec![Engine::start(Kind::Threads, fixed).unwrap()];
     match storage::select(EngineChoice::IoUring) {
@@ -50,8 +50,9 @@ async fn reads_into_pool_buffers_land_where_asked_and_stop_at_the_end() {
     let other = BufferPool::new(1, 128 * 1024).unwrap();
     for engine in engines(Some(&pool)) {
         let kind = engine.kind();
-        // From byte `at` of the buffer on, in a registered buffer and in
-        // one of a pool the ring does not know.
+        // From byte `at` of the buffer on, in a buffer of the ring's pool
+        // (not yet registered: `uring.rs`' own test reads into registered
+        // ones) and in one of a pool the ring does not know.
         for p in [&pool, &other] {
             let mut buf = p.acquire().await;
             buf.spare().fill(0xee);

@@ -562,7 +562,8 @@ mod tests {
         let file: Held = Arc::new(std::fs::File::open(&path).unwrap());
         let ring = Uring::start(Some(&pool)).unwrap();
         let state = || ring.shared.fixed.load(Ordering::Acquire);
-        // (Two buffers of 4 KiB: registered at the fourth read.)
+        // (Two buffers of 4 KiB: registered at the fifth read, once four
+        // were read.)
         let reads_before = REGISTER_AFTER as usize * 2;
         for read in 0..reads_before + 2 {
             let registered = state() == Fixed::REGISTERED;
@@ -573,6 +574,15 @@ mod tests {
             assert_eq!(buf.data(), &content[..], "read {read}");
             assert_eq!(registered, read > reads_before, "read {read}: registered");
         }
+        // A fixed read from a byte inside the buffer on lands there.
+        let mut buf = pool.acquire().await;
+        buf.spare().fill(0xee);
+        let (mut buf, n) = ring.read(Arc::clone(&file), 100, buf, 10, size - 10).await;
+        let n = n.unwrap();
+        assert_eq!(n, size - 100);
+        buf.set_len(10 + n);
+        assert_eq!(&buf.data()[..10], &[0xee; 10]);
+        assert_eq!(&buf.data()[10..], &content[100..]);
         // A buffer of another pool is never read as a fixed one.
         let other = BufferPool::new(1, size).unwrap();
         let (mut buf, n) = ring
