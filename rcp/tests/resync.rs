@@ -656,6 +656,38 @@ fn cleared_by_checks(said: &str) -> Option<u64> {
     })
 }
 
+/// The modes a re-sync's checks are tried in: locally and through a
+/// remote shell with every batch checked, and locally with none (the
+/// loop's own way alone).
+const CHECKED_MODES: [&str; 3] = ["local", "remote shell", "loop only"];
+
+/// `rcp FLAG src into` in `mode` (one of [`CHECKED_MODES`]), through
+/// the fake remote shell `rsh` found on `path`: what it sent and said.
+fn resync_in_mode(
+    mode: &str,
+    flag: &str,
+    src: &Path,
+    into: &Path,
+    rsh: &Path,
+    path: &str,
+) -> (Sent, String) {
+    let to = match mode {
+        "remote shell" => format!("localhost:{}", into.display()),
+        _ => s(into).into(),
+    };
+    let mut args: Vec<&OsStr> = vec![OsStr::new(flag)];
+    if mode == "remote shell" {
+        args.extend([OsStr::new("--rsh"), rsh.as_os_str()]);
+    }
+    args.extend([src.as_os_str(), OsStr::new(&to)]);
+    let hook = if mode == "loop only" {
+        "off"
+    } else {
+        "every-batch"
+    };
+    rcp_said(&args, &[("PATH", path), ("RCP_TEST_PRECHECK", hook)])
+}
+
 #[test]
 fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
     let t = Scratch::new("resync-checked");
@@ -674,7 +706,7 @@ fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
         })
         .collect();
     let (rsh, path) = fake_rsh(&t);
-    let modes = ["local", "remote shell", "loop only"];
+    let modes = CHECKED_MODES;
     let into: Vec<PathBuf> = modes
         .iter()
         .map(|m| t.path(&format!("into-{}", m.replace(' ', "-"))))
@@ -737,21 +769,7 @@ fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
 
     for (mode, into) in modes.iter().zip(&into) {
         let before = ctimes(into);
-        let to = match *mode {
-            "remote shell" => format!("localhost:{}", into.display()),
-            _ => s(into).into(),
-        };
-        let mut args: Vec<&OsStr> = vec![OsStr::new("-aX")];
-        if *mode == "remote shell" {
-            args.extend([OsStr::new("--rsh"), rsh.as_os_str()]);
-        }
-        args.extend([src.as_os_str(), OsStr::new(&to)]);
-        let hook = if *mode == "loop only" {
-            "off"
-        } else {
-            "every-batch"
-        };
-        let (sent, said) = rcp_said(&args, &[("PATH", &path), ("RCP_TEST_PRECHECK", hook)]);
+        let (sent, said) = resync_in_mode(mode, "-aX", &src, into, &rsh, &path);
         let cleared = cleared_by_checks(&said);
         assert_eq!(
             (sent.files, sent.skipped, sent.bytes),
@@ -816,7 +834,7 @@ fn other_names_checked_ahead_are_linked_as_rsync_links_them() {
         })
         .collect();
     let (rsh, path) = fake_rsh(&t);
-    let modes = ["local", "remote shell", "loop only"];
+    let modes = CHECKED_MODES;
     let into: Vec<PathBuf> = modes
         .iter()
         .map(|m| t.path(&format!("into-{}", m.replace(' ', "-"))))
@@ -856,21 +874,7 @@ fn other_names_checked_ahead_are_linked_as_rsync_links_them() {
 
     for (mode, into) in modes.iter().zip(&into) {
         let before = ctimes(into);
-        let to = match *mode {
-            "remote shell" => format!("localhost:{}", into.display()),
-            _ => s(into).into(),
-        };
-        let mut args: Vec<&OsStr> = vec![OsStr::new("-aH")];
-        if *mode == "remote shell" {
-            args.extend([OsStr::new("--rsh"), rsh.as_os_str()]);
-        }
-        args.extend([src.as_os_str(), OsStr::new(&to)]);
-        let hook = if *mode == "loop only" {
-            "off"
-        } else {
-            "every-batch"
-        };
-        let (_, said) = rcp_said(&args, &[("PATH", &path), ("RCP_TEST_PRECHECK", hook)]);
+        let (_, said) = resync_in_mode(mode, "-aH", &src, into, &rsh, &path);
         // Left as they are: group 0's two other names, and the one other
         // name of groups 2, 3 and 4 that was not touched there.
         let expected = (*mode != "loop only").then_some(5);

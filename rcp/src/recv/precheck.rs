@@ -78,9 +78,8 @@ pub(super) struct Rules {
 /// `every-batch` checks the files of every batch, however few, and says
 /// at the end how many the checks cleared and how many other names of
 /// files (`-H`) were left as they are by what they found; `off` checks
-/// none. Only in
-/// builds with the `test-hooks` feature: a shipping binary reads no such
-/// variable.
+/// none. Only in builds with the `test-hooks` feature: a shipping binary
+/// reads no such variable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
 enum Hook {
