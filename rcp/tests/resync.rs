@@ -661,6 +661,14 @@ fn cleared_by_checks(said: &str) -> Option<u64> {
 /// loop's own way alone).
 const CHECKED_MODES: [&str; 3] = ["local", "remote shell", "loop only"];
 
+/// A destination's path for each of [`CHECKED_MODES`], in their order.
+fn into_each_mode(t: &Scratch) -> Vec<PathBuf> {
+    CHECKED_MODES
+        .iter()
+        .map(|m| t.path(&format!("into-{}", m.replace(' ', "-"))))
+        .collect()
+}
+
 /// `rcp FLAG src into` in `mode` (one of [`CHECKED_MODES`]), through
 /// the fake remote shell `rsh` found on `path`: what it sent and said.
 fn resync_in_mode(
@@ -707,10 +715,7 @@ fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
         .collect();
     let (rsh, path) = fake_rsh(&t);
     let modes = CHECKED_MODES;
-    let into: Vec<PathBuf> = modes
-        .iter()
-        .map(|m| t.path(&format!("into-{}", m.replace(' ', "-"))))
-        .collect();
+    let into = into_each_mode(&t);
     let oracle = t.path("oracle");
     for d in into.iter().chain([&oracle]) {
         std::fs::create_dir(d).unwrap();
@@ -835,10 +840,7 @@ fn other_names_checked_ahead_are_linked_as_rsync_links_them() {
         .collect();
     let (rsh, path) = fake_rsh(&t);
     let modes = CHECKED_MODES;
-    let into: Vec<PathBuf> = modes
-        .iter()
-        .map(|m| t.path(&format!("into-{}", m.replace(' ', "-"))))
-        .collect();
+    let into = into_each_mode(&t);
     let oracle = t.path("oracle");
     let rel = |p: &Path| p.strip_prefix(t.dir()).unwrap().to_path_buf();
     for d in into.iter().chain([&oracle]) {
