@@ -18,8 +18,8 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use io_uring::{IoUring, opcode, squeue, types};
 use tokio::io::Interest;
@@ -51,15 +51,16 @@ struct Shared {
     /// Signalled by the kernel for completions nobody reaped inline.
     eventfd: OwnedFd,
     /// The pool whose buffers become this ring's fixed buffers once
-    /// enough was read into them ([`Fixed`]).
+    /// enough was read into them ([`REGISTER_AFTER`]).
     pool: Option<Arc<BufferPool>>,
-    /// Whether they are: one of [`Fixed`]'s states.
-    fixed: AtomicU8,
-    /// Bytes read into the pool's buffers while they were not.
+    /// Once registration was tried: whether the kernel took the pool
+    /// (not where `RLIMIT_MEMLOCK` is below it).
+    fixed: OnceLock<bool>,
+    /// Bytes read into the pool's buffers while they were not fixed.
     read_unfixed: AtomicU64,
 }
 
-/// Where the pool's buffers are as fixed buffers.
+/// The pool is registered once this many times its size was read into it.
 ///
 /// Registering pins every page of the pool, and so first faults in the
 /// pages no read touched yet: a 16 MiB pool cost 10 ms of a core at the
@@ -67,19 +68,8 @@ struct Shared {
 /// re-sync that sends little or nothing reads into the same few buffers
 /// (the pool hands back the last one freed), through unregistered reads
 /// as correct as fixed ones (the kernel pins a read's own pages). So the
-/// pool is registered once the reads into it add up to
-/// [`REGISTER_AFTER`] times its size, where a copy's data is large
-/// enough for fixed reads to pay.
-struct Fixed;
-
-impl Fixed {
-    const NOT_YET: u8 = 0;
-    const REGISTERED: u8 = 1;
-    /// Refused by the kernel (`RLIMIT_MEMLOCK`), or no pool.
-    const NEVER: u8 = 2;
-}
-
-/// The pool is registered once this many times its size was read into it.
+/// pool is registered once a copy's data has shown itself large enough
+/// for fixed reads to pay.
 const REGISTER_AFTER: u64 = 2;
 
 struct State {
@@ -104,7 +94,8 @@ fn fd_of(file: &Held) -> types::Fd {
 
 impl Uring {
     /// Sets up a ring; `pool`'s buffers become its fixed buffers once
-    /// enough was read into them ([`Fixed`]), where the kernel takes them.
+    /// enough was read into them ([`REGISTER_AFTER`]), where the kernel
+    /// takes them.
     ///
     /// Fixed buffers are pinned, and the pages are counted against the
     /// user's `RLIMIT_MEMLOCK` unless the process has `CAP_IPC_LOCK`: an
@@ -135,10 +126,7 @@ impl Uring {
             room: Semaphore::new(DEPTH as usize),
             eventfd,
             pool: pool.cloned(),
-            fixed: AtomicU8::new(match pool {
-                Some(_) => Fixed::NOT_YET,
-                None => Fixed::NEVER,
-            }),
+            fixed: OnceLock::new(),
             read_unfixed: AtomicU64::new(0),
         });
         tokio::spawn(reap_announced(watch, Arc::downgrade(&shared)));
@@ -178,8 +166,9 @@ impl Uring {
         // A registered buffer by its index (which io_uring counts in 16
         // bits: any beyond that is read like another pool's).
         let fixed = self
-            .fixed_pool(&buf, len)
-            .and_then(|_| u16::try_from(buf.index()).ok());
+            .is_fixed(&buf, len)
+            .then(|| u16::try_from(buf.index()).ok())
+            .flatten();
         // SAFETY: `at` is within the buffer (the engine's caller cut the
         // range to it).
         let dst = unsafe { buf.as_mut_ptr().add(at) };
@@ -204,45 +193,38 @@ impl Uring {
     }
 
     /// Whether `buf`, about to take a read of `len` bytes, is one of the
-    /// ring's fixed buffers; the pool is registered here once enough was
-    /// read into it ([`Fixed`]).
-    fn fixed_pool(&self, buf: &PoolBuf, len: u32) -> Option<()> {
+    /// ring's fixed buffers; the pool is registered here, once, when
+    /// enough was read into it ([`REGISTER_AFTER`]).
+    fn is_fixed(&self, buf: &PoolBuf, len: u32) -> bool {
         let shared = &*self.shared;
-        let pool = shared
-            .pool
-            .as_ref()
-            .filter(|p| Arc::ptr_eq(p, buf.pool()))?;
-        match shared.fixed.load(Ordering::Acquire) {
-            Fixed::REGISTERED => return Some(()),
-            Fixed::NEVER => return None,
-            _ => {}
+        let Some(pool) = shared.pool.as_ref().filter(|p| Arc::ptr_eq(p, buf.pool())) else {
+            return false;
+        };
+        if let Some(&fixed) = shared.fixed.get() {
+            return fixed;
         }
         let read = shared
             .read_unfixed
             .fetch_add(u64::from(len), Ordering::Relaxed);
         let size = (pool.count() * pool.buffer_size()) as u64;
         if read < size.saturating_mul(REGISTER_AFTER) {
-            return None;
+            return false;
         }
-        let state = shared.state.lock().expect("ring lock");
-        // (Another read may have registered it while this one waited.)
-        if shared.fixed.load(Ordering::Acquire) == Fixed::NOT_YET {
+        // (Other reads that get here meanwhile wait for this answer.)
+        *shared.fixed.get_or_init(|| {
+            let state = shared.state.lock().expect("ring lock");
             // SAFETY: the pool's memory lives as long as the ring (`pool`
             // holds the `Arc`), and buffers are handed to the kernel only
             // with an exclusive lease kept until completion.
             let registered = unsafe { state.ring.submitter().register_buffers(&pool.iovecs()) };
-            let now = match registered {
-                Ok(()) => Fixed::REGISTERED,
-                Err(e) => {
+            registered
+                .inspect_err(|e| {
                     tracing::debug!(
                         "io_uring: fixed buffers refused ({e}); reading into unregistered ones"
                     );
-                    Fixed::NEVER
-                }
-            };
-            shared.fixed.store(now, Ordering::Release);
-        }
-        (shared.fixed.load(Ordering::Acquire) == Fixed::REGISTERED).then_some(())
+                })
+                .is_ok()
+        })
     }
 
     /// Reads appended to vectors (see [`super::Engine::read_append_many`]),
@@ -561,12 +543,12 @@ mod tests {
         std::fs::write(&path, &content).unwrap();
         let file: Held = Arc::new(std::fs::File::open(&path).unwrap());
         let ring = Uring::start(Some(&pool)).unwrap();
-        let state = || ring.shared.fixed.load(Ordering::Acquire);
+        let registered = || ring.shared.fixed.get() == Some(&true);
         // (Two buffers of 4 KiB: registered at the fifth read, once four
         // were read.)
         let reads_before = REGISTER_AFTER as usize * 2;
         for read in 0..reads_before + 2 {
-            let registered = state() == Fixed::REGISTERED;
+            let registered = registered();
             let (mut buf, n) = ring
                 .read(Arc::clone(&file), 0, pool.acquire().await, 0, size)
                 .await;
