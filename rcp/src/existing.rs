@@ -57,18 +57,6 @@ pub fn look_in(
     }
 }
 
-/// The device and inode of the file under a name (`Base::place`) where
-/// it is a regular file of several names: what another name of a file
-/// (`-H`) may be linked to already.
-pub fn of_several_names((parent, name): &(Arc<DestDir>, CString)) -> Option<(u64, u64)> {
-    if parent.made_here() {
-        return None;
-    }
-    let st = rustix::fs::statat(parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW).ok()?;
-    (FileType::from_raw_mode(st.st_mode) == FileType::RegularFile && st.st_nlink > 1)
-        .then_some((st.st_dev, st.st_ino))
-}
-
 /// What is under `e`'s name, for `-i` (nothing when it cannot be looked
 /// at: a directory not made, in a dry run).
 pub fn there(base: &Base, e: &Entry) -> Option<There> {

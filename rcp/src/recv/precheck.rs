@@ -338,10 +338,16 @@ fn there_unchanged(base: &Base, ready: &super::Ready, rules: &Rules) -> Check {
     let Ok(placed) = base.place(&e.path) else {
         return Check::NoDirectory;
     };
+    // (The device and inode of a regular file there, `look_in`'s status,
+    // where it has several names.)
+    let of_several_names = |st: Option<rustix::fs::Stat>| {
+        st.filter(|st| st.st_nlink > 1)
+            .map(|st| (st.st_dev, st.st_ino))
+    };
     if e.kind == EntryKind::HardLink {
-        return match existing::of_several_names(&placed) {
-            Some(id) => Check::Cleared(Cleared::OtherName(id)),
-            None => Check::Differs,
+        return match existing::look_in(&placed, e).map(|(_, st)| of_several_names(st)) {
+            Ok(Some(id)) => Check::Cleared(Cleared::OtherName(id)),
+            _ => Check::Differs,
         };
     }
     if e.kind != EntryKind::File {
@@ -364,9 +370,7 @@ fn there_unchanged(base: &Base, ready: &super::Ready, rules: &Rules) -> Check {
         Decision::Send | Decision::Compare => false,
     };
     if unchanged {
-        let id = st
-            .filter(|st| st.st_nlink > 1)
-            .map(|st| (st.st_dev, st.st_ino));
+        let id = of_several_names(st);
         Check::Cleared(Cleared::Unchanged { id })
     } else {
         Check::Differs
