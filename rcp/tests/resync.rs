@@ -645,15 +645,21 @@ fn itemize_names_link_targets_as_rsync_does() {
     }
 }
 
-/// How many entries the receiver's checks cleared, as a run with
-/// `RCP_TEST_PRECHECK=every-batch` said on stderr (`None`: not said).
-fn cleared_by_checks(said: &str) -> Option<u64> {
+/// The count a run with `RCP_TEST_PRECHECK=every-batch` said on stderr
+/// in its line `rcp test: BEFORE<count>AFTER` (`None`: not said).
+fn said_by_checks(said: &str, before: &str, after: &str) -> Option<u64> {
     said.lines().find_map(|l| {
-        l.strip_prefix("rcp test: the checks cleared ")?
-            .strip_suffix(" entries")?
+        l.strip_prefix("rcp test: ")?
+            .strip_prefix(before)?
+            .strip_suffix(after)?
             .parse()
             .ok()
     })
+}
+
+/// How many entries the receiver's checks cleared.
+fn cleared_by_checks(said: &str) -> Option<u64> {
+    said_by_checks(said, "the checks cleared ", " entries")
 }
 
 /// The modes a re-sync's checks are tried in: locally and through a
@@ -801,15 +807,9 @@ fn files_checked_ahead_on_threads_are_skipped_or_refreshed_as_rsync_does() {
 }
 
 /// How many other names of files (`-H`) the receiver left as they are by
-/// what its checks found, as a run with `RCP_TEST_PRECHECK=every-batch`
-/// said on stderr.
+/// what its checks found.
 fn linked_by_checks(said: &str) -> Option<u64> {
-    said.lines().find_map(|l| {
-        l.strip_prefix("rcp test: ")?
-            .strip_suffix(" other names were there linked")?
-            .parse()
-            .ok()
-    })
+    said_by_checks(said, "", " other names were there linked")
 }
 
 #[test]
