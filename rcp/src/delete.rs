@@ -393,7 +393,7 @@ fn clean(
         Ok(dir) => dir,
         // A dry run made no directory: nothing in it to remove.
         Err(_) if how.dry => return Ok(()),
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
     if how.one_file_system {
         let top = split_top(dir_path);

@@ -1470,7 +1470,7 @@ fn confined_base(
 fn confined_dir(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<OwnedFd> {
     let path = requested_path(raw)?;
     let (root, parts) = tree::under_roots(&path, roots)?;
-    tree::open_dir_beneath(tree::open_root(root)?, &parts)
+    Ok(tree::open_dir_beneath(tree::open_root(root)?, &parts)?)
 }
 
 /// A client's source, confined beneath the roots.
@@ -1486,8 +1486,10 @@ fn confined_source(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<Source> {
     for dir in dirs {
         match tree::open_dir_beneath(&parent, &[dir]) {
             Ok(next) => parent = next,
-            Err(e) if is_missing(&e) => return Ok(missing_on_the_way(parent, dir, last)),
-            Err(e) => return Err(e),
+            Err(e) if e.errno() == Some(rustix::io::Errno::NOENT) => {
+                return Ok(missing_on_the_way(parent, dir, last));
+            }
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(Source {

@@ -45,19 +45,55 @@ pub use way::{MakingWay, say_not_empty};
 /// Splits a peer's relative path into checked components: not empty, not
 /// absolute, no `.` or `..`, no NUL, no empty component.
 pub fn relative(path: &[u8]) -> anyhow::Result<Vec<&[u8]>> {
+    check_relative(path)?;
+    Ok(path.split(|&b| b == b'/').collect())
+}
+
+/// [`relative`]'s checks, without collecting the components.
+fn check_relative(path: &[u8]) -> Result<(), Unreachable> {
     if path.is_empty() || path[0] == b'/' {
-        bail!("path {:?} is not relative", String::from_utf8_lossy(path));
+        return Err(Unreachable::NotRelative(show(path)));
     }
-    let parts: Vec<&[u8]> = path.split(|&b| b == b'/').collect();
-    for p in &parts {
-        if p.is_empty() || *p == b"." || *p == b".." || p.contains(&0) {
-            bail!(
-                "path {:?} has a forbidden component",
-                String::from_utf8_lossy(path)
-            );
+    let forbidden = |p: &[u8]| p.is_empty() || p == b"." || p == b".." || p.contains(&0);
+    if path.split(|&b| b == b'/').any(forbidden) {
+        return Err(Unreachable::Forbidden(show(path)));
+    }
+    Ok(())
+}
+
+/// Why a directory beneath a base cannot be reached, or a path names
+/// none. A plain error, not an `anyhow` one: the receiver's checks and a
+/// dry run ask for the places of entries whose directories are not there
+/// yet, one question an entry, and an `anyhow::Error` captures a backtrace
+/// where `RUST_BACKTRACE` is set (a dry run of 100,000 entries into a new
+/// directory took 1.1-1.3 s that way, 0.47 s without).
+#[derive(Debug, thiserror::Error)]
+pub enum Unreachable {
+    #[error("path {0:?} is not relative")]
+    NotRelative(String),
+    #[error("path {0:?} has a forbidden component")]
+    Forbidden(String),
+    #[error("cannot open directory {name:?} ({could_be})")]
+    Dir {
+        name: String,
+        could_be: &'static str,
+        #[source]
+        errno: rustix::io::Errno,
+    },
+    #[error(transparent)]
+    Io(#[from] rustix::io::Errno),
+    #[error("{0:#}")]
+    Other(anyhow::Error),
+}
+
+impl Unreachable {
+    /// The system's answer where a directory could not be opened.
+    pub fn errno(&self) -> Option<rustix::io::Errno> {
+        match self {
+            Unreachable::Dir { errno, .. } | Unreachable::Io(errno) => Some(*errno),
+            _ => None,
         }
     }
-    Ok(parts)
 }
 
 fn cstr(name: &[u8]) -> anyhow::Result<CString> {
@@ -66,30 +102,30 @@ fn cstr(name: &[u8]) -> anyhow::Result<CString> {
 
 /// Opens directory `dir` (already confined) then each component beneath it,
 /// never following symlinks.
-pub fn open_dir_beneath(dir: impl AsFd, parts: &[&[u8]]) -> anyhow::Result<OwnedFd> {
+pub fn open_dir_beneath(dir: impl AsFd, parts: &[&[u8]]) -> Result<OwnedFd, Unreachable> {
     open_dirs(dir, parts, false)
 }
 
 /// [`open_dir_beneath`], or with `follow` following symlinks on the way
 /// (a user's own copy's: see [`Walker::follow_listed_dirlinks`]).
-fn open_dirs(dir: impl AsFd, parts: &[&[u8]], follow: bool) -> anyhow::Result<OwnedFd> {
+fn open_dirs(dir: impl AsFd, parts: &[&[u8]], follow: bool) -> Result<OwnedFd, Unreachable> {
     let (nofollow, could_be) = match follow {
         true => (OFlags::empty(), "missing, or not a directory"),
         false => (OFlags::NOFOLLOW, "missing, not a directory, or a symlink"),
     };
     let mut cur = rustix::io::dup(dir)?;
     for p in parts {
+        let name = CString::new(*p).map_err(|_| Unreachable::Forbidden(show(p)))?;
         cur = rustix::fs::openat(
             &cur,
-            cstr(p)?.as_c_str(),
+            name.as_c_str(),
             OFlags::RDONLY | OFlags::DIRECTORY | nofollow | OFlags::CLOEXEC,
             Mode::empty(),
         )
-        .with_context(|| {
-            format!(
-                "cannot open directory {:?} ({could_be})",
-                String::from_utf8_lossy(p)
-            )
+        .map_err(|errno| Unreachable::Dir {
+            name: String::from_utf8_lossy(p).into_owned(),
+            could_be,
+            errno,
         })?;
     }
     Ok(cur)
@@ -550,15 +586,9 @@ impl Walker {
         let said = |e: &rustix::io::Errno| {
             *e == rustix::io::Errno::NOENT || (follow && *e == rustix::io::Errno::NOTDIR)
         };
-        let missing = |e: &anyhow::Error| {
-            e.root_cause()
-                .downcast_ref::<rustix::io::Errno>()
-                .copied()
-                .filter(said)
-        };
         let parent = match open_dirs(base, dirs, follow) {
             Ok(parent) => parent,
-            Err(e) => return missing(&e).map_or(Ok(()), Err),
+            Err(e) => return e.errno().filter(said).map_or(Ok(()), Err),
         };
         let Ok(last) = cstr(last) else {
             return Ok(());
@@ -1261,10 +1291,14 @@ impl Walker {
 
 /// The names in directory `dir` (not `.` and `..`), sorted: a stable
 /// order, so the same tree gets the same entry numbers. (Names in a
-/// directory are unique: no order among equals to keep.)
+/// directory are unique: no order among equals to keep.) Read in blocks
+/// into one buffer (`RawDir`): each name is copied out once, where
+/// `Dir` gave each its own allocation first.
 fn names_in(dir: &OwnedFd) -> rustix::io::Result<Vec<CString>> {
+    let mut buf = Vec::with_capacity(DIR_READ);
+    let mut read = rustix::fs::RawDir::new(dir, buf.spare_capacity_mut());
     let mut names: Vec<CString> = Vec::new();
-    for d in rustix::fs::Dir::read_from(dir)? {
+    while let Some(d) = read.next() {
         let d = d?;
         let n = d.file_name();
         if !matches!(n.to_bytes(), b"." | b"..") {
@@ -1274,6 +1308,10 @@ fn names_in(dir: &OwnedFd) -> rustix::io::Result<Vec<CString>> {
     names.sort_unstable();
     Ok(names)
 }
+
+/// Bytes of directory entries asked of the kernel a call: about a
+/// thousand short names.
+const DIR_READ: usize = 32 << 10;
 
 /// How [`Walker::visit`] treats one name.
 #[derive(Debug, Clone, Copy)]
@@ -1366,12 +1404,10 @@ impl Default for RecentDirs {
 }
 
 impl RecentDirs {
-    /// The directory at `dirs`, if kept (then it becomes the latest).
-    fn find(&mut self, dirs: &[&[u8]]) -> Option<Arc<DestDir>> {
-        let at = self
-            .dirs
-            .iter()
-            .position(|d| d.at.iter().map(Vec::as_slice).eq(dirs.iter().copied()))?;
+    /// The directory at `dirs` (as the peer names them), if kept (then it
+    /// becomes the latest).
+    fn find(&mut self, dirs: &[u8]) -> Option<Arc<DestDir>> {
+        let at = self.dirs.iter().position(|d| d.at == dirs)?;
         self.dirs[..=at].rotate_right(1);
         Some(Arc::clone(&self.dirs[0]))
     }
@@ -1419,8 +1455,9 @@ impl Durability {
 #[derive(Debug)]
 pub struct DestDir {
     fd: OwnedFd,
-    /// Its components beneath the base.
-    at: Vec<Vec<u8>>,
+    /// Its path beneath the base as the peer names it (before a renamed
+    /// top), the key it is found by among the recent ones.
+    at: Vec<u8>,
     /// How files placed in it are made durable first.
     durability: Durability,
     /// Device and inode: which directory it is, whatever fd shows it.
@@ -1454,7 +1491,7 @@ impl DestDir {
 
     fn new(
         fd: OwnedFd,
-        at: Vec<Vec<u8>>,
+        at: Vec<u8>,
         made: &std::collections::HashSet<(u64, u64)>,
         together: &mut std::collections::HashMap<u64, Arc<Together>>,
     ) -> anyhow::Result<DestDir> {
@@ -1636,23 +1673,39 @@ impl Base {
         rustix::fs::syncfs(&self.dir)
     }
 
-    /// Parent directory fd and final name for a peer's entry path.
-    pub(crate) fn place(&self, path: &[u8]) -> anyhow::Result<(Arc<DestDir>, CString)> {
-        let mut parts = relative(path)?;
-        if let Some(top) = &self.rename_top {
-            parts[0] = top;
-        }
-        let (name, dirs) = parts.split_last().expect("at least one component");
-        let name = cstr(name)?;
+    /// Parent directory fd and final name for a peer's entry path. The
+    /// directory is looked up among those reached lately by the path's
+    /// directories as the peer names them (the base's `rename_top` is
+    /// the same for every path): nothing is allocated for it but the name.
+    pub(crate) fn place(&self, path: &[u8]) -> Result<(Arc<DestDir>, CString), Unreachable> {
+        check_relative(path)?;
+        let (dirs, name) = match path.iter().rposition(|&b| b == b'/') {
+            Some(at) => (&path[..at], &path[at + 1..]),
+            None => (&b""[..], path),
+        };
+        let name = match (&self.rename_top, dirs.is_empty()) {
+            (Some(top), true) => top,
+            _ => name,
+        };
+        // (No NUL: checked above, and in a renamed top when it was set.)
+        let name = CString::new(name).map_err(|_| Unreachable::Forbidden(show(path)))?;
         let mut recent = self.recent.lock().expect("dir cache lock");
         if let Some(dir) = recent.find(dirs) {
             return Ok((dir, name));
         }
-        let at = dirs.iter().map(|d| d.to_vec()).collect();
+        let mut parts: Vec<&[u8]> = match dirs.is_empty() {
+            true => Vec::new(),
+            false => dirs.split(|&b| b == b'/').collect(),
+        };
+        if let (Some(top), Some(first)) = (&self.rename_top, parts.first_mut()) {
+            *first = top;
+        }
         let made = self.made.lock().expect("made dirs lock");
         let mut together = self.together.lock().expect("together lock");
-        let fd = open_dir_beneath(&self.dir, dirs)?;
-        let dir = Arc::new(DestDir::new(fd, at, &made, &mut together)?);
+        let fd = open_dir_beneath(&self.dir, &parts)?;
+        let dir =
+            DestDir::new(fd, dirs.to_vec(), &made, &mut together).map_err(Unreachable::Other)?;
+        let dir = Arc::new(dir);
         recent.add(Arc::clone(&dir));
         Ok((dir, name))
     }
@@ -2429,6 +2482,65 @@ mod tests {
             b"../from/src/a/f"
         );
         assert_eq!(walk.disk_path(b"src").unwrap().as_bytes(), b"../from/src");
+    }
+
+    /// A place is found through the directories as the peer names them,
+    /// renamed top or not; a directory not there is a plain error, which
+    /// says which component and why, as before.
+    #[test]
+    fn places_are_found_beneath_the_base_and_unreachable_ones_said() {
+        let scratch = test_support::Scratch::new("rcp-place");
+        std::fs::create_dir_all(scratch.path("top/a/b")).unwrap();
+        std::fs::create_dir_all(scratch.path("copy/a")).unwrap();
+        let base = Base::new(open_root(scratch.dir()).unwrap(), None);
+        let in_dir = |base: &Base, path: &str| {
+            let (dir, name) = base.place(path.as_bytes()).unwrap();
+            let made = rustix::fs::openat(
+                &*dir,
+                name.as_c_str(),
+                OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o644),
+            );
+            drop(made.unwrap());
+            dir
+        };
+        let first = in_dir(&base, "top/a/b/f");
+        let second = in_dir(&base, "top/a/b/g");
+        assert!(Arc::ptr_eq(&first, &second), "the directory reached once");
+        in_dir(&base, "top/a/h");
+        in_dir(&base, "top2");
+        for made in ["top/a/b/f", "top/a/b/g", "top/a/h", "top2"] {
+            assert!(scratch.path(made).is_file(), "{made}");
+        }
+        // Renamed: the top is `copy`, whatever the peer calls it.
+        let renamed = Base::new(open_root(scratch.dir()).unwrap(), Some(b"copy".to_vec()));
+        in_dir(&renamed, "top/a/f");
+        assert!(scratch.path("copy/a/f").is_file());
+        assert_eq!(renamed.place(b"top").unwrap().1.as_bytes(), b"copy");
+        // Not there, and not allowed.
+        let err = base.place(b"top/gone/deeper/f").unwrap_err();
+        assert_eq!(err.errno(), Some(rustix::io::Errno::NOENT));
+        assert_eq!(
+            err.to_string(),
+            "cannot open directory \"gone\" (missing, not a directory, or a symlink)"
+        );
+        std::os::unix::fs::symlink("a", scratch.path("top/link")).unwrap();
+        let err = base.place(b"top/link/f").unwrap_err();
+        // (`O_DIRECTORY | O_NOFOLLOW` on a symlink: not a directory.)
+        assert_eq!(
+            err.errno(),
+            Some(rustix::io::Errno::NOTDIR),
+            "never through a symlink"
+        );
+        assert!(
+            std::fs::read_dir(scratch.path("top/link")).is_ok(),
+            "where it leads is one"
+        );
+        for bad in ["top/../x", "/top/f", "top//f", "top/./f", ""] {
+            let err = base.place(bad.as_bytes()).unwrap_err();
+            assert!(err.errno().is_none(), "{bad:?}: {err}");
+            assert!(err.to_string().starts_with("path "), "{bad:?}: {err}");
+        }
     }
 
     /// A file received into a directory this copy made is not looked for

@@ -286,7 +286,7 @@ pub(super) fn remove(removals: &Removals, origins: &Origins, dry_run: bool) -> V
                 // `-L`, or one put there since) or gone: nothing beneath
                 // it is the source that was sent.
                 Err(e)
-                    if errno_of(&e).is_some_and(|e| {
+                    if e.errno().is_some_and(|e| {
                         [Errno::LOOP, Errno::NOENT, Errno::NOTDIR].contains(&e)
                     }) =>
                 {
@@ -328,10 +328,6 @@ pub(super) fn remove(removals: &Removals, origins: &Origins, dry_run: bool) -> V
 }
 
 /// The system call's error behind `e`, if one is.
-fn errno_of(e: &anyhow::Error) -> Option<Errno> {
-    e.chain().find_map(|c| c.downcast_ref::<Errno>().copied())
-}
-
 fn cannot_remove(path: String, why: String) -> Failure {
     Failure {
         path,
