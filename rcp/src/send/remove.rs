@@ -327,7 +327,6 @@ pub(super) fn remove(removals: &Removals, origins: &Origins, dry_run: bool) -> V
     failed
 }
 
-/// The system call's error behind `e`, if one is.
 fn cannot_remove(path: String, why: String) -> Failure {
     Failure {
         path,
