@@ -1093,8 +1093,7 @@ impl Creator<'_> {
     /// Not `async`: its one step that waits, a file's temporary file
     /// opened, is left to the caller ([`Created::Open`], then
     /// [`Creator::open`]). Awaited once an entry, its future (1,296 bytes)
-    /// was moved on every call, most of the receiving thread's user time
-    /// in an unchanged re-sync.
+    /// was built and moved for every entry, where most need no wait.
     fn create(
         &mut self,
         arrivals: &mut Arrivals<Arc<Chunk>>,
