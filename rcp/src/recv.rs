@@ -1083,10 +1083,11 @@ impl Creator<'_> {
         })
     }
 
-    /// Creates an announced entry: a file under its temporary name (with
-    /// resume, telling the sender what is there already), a directory or
-    /// symlink in place. `cleared`: what the checks found ([`precheck`]):
-    /// the entry (a file, symlink or special file) there as it would be
+    /// Creates an announced entry: a directory or symlink in place, or a
+    /// file to receive decided (its temporary file is opened by
+    /// [`Creator::open`], with resume telling the sender what is there
+    /// already). `cleared`: what the checks found ([`precheck`]): the
+    /// entry (a file, symlink or special file) there as it would be
     /// made, or what is under another name of a file. Returns what the
     /// rules say to do next (land the file's early chunks, finish it).
     ///

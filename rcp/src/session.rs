@@ -1500,8 +1500,7 @@ fn confined_source(roots: &[PathBuf], raw: &[u8]) -> anyhow::Result<Source> {
     })
 }
 
-/// Whether `e` (of `tree::open_root` or `open_dir_beneath`) says a name
-/// is not there.
+/// Whether `e` (of `tree::open_root`) says a name is not there.
 fn is_missing(e: &anyhow::Error) -> bool {
     e.root_cause().downcast_ref::<rustix::io::Errno>() == Some(&rustix::io::Errno::NOENT)
 }

@@ -80,10 +80,10 @@ pub enum Unreachable {
         #[source]
         errno: rustix::io::Errno,
     },
-    #[error(transparent)]
+    /// (The system's error stays in the chain, where the exit status and
+    /// a failure's kind look for it.)
+    #[error("cannot reach the directory")]
     Io(#[from] rustix::io::Errno),
-    #[error("{0:#}")]
-    Other(anyhow::Error),
 }
 
 impl Unreachable {
@@ -1357,9 +1357,9 @@ pub struct Base {
     dir: OwnedFd,
     /// `Some(name)`: the entry tree's top component becomes `name`.
     rename_top: Option<Vec<u8>>,
-    /// The directories entries went into lately, by their components, so
-    /// that most entries reuse one instead of opening every component
-    /// again.
+    /// The directories entries went into lately, by their paths as the
+    /// peer names them, so that most entries reuse one instead of opening
+    /// every component again.
     recent: std::sync::Mutex<RecentDirs>,
     /// The destination's path, where a file's attributes may be compared
     /// by path (see [`Walker::by_path`]).
@@ -1501,7 +1501,7 @@ impl DestDir {
         at: Vec<u8>,
         made: &std::collections::HashSet<(u64, u64)>,
         together: &mut std::collections::HashMap<u64, Arc<Together>>,
-    ) -> anyhow::Result<DestDir> {
+    ) -> rustix::io::Result<DestDir> {
         const TMPFS_MAGIC: u64 = 0x0102_1994;
         const RAMFS_MAGIC: u64 = 0x8584_58f6;
         let st = rustix::fs::fstat(&fd)?;
@@ -1683,7 +1683,8 @@ impl Base {
     /// Parent directory fd and final name for a peer's entry path. The
     /// directory is looked up among those reached lately by the path's
     /// directories as the peer names them (the base's `rename_top` is
-    /// the same for every path): nothing is allocated for it but the name.
+    /// the same for every path): where it is one of them (the usual
+    /// case), nothing is allocated but the name.
     pub(crate) fn place(&self, path: &[u8]) -> Result<(Arc<DestDir>, CString), Unreachable> {
         check_relative(path)?;
         let (dirs, name) = match path.iter().rposition(|&b| b == b'/') {
@@ -1694,9 +1695,9 @@ impl Base {
             (Some(top), true) => top,
             _ => name,
         };
-        // (No NUL in the path: checked above; a renamed top with one
-        // fails here.)
-        let name = CString::new(name).map_err(|_| Unreachable::Forbidden(show(path)))?;
+        // (No NUL in the path: checked above. A renamed top with one
+        // fails here, or where its directory is opened.)
+        let name = CString::new(name).map_err(|_| Unreachable::Forbidden(show(name)))?;
         let mut recent = self.recent.lock().expect("dir cache lock");
         if let Some(dir) = recent.find(dirs) {
             return Ok((dir, name));
@@ -1711,8 +1712,7 @@ impl Base {
         let made = self.made.lock().expect("made dirs lock");
         let mut together = self.together.lock().expect("together lock");
         let fd = open_dir_beneath(&self.dir, &parts)?;
-        let dir =
-            DestDir::new(fd, dirs.to_vec(), &made, &mut together).map_err(Unreachable::Other)?;
+        let dir = DestDir::new(fd, dirs.to_vec(), &made, &mut together)?;
         let dir = Arc::new(dir);
         recent.add(Arc::clone(&dir));
         Ok((dir, name))
@@ -2532,6 +2532,19 @@ mod tests {
             err.to_string(),
             "cannot open directory \"gone\" (missing, not a directory, or a symlink)"
         );
+        // The system's error stays in the chain, for the exit status (5,
+        // local I/O) and a failure's kind, as when these were `anyhow`'s.
+        let io = |e: Unreachable| crate::exit::Exit::of_error(&anyhow::Error::from(e));
+        assert_eq!(io(err), crate::exit::Exit::Io);
+        let no_descriptors = Unreachable::from(rustix::io::Errno::MFILE);
+        assert!(
+            format!(
+                "{:#}",
+                anyhow::Error::from(Unreachable::from(rustix::io::Errno::MFILE))
+            )
+            .starts_with("cannot reach the directory: "),
+        );
+        assert_eq!(io(no_descriptors), crate::exit::Exit::Io);
         std::os::unix::fs::symlink("a", scratch.path("top/link")).unwrap();
         let err = base.place(b"top/link/f").unwrap_err();
         // (`O_DIRECTORY | O_NOFOLLOW` on a symlink: not a directory.)
