@@ -2536,15 +2536,12 @@ mod tests {
         // local I/O) and a failure's kind, as when these were `anyhow`'s.
         let io = |e: Unreachable| crate::exit::Exit::of_error(&anyhow::Error::from(e));
         assert_eq!(io(err), crate::exit::Exit::Io);
-        let no_descriptors = Unreachable::from(rustix::io::Errno::MFILE);
+        let no_descriptors = || Unreachable::from(rustix::io::Errno::MFILE);
         assert!(
-            format!(
-                "{:#}",
-                anyhow::Error::from(Unreachable::from(rustix::io::Errno::MFILE))
-            )
-            .starts_with("cannot reach the directory: "),
+            format!("{:#}", anyhow::Error::from(no_descriptors()))
+                .starts_with("cannot reach the directory: "),
         );
-        assert_eq!(io(no_descriptors), crate::exit::Exit::Io);
+        assert_eq!(io(no_descriptors()), crate::exit::Exit::Io);
         std::os::unix::fs::symlink("a", scratch.path("top/link")).unwrap();
         let err = base.place(b"top/link/f").unwrap_err();
         // (`O_DIRECTORY | O_NOFOLLOW` on a symlink: not a directory.)
