@@ -489,7 +489,8 @@ fn nbdsh(script: &str, env: &[(&str, String)], done: &str) {
 
 /// A write the file refuses halfway (past the server's file-size limit)
 /// gets ENOSPC, whichever way its data came: moved from the socket into
-/// the file (large writes of whole pages) or through memory. The rest of
+/// the file (large writes of whole pages on the runtime, through a pipe
+/// of 1 MiB, which a 3 MiB write outgrows) or through memory. The rest of
 /// its data is still taken in, so the connection goes on: the next
 /// requests, over TCP and the unix socket, are served (reads sent from
 /// the page cache).
@@ -518,7 +519,8 @@ limit = 8 << 20
 for uri in (os.environ["TCP_URI"], os.environ["UNIX_URI"]):
     h = nbd.NBD()
     h.connect_uri(uri)
-    for offset, length in ((limit - (256 << 10), 1 << 20), (limit - 3584, 512 << 10)):
+    for offset, length in ((limit - (256 << 10), 1 << 20), (limit - (256 << 10), 3 << 20),
+                           (limit - 3584, 512 << 10)):
         expect(errno.ENOSPC, h.pwrite, b"w" * length, offset)
         data = os.urandom(1 << 20)
         h.pwrite(data, 1 << 20)
@@ -574,6 +576,26 @@ fn large_reads_verify_from_the_page_cache_and_copied() {
             assert_eq!(job["write"]["io_bytes"], 48 << 20, "{how}");
             assert_eq!(job["read"]["io_bytes"], 48 << 20, "{how}");
         }
+    }
+}
+
+/// Large writes verify both ways their data can go: read into memory
+/// (on the connection threads, and any write not of whole pages) and
+/// moved from the socket into the file through a pipe (writes of whole
+/// pages over 64 KiB on the shared runtime): writes of 4 KiB to 3 MiB,
+/// 16 at once, so that some are longer than the pipe and small ones come
+/// between; every byte is read back and verified.
+#[test]
+fn large_writes_verify_read_into_memory_and_spliced() {
+    for threads in ["16", "0"] {
+        let t = Scratch::new("large-writes");
+        let img = image(&t, 64 << 20);
+        let s = Server::start_as(&t, &img, Command::new(RBLOCK), &["--nbd-threads", threads]);
+        let v = fio_verify(&s.uri("disk"), 48, 16, &["--bsrange=4k-3m"]);
+        let job = &v["jobs"][0];
+        assert_eq!(job["error"], 0, "{threads} threads");
+        assert_eq!(job["write"]["io_bytes"], 48 << 20, "{threads} threads");
+        assert_eq!(job["read"]["io_bytes"], 48 << 20, "{threads} threads");
     }
 }
 
