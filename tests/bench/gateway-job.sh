@@ -8,8 +8,14 @@
 # The sourcing script sets `size` (fio's --size) and `secs` (seconds per
 # job), and calls gateway_rounds, then gateway_table.
 
+# Every job starts with nothing dirty in the page cache: the write job
+# leaves the image dirty, and the kernel's writeback of it 30 s later (a
+# gigabyte in a second or two) landed in whichever job ran then.
+# (rblock-vs-servers, where it was measured: `measure`.)
+
 # Prints IOPS, p50 and p99 completion latency (µs).
 fio_job() { # uri iodepth
+  sync
   fio --name=b --ioengine=nbd --uri="$1" --rw=randread --bs=4k --iodepth="$2" \
     --size="$size" --time_based --runtime="$secs" --ramp_time=1 --output-format=json 2>/dev/null |
     python3 -c 'import json, sys
@@ -21,6 +27,7 @@ print("%.0f %.1f %.1f" % (d["iops"], p.get("50.000000", 0) / 1000, p.get("99.000
 
 # Prints MB/s of 1 MiB sequential requests, iodepth 8.
 fio_bw() { # uri read|write
+  sync
   fio --name=b --ioengine=nbd --uri="$1" --rw="$2" --bs=1m --iodepth=8 \
     --size="$size" --time_based --runtime="$secs" --ramp_time=1 --output-format=json 2>/dev/null |
     python3 -c 'import json, sys
