@@ -386,6 +386,7 @@ pub async fn copy(a: CopyArgs) -> anyhow::Result<Report> {
             max_delete: a.max_delete,
             delete_excluded: a.delete_excluded,
             existing: a.existing,
+            modify_window: policy.times.seconds(),
             force: a.force,
             prune_empty_dirs: a.prune_empty_dirs,
             lists_marked: a.delete && (a.files_from.is_some() || a.relative),

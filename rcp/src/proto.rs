@@ -528,6 +528,10 @@ pub struct Extras {
     /// `-O` (key 13, no value): the receiver leaves directories'
     /// modification times as they are.
     pub omit_dir_times: bool,
+    /// `--modify-window` (key 16, u64 seconds): modification times at
+    /// most this far apart are the same (`resync::TimeMatch::Within`);
+    /// without it, to the nanosecond.
+    pub modify_window: Option<u64>,
     /// `--partial` (key 10, no value): the receiver keeps what arrived of
     /// a file when the copy is cut off, and takes up what an earlier copy
     /// kept when files are answered (digests of it, as with `--resume`).
@@ -576,6 +580,7 @@ impl Extras {
     const OMIT_DIR_TIMES: u16 = 13;
     const IGNORE_MISSING_ARGS: u16 = 14;
     const COPY_DIRLINKS: u16 = 15;
+    const MODIFY_WINDOW: u16 = 16;
 
     /// Whether there is anything to carry (else no `Extras` message).
     pub fn any(&self) -> bool {
@@ -603,6 +608,9 @@ impl Extras {
         let mut items = Vec::new();
         if let Some(n) = self.max_delete {
             items.push((Extras::MAX_DELETE, n.to_le_bytes().to_vec()));
+        }
+        if let Some(n) = self.modify_window {
+            items.push((Extras::MODIFY_WINDOW, n.to_le_bytes().to_vec()));
         }
         let mut flags = self.clone();
         for (key, on) in flags.flags_mut() {
@@ -655,6 +663,13 @@ impl Extras {
                         .try_into()
                         .map_err(|_| ProtoError::BadField("extras.max_delete"))?;
                     extras.max_delete = Some(u64::from_le_bytes(n));
+                }
+                Extras::MODIFY_WINDOW => {
+                    let n: [u8; 8] = value
+                        .as_slice()
+                        .try_into()
+                        .map_err(|_| ProtoError::BadField("extras.modify_window"))?;
+                    extras.modify_window = Some(u64::from_le_bytes(n));
                 }
                 Extras::PRESERVE_ONE => {
                     extras.preserve_one = Some(match value.as_slice() {
@@ -1884,6 +1899,7 @@ mod tests {
                     omit_dir_times: true,
                     ignore_missing_args: true,
                     copy_dirlinks: true,
+                    modify_window: Some(1),
                     preserve_one: Some(PreserveOne::Times),
                 }
                 .items(),
@@ -1908,6 +1924,7 @@ mod tests {
             omit_dir_times: true,
             ignore_missing_args: true,
             copy_dirlinks: true,
+            modify_window: Some(0),
             preserve_one: Some(PreserveOne::Modes),
         };
         let one = Extras {
@@ -1940,6 +1957,12 @@ mod tests {
         );
         for bad in [vec![], vec![0], vec![3], vec![1, 2]] {
             assert!(Extras::from_items(&[(11, bad)]).is_err(), "modes or times");
+        }
+        for bad in [vec![], vec![1], vec![0; 9]] {
+            assert!(
+                Extras::from_items(&[(16, bad)]).is_err(),
+                "a window is 8 bytes"
+            );
         }
         assert!(Extras::from_items(&[(999, vec![])]).is_err(), "unknown");
         assert!(Extras::from_items(&[]).is_err(), "no items");

@@ -314,6 +314,7 @@ pub async fn receive(
     });
     let how = Fidelity {
         preserve: opts.preserve,
+        window: opts.policy.times,
         keep: opts.keep,
         powers: Powers::here(opts.owners_allowed),
     };
@@ -1373,6 +1374,7 @@ impl Creator<'_> {
     fn kept(&self) -> Kept {
         Kept {
             times: self.opts.preserve.times,
+            window: self.opts.policy.times,
             perms: self.opts.preserve.modes,
             owner: self.opts.keep.owner,
             group: self.opts.keep.group,

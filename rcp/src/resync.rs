@@ -34,6 +34,56 @@ pub struct Policy {
     /// the receiver leaves out directories too, and all in them). It
     /// travels in the request's `Extras`.
     pub existing: bool,
+    /// `--modify-window`: how modification times compare, for the quick
+    /// check, `--update` and whether a time left as it is differs. It
+    /// travels in the request's `Extras`.
+    pub times: TimeMatch,
+}
+
+/// How two modification times compare (`--modify-window`).
+///
+/// rcp's default is to the nanosecond, which rsync does only with a
+/// negative window; rsync's default, whole seconds, is a window of 0, and
+/// a window of N takes times at most N seconds apart for the same (a FAT
+/// file system keeps times to 2 seconds, so 1 is the usual choice there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimeMatch {
+    /// Equal to the nanosecond.
+    #[default]
+    Exact,
+    /// The whole seconds at most this many apart; nanoseconds aside.
+    Within(u64),
+}
+
+impl TimeMatch {
+    /// `--modify-window N`: negative is to the nanosecond.
+    pub fn window(n: i64) -> TimeMatch {
+        u64::try_from(n).map_or(TimeMatch::Exact, TimeMatch::Within)
+    }
+
+    /// What travels in a request's extras: nothing for the default.
+    pub fn seconds(self) -> Option<u64> {
+        match self {
+            TimeMatch::Exact => None,
+            TimeMatch::Within(n) => Some(n),
+        }
+    }
+
+    /// Whether times `a` and `b` (seconds, nanoseconds) are the same.
+    pub fn same(self, a: (i64, u32), b: (i64, u32)) -> bool {
+        match self {
+            TimeMatch::Exact => a == b,
+            TimeMatch::Within(n) => a.0.abs_diff(b.0) <= n,
+        }
+    }
+
+    /// Whether time `a` is later than `b` by more than the window.
+    pub fn later(self, a: (i64, u32), b: (i64, u32)) -> bool {
+        match self {
+            TimeMatch::Exact => a > b,
+            TimeMatch::Within(n) => a.0 > b.0 && a.0.abs_diff(b.0) > n,
+        }
+    }
 }
 
 /// The sizes of the files a copy sends (`--min-size`, `--max-size`, both
@@ -118,6 +168,7 @@ impl Policy {
             // `--existing` every file: the receiver still answers each.)
             sizes: self.sizes,
             existing: self.existing,
+            times: self.times,
         }
     }
 
@@ -173,6 +224,7 @@ impl Policy {
             update: f & flags::UPDATE != 0,
             sizes,
             existing: false,
+            times: TimeMatch::Exact,
         }
     }
 
@@ -188,12 +240,13 @@ impl Policy {
             Found::Other => return Decision::Send,
             Found::File { size, mtime } => (size, mtime),
         };
-        if self.update && mtime > (e.mtime_sec, e.mtime_nsec) {
+        let theirs = (e.mtime_sec, e.mtime_nsec);
+        if self.update && self.times.later(mtime, theirs) {
             return Decision::Skip { metadata: false };
         }
         match self.check {
             Check::Never => Decision::Send,
-            Check::Quick if size == e.size && mtime == (e.mtime_sec, e.mtime_nsec) => {
+            Check::Quick if size == e.size && self.times.same(mtime, theirs) => {
                 Decision::Skip { metadata: true }
             }
             Check::SizeOnly if size == e.size => Decision::Skip { metadata: true },
@@ -222,6 +275,8 @@ pub struct There {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kept {
     pub times: bool,
+    /// How the times compare (`--modify-window`).
+    pub window: TimeMatch,
     pub perms: bool,
     pub owner: bool,
     pub group: bool,
@@ -269,7 +324,8 @@ pub fn itemize(e: &Entry, there: Option<&There>, sent: bool, kept: Kept) -> Opti
         code[2] = b'c';
     }
     code[3] = differs(e.kind == EntryKind::File && t.size != e.size, b's');
-    code[4] = differs(kept.times && t.mtime != (e.mtime_sec, e.mtime_nsec), b't');
+    let same_time = kept.window.same(t.mtime, (e.mtime_sec, e.mtime_nsec));
+    code[4] = differs(kept.times && !same_time, b't');
     code[5] = differs(kept.perms && t.mode & 0o7777 != e.mode, b'p');
     let meta = e.meta.as_ref();
     code[6] = differs(kept.owner && meta.is_some_and(|m| m.uid != t.uid), b'o');
@@ -321,7 +377,7 @@ mod tests {
             update: bool,
             size in 0u64..1 << 40,
         ) {
-            let p = Policy { check, ignore_existing, update, sizes: Sizes::default(), existing: false };
+            let p = Policy { check, ignore_existing, update, sizes: Sizes::default(), existing: false, times: TimeMatch::Exact };
             let q = p.into_nothing_there();
             prop_assert!(!q.asks());
             let e = file(size, T);
@@ -340,6 +396,70 @@ mod tests {
         assert_eq!(there(10, (T.0 - 1, T.1)), Decision::Send);
         assert_eq!(p.decide(&file(10, T), Found::Nothing), Decision::Send);
         assert_eq!(p.decide(&file(10, T), Found::Other), Decision::Send);
+    }
+
+    #[test]
+    fn a_modify_window_takes_times_that_near_for_the_same() {
+        let seconds = Policy {
+            times: TimeMatch::window(0),
+            ..Policy::default()
+        };
+        let fat = Policy {
+            times: TimeMatch::window(1),
+            ..Policy::default()
+        };
+        let there = |p: &Policy, mtime| p.decide(&file(10, T), Found::File { size: 10, mtime });
+        let skip = Decision::Skip { metadata: true };
+        // Whole seconds: the nanoseconds aside, as rsync's default.
+        assert_eq!(there(&seconds, (T.0, 0)), skip);
+        assert_eq!(there(&seconds, (T.0 + 1, T.1)), Decision::Send);
+        // Within one second either way, as on FAT; not two.
+        for near in [(T.0 - 1, 0), (T.0 + 1, 999_999_999), (T.0, 7)] {
+            assert_eq!(there(&fat, near), skip, "{near:?}");
+        }
+        for far in [(T.0 - 2, T.1), (T.0 + 2, T.1)] {
+            assert_eq!(there(&fat, far), Decision::Send, "{far:?}");
+        }
+        // A size that differs is sent, whatever the times.
+        let bigger = Found::File { size: 11, mtime: T };
+        assert_eq!(fat.decide(&file(10, T), bigger), Decision::Send);
+        // A negative window is the default: to the nanosecond.
+        assert_eq!(TimeMatch::window(-1), TimeMatch::Exact);
+        assert_eq!(TimeMatch::window(-1).seconds(), None);
+        assert_eq!(TimeMatch::window(3).seconds(), Some(3));
+    }
+
+    #[test]
+    fn update_leaves_a_file_newer_by_more_than_the_window() {
+        let update = |times| Policy {
+            update: true,
+            times,
+            ..Policy::default()
+        };
+        let at = |mtime| Found::File { size: 3, mtime };
+        let left = Decision::Skip { metadata: false };
+        // Later in the same second: newer to the nanosecond, not in whole
+        // seconds (rsync's -u compares as its quick check does).
+        assert_eq!(
+            update(TimeMatch::Exact).decide(&file(10, T), at((T.0, T.1 + 1))),
+            left
+        );
+        assert_eq!(
+            update(TimeMatch::Within(0)).decide(&file(10, T), at((T.0, T.1 + 1))),
+            Decision::Send
+        );
+        assert_eq!(
+            update(TimeMatch::Within(0)).decide(&file(10, T), at((T.0 + 1, 0))),
+            left
+        );
+        assert_eq!(
+            update(TimeMatch::Within(2)).decide(&file(10, T), at((T.0 + 2, T.1))),
+            Decision::Send
+        );
+        assert_eq!(
+            update(TimeMatch::Within(2)).decide(&file(10, T), at((T.0 + 3, 0))),
+            left
+        );
     }
 
     #[test]
@@ -425,6 +545,7 @@ mod tests {
     fn itemized_codes_are_rsyncs() {
         let kept = Kept {
             times: true,
+            window: TimeMatch::Exact,
             perms: true,
             owner: true,
             group: true,
@@ -500,6 +621,12 @@ mod tests {
             ..kept
         };
         assert_eq!(itemize(&d, Some(&later), false, plain), None);
+        // A time within --modify-window is no difference.
+        let within = Kept {
+            window: TimeMatch::Within(1),
+            ..kept
+        };
+        assert_eq!(itemize(&d, Some(&later), false, within), None);
     }
 
     proptest! {
@@ -513,7 +640,7 @@ mod tests {
         ) {
             let check = [Check::Quick, Check::SizeOnly, Check::Checksum, Check::Never][check as usize];
             let sizes = Sizes { min, max };
-            let p = Policy { check, ignore_existing, update, sizes, existing: false };
+            let p = Policy { check, ignore_existing, update, sizes, existing: false, times: TimeMatch::Exact };
             prop_assert_eq!(Policy::from_flags(p.flags(), sizes), p);
             prop_assert_eq!(p.flags() & flags::SIZE_LIMITS != 0, sizes.limit());
             prop_assert_eq!(p.into_nothing_there().asks(), sizes.limit());
@@ -533,7 +660,7 @@ mod tests {
             there in 0u8..3,
         ) {
             let check = [Check::Quick, Check::SizeOnly, Check::Checksum, Check::Never][check as usize];
-            let free = Policy { check, ignore_existing, update, sizes: Sizes::default(), existing: false };
+            let free = Policy { check, ignore_existing, update, sizes: Sizes::default(), existing: false, times: TimeMatch::Exact };
             let limited = Policy { sizes: Sizes { min, max }, ..free };
             let found = match there {
                 0 => Found::Nothing,

@@ -25,7 +25,7 @@ use crate::listed;
 use crate::proto::{Extras, Hop, MAX_HOPS, MAX_NAMES, Msg, flags};
 use crate::recv::{self, Itemize, Lines, RecvOptions};
 use crate::report::{Progress, Report, Stats};
-use crate::resync::{Policy, Sizes};
+use crate::resync::{Policy, Sizes, TimeMatch};
 use crate::send::{self, SendOptions, Source, Sources};
 use crate::streams::{self, Sessions};
 use crate::tree::{self, Base, Scope, Symlinks};
@@ -117,8 +117,8 @@ impl Params {
     /// one would refuse it for nothing): `--chmod`, `-m` and a list's
     /// marks in a push (the client walks), `--max-delete`,
     /// `--delete-excluded`, `--force`, the backups, `--link-dest`,
-    /// `--mkpath`, `-O` and which of modes and times are kept in a pull
-    /// (the client receives).
+    /// `--mkpath`, `-O`, `--modify-window` and which of modes and times
+    /// are kept in a pull (the client receives).
     /// `--existing` goes both ways: a sender waits for the answers it
     /// makes the receiver give; so does `--partial`, whose answers may be
     /// digests.
@@ -140,6 +140,7 @@ impl Params {
                 asked.extras.preserve_one = None;
                 asked.extras.mkpath = false;
                 asked.extras.omit_dir_times = false;
+                asked.extras.modify_window = None;
                 asked.link_dests = Arc::default();
             }
         }
@@ -221,6 +222,10 @@ impl Params {
             resume: f & flags::RESUME != 0,
             policy: Policy {
                 existing: tail.extras.existing,
+                times: tail
+                    .extras
+                    .modify_window
+                    .map_or(TimeMatch::Exact, TimeMatch::Within),
                 ..Policy::from_flags(f, tail.sizes)
             },
             delete: f & flags::DELETE != 0,

@@ -27,6 +27,7 @@ use crate::filter::Filter;
 use crate::idmap::Owners;
 use crate::listed;
 use crate::proto::{Entry, EntryKind, FailKind, Meta};
+use crate::resync::TimeMatch;
 use crate::staying::{Job, Staying};
 
 mod part;
@@ -2066,6 +2067,9 @@ impl Base {
 pub struct Fidelity {
     /// `-p`, `--perms`, `-t`: modes exactly, modification times.
     pub preserve: Preserve,
+    /// How a time there compares with the entry's (`--modify-window`):
+    /// one within the window is left as it is, as rsync leaves it.
+    pub window: TimeMatch,
     /// `-o -g -D -X -A -H`.
     pub keep: Keep,
     /// What this process may do of it.
@@ -2096,7 +2100,8 @@ impl Fidelity {
     /// Whether the modification time there (`st`) is not `e`'s, when
     /// `-p` or `-t` keeps it.
     pub(crate) fn time_differs(&self, e: &Entry, st: &rustix::fs::Stat) -> bool {
-        self.preserve.times && (st.st_mtime, st.st_mtime_nsec as u32) != mtime(e)
+        let there = (st.st_mtime, st.st_mtime_nsec as u32);
+        self.preserve.times && !self.window.same(there, mtime(e))
     }
 
     /// Whether the attributes of `node` are not `xattrs`, as far as they
@@ -2308,6 +2313,7 @@ pub(crate) fn commit_whole(out: PartFile, e: &Entry) -> anyhow::Result<()> {
     let engine = Engine::start(rfabric::storage::Kind::Threads, None)?;
     let how = Fidelity {
         preserve: Preserve::default(),
+        window: TimeMatch::Exact,
         keep: Keep::default(),
         powers: Powers::here(false),
     };

@@ -359,6 +359,118 @@ fn skipping_flags_leave_what_rsync_leaves() {
 }
 
 #[test]
+fn a_modify_window_leaves_what_rsyncs_leaves_in_every_mode() {
+    let t = Scratch::new("resync-window");
+    let src = t.path("src");
+    std::fs::create_dir(&src).unwrap();
+    let put = |dir: &Path, name: &str, data: &[u8], (sec, nsec): (i64, i64)| {
+        let p = dir.join(name);
+        std::fs::write(&p, data).unwrap();
+        set_times(&p, sec, nsec);
+    };
+    let base = 1_600_000_000;
+    // Each file there has the source's size and other contents, so that
+    // which were sent shows in the trees; only its time differs.
+    let there = [
+        ("nanoseconds-apart", (base, 900)),
+        ("one-second-later", (base + 1, 0)),
+        ("one-second-earlier", (base - 1, 999_999_999)),
+        ("two-seconds-later", (base + 2, 500)),
+        ("same-time", (base, 500)),
+    ];
+    for (name, _) in there {
+        put(&src, name, b"source", (base, 500));
+    }
+    put(&src, "other-size", b"source, longer", (base, 500));
+    set_times(&src, base, 0);
+    let old = |into: &Path| {
+        let d = into.join("src");
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, time) in there {
+            put(&d, name, b"there!", time);
+        }
+        put(&d, "other-size", b"short", (base + 1, 0));
+        set_times(&d, base, 0);
+    };
+    let key = secret(&t, "key");
+    let daemon = Daemon::start_with(&[t.dir()], &key, &[]);
+    let (rsh, path) = fake_rsh(&t);
+    // rcp's default is to the nanosecond: rsync's negative window.
+    let cases: [(&[&str], &[&str]); 5] = [
+        (&[], &["--modify-window=-1"]),
+        (&["--modify-window", "0"], &[]),
+        (&["-@", "1"], &["--modify-window=1"]),
+        (&["--modify-window=-1"], &["--modify-window=-1"]),
+        (&["-u", "--modify-window=0"], &["-u"]),
+    ];
+    let oracle_of = |rsync_flags: &[&str]| t.path(&format!("rsync{rsync_flags:?}"));
+    for (ours_flags, rsync_flags) in cases {
+        let oracle = oracle_of(rsync_flags);
+        old(&oracle);
+        let mut flags = vec!["-a"];
+        flags.extend(rsync_flags);
+        rsync_into(&flags, &src, &oracle);
+        for mode in ["local", "push", "pull", "remote shell"] {
+            let into = t.path(&format!("ours{ours_flags:?}-{}", mode.replace(' ', "-")));
+            old(&into);
+            let (from, to): (String, String) = match mode {
+                "local" | "remote shell" => (s(&src).into(), s(&into).into()),
+                "push" => (s(&src).into(), daemon.url(&into)),
+                _ => (daemon.url(&src), s(&into).into()),
+            };
+            let to = match mode {
+                "remote shell" => format!("localhost:{to}"),
+                _ => to,
+            };
+            let mut args: Vec<&OsStr> = vec![OsStr::new("-a")];
+            args.extend(ours_flags.iter().map(OsStr::new));
+            match mode {
+                "push" | "pull" => args.extend([OsStr::new("--secret-file"), key.as_os_str()]),
+                "remote shell" => args.extend([OsStr::new("--rsh"), rsh.as_os_str()]),
+                _ => {}
+            }
+            args.extend([OsStr::new(&from), OsStr::new(&to)]);
+            rcp_json(&args, Some(&path));
+            assert_same(&format!("{ours_flags:?}, {mode}"), &oracle, &into);
+        }
+    }
+    // The oracles tell the windows apart (the comparison can fail): to
+    // the nanosecond all but one file is sent; in whole seconds the one
+    // nanoseconds apart is not; within a second, three are not.
+    let sent_by = |rsync_flags: &[&str]| {
+        let mut sent: Vec<String> = std::fs::read_dir(oracle_of(rsync_flags).join("src"))
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| std::fs::read(e.path()).unwrap().starts_with(b"source"))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        sent.sort();
+        sent
+    };
+    let exact = sent_by(&["--modify-window=-1"]);
+    assert_eq!(exact.len(), 5, "{exact:?}");
+    assert!(!exact.contains(&"same-time".to_string()));
+    let seconds = sent_by(&[]);
+    assert_eq!(
+        seconds,
+        [
+            "one-second-earlier",
+            "one-second-later",
+            "other-size",
+            "two-seconds-later"
+        ]
+    );
+    assert_eq!(
+        sent_by(&["--modify-window=1"]),
+        ["other-size", "two-seconds-later"]
+    );
+    // -u in whole seconds: a file a second later or more there is newer
+    // there, and left; one later by nanoseconds is not, and the quick
+    // check skips it.
+    assert_eq!(sent_by(&["-u"]), ["one-second-earlier"]);
+}
+
+#[test]
 fn dry_run_and_itemize_say_what_rsync_says_and_change_nothing() {
     let t = Scratch::new("resync-itemize");
     let src = t.path("src");
