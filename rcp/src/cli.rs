@@ -285,11 +285,13 @@ pub struct CopyArgs {
     /// Leave a file that is newer at the destination as it is.
     #[arg(short = 'u', long)]
     pub update: bool,
-    /// Take modification times at most NUM seconds apart for the same
-    /// (the quick check, --update, and the times set). rcp compares
-    /// times to the nanosecond by default, as rsync does with a negative
-    /// NUM; 0 compares whole seconds (rsync's default), and 1 suits a
-    /// FAT file system on either side, which keeps times to 2 seconds.
+    /// Take modification times at most NUM seconds apart for the same:
+    /// in the quick check, --update, --link-dest and -i, and a time
+    /// within NUM of the source's is left as it is (a file written gets
+    /// the source's exactly). rcp compares times to the nanosecond by
+    /// default, as rsync does with a negative NUM; 0 compares whole
+    /// seconds (rsync's default), and 1 suits a FAT file system on
+    /// either side, which keeps times to 2 seconds.
     #[arg(short = '@', long, value_name = "NUM", allow_negative_numbers = true)]
     pub modify_window: Option<i64>,
     /// Leave out files larger than SIZE (rsync's units: 500K and 1.5G are

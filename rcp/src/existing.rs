@@ -99,7 +99,9 @@ pub fn refresh(
     if metadata_right(base, &base.place(&e.path)?, e, xattrs, how, st)? {
         return Ok(());
     }
-    set_all(&open_regular(base, e)?, e, xattrs, how)
+    // (A time within `--modify-window` stays as it is, as rsync leaves it.)
+    let times = how.time_differs(e, st);
+    set_all(&open_regular(base, e)?, e, xattrs, how, times)
 }
 
 /// Whether the metadata of the file there (`st`, in the directory
@@ -201,17 +203,20 @@ pub fn refresh_fd(
     how: Fidelity,
 ) -> anyhow::Result<()> {
     if how.preserve.any() || e.meta.is_some() {
-        set_all(fd, e, xattrs, how)?;
+        // (Its contents compared equal: the source's time exactly, as
+        // after a copy.)
+        set_all(fd, e, xattrs, how, how.preserve.times)?;
     }
     Ok(())
 }
 
-/// Sets everything `how` asks of `e` on `fd`.
+/// Sets everything `how` asks of `e` on `fd`, the time if `times`.
 fn set_all(
     fd: &OwnedFd,
     e: &Entry,
     xattrs: &[archive::Xattr],
     how: Fidelity,
+    times: bool,
 ) -> anyhow::Result<()> {
     if let Some(meta) = &e.meta {
         let node = Node::Fd(fd.as_fd());
@@ -221,7 +226,7 @@ fn set_all(
         // (After the owner: a change of owner clears setuid bits.)
         rustix::fs::fchmod(fd, Mode::from_raw_mode(how.mode_of(e)))?;
     }
-    if how.preserve.times {
+    if times {
         rustix::fs::futimens(fd, &tree::times(e))?;
     }
     Ok(())

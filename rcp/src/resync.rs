@@ -77,11 +77,18 @@ impl TimeMatch {
         }
     }
 
-    /// Whether time `a` is later than `b` by more than the window.
-    pub fn later(self, a: (i64, u32), b: (i64, u32)) -> bool {
+    /// Whether a file there of time `there` is newer than the source's
+    /// of time `source`, for `-u`: to the nanosecond, later; with a
+    /// window of N, not older by N seconds or more. (That is rsync's
+    /// rule: its source must be N seconds newer to be sent, so with a
+    /// window of 1 a file there of the same second is left alone even
+    /// where its size differs. rsync applies the same sum to a negative
+    /// window, which leaves a file there one second newer to be
+    /// overwritten; rcp's default is plainly "later".)
+    pub fn newer(self, there: (i64, u32), source: (i64, u32)) -> bool {
         match self {
-            TimeMatch::Exact => a > b,
-            TimeMatch::Within(n) => a.0 > b.0 && a.0.abs_diff(b.0) > n,
+            TimeMatch::Exact => there > source,
+            TimeMatch::Within(n) => i128::from(source.0) - i128::from(there.0) < i128::from(n),
         }
     }
 }
@@ -119,7 +126,8 @@ impl Sizes {
 /// How a file that exists is compared with the source's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Check {
-    /// Size and modification time (to the nanosecond): equal is unchanged.
+    /// Size and modification time (to the nanosecond, or as
+    /// `--modify-window` says): equal is unchanged.
     #[default]
     Quick,
     /// `--size-only`: equal size is unchanged.
@@ -241,7 +249,7 @@ impl Policy {
             Found::File { size, mtime } => (size, mtime),
         };
         let theirs = (e.mtime_sec, e.mtime_nsec);
-        if self.update && self.times.later(mtime, theirs) {
+        if self.update && self.times.newer(mtime, theirs) {
             return Decision::Skip { metadata: false };
         }
         match self.check {
@@ -430,36 +438,33 @@ mod tests {
     }
 
     #[test]
-    fn update_leaves_a_file_newer_by_more_than_the_window() {
+    fn update_leaves_a_file_there_not_older_by_the_window() {
         let update = |times| Policy {
             update: true,
             times,
             ..Policy::default()
         };
-        let at = |mtime| Found::File { size: 3, mtime };
+        let decide = |times, there| {
+            update(times).decide(
+                &file(10, T),
+                Found::File {
+                    size: 3,
+                    mtime: there,
+                },
+            )
+        };
         let left = Decision::Skip { metadata: false };
         // Later in the same second: newer to the nanosecond, not in whole
-        // seconds (rsync's -u compares as its quick check does).
-        assert_eq!(
-            update(TimeMatch::Exact).decide(&file(10, T), at((T.0, T.1 + 1))),
-            left
-        );
-        assert_eq!(
-            update(TimeMatch::Within(0)).decide(&file(10, T), at((T.0, T.1 + 1))),
-            Decision::Send
-        );
-        assert_eq!(
-            update(TimeMatch::Within(0)).decide(&file(10, T), at((T.0 + 1, 0))),
-            left
-        );
-        assert_eq!(
-            update(TimeMatch::Within(2)).decide(&file(10, T), at((T.0 + 2, T.1))),
-            Decision::Send
-        );
-        assert_eq!(
-            update(TimeMatch::Within(2)).decide(&file(10, T), at((T.0 + 3, 0))),
-            left
-        );
+        // seconds, where the other size sends it.
+        assert_eq!(decide(TimeMatch::Exact, (T.0, T.1 + 1)), left);
+        assert_eq!(decide(TimeMatch::Within(0), (T.0, T.1 + 1)), Decision::Send);
+        assert_eq!(decide(TimeMatch::Within(0), (T.0 + 1, 0)), left);
+        // With a window of 2, a file there not 2 seconds older counts as
+        // newer (rsync's rule: the source must be 2 seconds newer).
+        assert_eq!(decide(TimeMatch::Within(2), (T.0 - 1, 0)), left);
+        assert_eq!(decide(TimeMatch::Within(2), (T.0 - 2, T.1)), Decision::Send);
+        assert_eq!(decide(TimeMatch::Within(2), (i64::MIN, 0)), Decision::Send);
+        assert_eq!(decide(TimeMatch::Within(u64::MAX), (i64::MIN, 0)), left);
     }
 
     #[test]

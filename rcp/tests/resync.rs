@@ -360,6 +360,7 @@ fn skipping_flags_leave_what_rsync_leaves() {
 
 #[test]
 fn a_modify_window_leaves_what_rsyncs_leaves_in_every_mode() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let t = Scratch::new("resync-window");
     let src = t.path("src");
     std::fs::create_dir(&src).unwrap();
@@ -382,6 +383,7 @@ fn a_modify_window_leaves_what_rsyncs_leaves_in_every_mode() {
         put(&src, name, b"source", (base, 500));
     }
     put(&src, "other-size", b"source, longer", (base, 500));
+    put(&src, "mode-and-time-within", b"source", (base, 500));
     set_times(&src, base, 0);
     let old = |into: &Path| {
         let d = into.join("src");
@@ -390,18 +392,24 @@ fn a_modify_window_leaves_what_rsyncs_leaves_in_every_mode() {
             put(&d, name, b"there!", time);
         }
         put(&d, "other-size", b"short", (base + 1, 0));
+        // (Within a second, and another mode: with -@1 the mode is set
+        // and the time left as it is.)
+        let other_mode = d.join("mode-and-time-within");
+        put(&d, "mode-and-time-within", b"there!", (base + 1, 0));
+        std::fs::set_permissions(&other_mode, std::fs::Permissions::from_mode(0o600)).unwrap();
         set_times(&d, base, 0);
     };
     let key = secret(&t, "key");
     let daemon = Daemon::start_with(&[t.dir()], &key, &[]);
     let (rsh, path) = fake_rsh(&t);
     // rcp's default is to the nanosecond: rsync's negative window.
-    let cases: [(&[&str], &[&str]); 5] = [
+    let cases: [(&[&str], &[&str]); 6] = [
         (&[], &["--modify-window=-1"]),
         (&["--modify-window", "0"], &[]),
         (&["-@", "1"], &["--modify-window=1"]),
         (&["--modify-window=-1"], &["--modify-window=-1"]),
         (&["-u", "--modify-window=0"], &["-u"]),
+        (&["-u", "-@1"], &["-u", "--modify-window=1"]),
     ];
     let oracle_of = |rsync_flags: &[&str]| t.path(&format!("rsync{rsync_flags:?}"));
     for (ours_flags, rsync_flags) in cases {
@@ -436,7 +444,7 @@ fn a_modify_window_leaves_what_rsyncs_leaves_in_every_mode() {
     }
     // The oracles tell the windows apart (the comparison can fail): to
     // the nanosecond all but one file is sent; in whole seconds the one
-    // nanoseconds apart is not; within a second, three are not.
+    // nanoseconds apart is not; within a second, four are not.
     let sent_by = |rsync_flags: &[&str]| {
         let mut sent: Vec<String> = std::fs::read_dir(oracle_of(rsync_flags).join("src"))
             .unwrap()
@@ -448,12 +456,13 @@ fn a_modify_window_leaves_what_rsyncs_leaves_in_every_mode() {
         sent
     };
     let exact = sent_by(&["--modify-window=-1"]);
-    assert_eq!(exact.len(), 5, "{exact:?}");
+    assert_eq!(exact.len(), 6, "{exact:?}");
     assert!(!exact.contains(&"same-time".to_string()));
     let seconds = sent_by(&[]);
     assert_eq!(
         seconds,
         [
+            "mode-and-time-within",
             "one-second-earlier",
             "one-second-later",
             "other-size",
@@ -468,6 +477,13 @@ fn a_modify_window_leaves_what_rsyncs_leaves_in_every_mode() {
     // there, and left; one later by nanoseconds is not, and the quick
     // check skips it.
     assert_eq!(sent_by(&["-u"]), ["one-second-earlier"]);
+    // -u within a second: a file there not a second older is newer there
+    // (rsync's rule), so nothing is sent.
+    assert!(sent_by(&["-u", "--modify-window=1"]).is_empty());
+    // And -@1 set the mode of the file it left, not its time.
+    let left = oracle_of(&["--modify-window=1"]).join("src/mode-and-time-within");
+    let m = std::fs::metadata(&left).unwrap();
+    assert_eq!((m.mode() & 0o777, m.mtime()), (0o644, base + 1));
 }
 
 #[test]
