@@ -564,6 +564,12 @@ impl PreserveOne {
     }
 }
 
+/// An extras item's value that is a u64: eight bytes, little-endian.
+fn u64_item(value: &[u8], field: &'static str) -> Result<u64, ProtoError> {
+    let n: [u8; 8] = value.try_into().map_err(|_| ProtoError::BadField(field))?;
+    Ok(u64::from_le_bytes(n))
+}
+
 impl Extras {
     const MAX_DELETE: u16 = 1;
     const DELETE_EXCLUDED: u16 = 2;
@@ -658,18 +664,10 @@ impl Extras {
             }
             match *key {
                 Extras::MAX_DELETE => {
-                    let n: [u8; 8] = value
-                        .as_slice()
-                        .try_into()
-                        .map_err(|_| ProtoError::BadField("extras.max_delete"))?;
-                    extras.max_delete = Some(u64::from_le_bytes(n));
+                    extras.max_delete = Some(u64_item(value, "extras.max_delete")?);
                 }
                 Extras::MODIFY_WINDOW => {
-                    let n: [u8; 8] = value
-                        .as_slice()
-                        .try_into()
-                        .map_err(|_| ProtoError::BadField("extras.modify_window"))?;
-                    extras.modify_window = Some(u64::from_le_bytes(n));
+                    extras.modify_window = Some(u64_item(value, "extras.modify_window")?);
                 }
                 Extras::PRESERVE_ONE => {
                     extras.preserve_one = Some(match value.as_slice() {
@@ -1959,6 +1957,10 @@ mod tests {
             assert!(Extras::from_items(&[(11, bad)]).is_err(), "modes or times");
         }
         for bad in [vec![], vec![1], vec![0; 9]] {
+            assert!(
+                Extras::from_items(&[(1, bad.clone())]).is_err(),
+                "--max-delete is 8 bytes"
+            );
             assert!(
                 Extras::from_items(&[(16, bad)]).is_err(),
                 "a window is 8 bytes"
