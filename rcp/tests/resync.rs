@@ -399,9 +399,7 @@ fn a_modify_window_leaves_what_rsyncs_leaves_in_every_mode() {
         std::fs::set_permissions(&other_mode, std::fs::Permissions::from_mode(0o600)).unwrap();
         set_times(&d, base, 0);
     };
-    let key = secret(&t, "key");
-    let daemon = Daemon::start_with(&[t.dir()], &key, &[]);
-    let (rsh, path) = fake_rsh(&t);
+    let modes = Modes::start(&t);
     // rcp's default is to the nanosecond: rsync's negative window.
     let cases: [(&[&str], &[&str]); 6] = [
         (&[], &["--modify-window=-1"]),
@@ -418,27 +416,12 @@ fn a_modify_window_leaves_what_rsyncs_leaves_in_every_mode() {
         let mut flags = vec!["-a"];
         flags.extend(rsync_flags);
         rsync_into(&flags, &src, &oracle);
+        let mut args = vec!["-a"];
+        args.extend(ours_flags);
         for mode in ["local", "push", "pull", "remote shell"] {
             let into = t.path(&format!("ours{ours_flags:?}-{}", mode.replace(' ', "-")));
             old(&into);
-            let (from, to): (String, String) = match mode {
-                "local" | "remote shell" => (s(&src).into(), s(&into).into()),
-                "push" => (s(&src).into(), daemon.url(&into)),
-                _ => (daemon.url(&src), s(&into).into()),
-            };
-            let to = match mode {
-                "remote shell" => format!("localhost:{to}"),
-                _ => to,
-            };
-            let mut args: Vec<&OsStr> = vec![OsStr::new("-a")];
-            args.extend(ours_flags.iter().map(OsStr::new));
-            match mode {
-                "push" | "pull" => args.extend([OsStr::new("--secret-file"), key.as_os_str()]),
-                "remote shell" => args.extend([OsStr::new("--rsh"), rsh.as_os_str()]),
-                _ => {}
-            }
-            args.extend([OsStr::new(&from), OsStr::new(&to)]);
-            rcp_json(&args, Some(&path));
+            modes.copy(mode, &args, &src, &into);
             assert_same(&format!("{ours_flags:?}, {mode}"), &oracle, &into);
         }
     }
